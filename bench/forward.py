@@ -1,0 +1,74 @@
+"""Forward time against the size of the recompute set (the position-indexed cache's payoff).
+
+    python bench/forward.py [--seq-len 512] [--repeats 20]
+
+A small random model in the LLaDA format; the cache holds all positions and each forward
+recomputes 1, 32 or all of them. Prints medians and the ratio to the full forward.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from dllm_local.models import LLaDAConfig, LLaDAModelLM  # noqa: E402
+from dllm_local.tiny.train import REFERENCE_CONFIG  # noqa: E402
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
+    return f"{cpu}, {torch.get_num_threads()} threads{gpu}"
+
+
+@torch.no_grad()
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--d-model", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=4)
+    args = ap.parse_args()
+    raw = json.loads(REFERENCE_CONFIG.read_text())
+    raw.pop("auto_map")
+    raw.update(d_model=args.d_model, n_heads=8, n_kv_heads=8, n_layers=args.layers, mlp_hidden_size=args.d_model * 3,
+               vocab_size=4096, embedding_size=4096, mask_token_id=4095, max_sequence_length=args.seq_len)
+    torch.manual_seed(0)
+    model = LLaDAModelLM(LLaDAConfig(**raw)).eval()
+    L = args.seq_len
+    ids = torch.randint(0, 4000, (1, L))
+    cache = model.new_cache(1, L)
+    model(ids, torch.arange(L), cache)
+    rows = []
+    for n in (1, 32, L):
+        positions = torch.arange(L // 2, L // 2 + n) if n < L else torch.arange(L)
+        times = []
+        for _ in range(args.repeats + 2):
+            t = time.perf_counter()
+            model(ids[:, positions], positions, cache)
+            times.append(time.perf_counter() - t)
+        rows.append((n, statistics.median(times[2:]) * 1e3))
+    full = rows[-1][1]
+    params = sum(p.numel() for p in model.parameters())
+    print(f"machine: {machine()}; model: LLaDA format, {params / 1e6:.1f}M parameters, sequence {L}")
+    print(f"{'recomputed positions':>22} | {'median ms':>10} | {'vs all':>7}")
+    for n, ms in rows:
+        print(f"{n:>22} | {ms:>10.2f} | {ms / full:>7.3f}")
+
+
+if __name__ == "__main__":
+    main()

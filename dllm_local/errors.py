@@ -1,0 +1,17 @@
+"""Errors a user can hit, each naming the problem in words rather than a deep stack trace."""
+
+
+class DllmError(Exception):
+    """Base class: everything the engine raises on purpose."""
+
+
+class ModelLoadError(DllmError):
+    """A model could not be found, read or placed where it was asked to go."""
+
+
+class SettingsError(DllmError, ValueError):
+    """A decoding setting is out of range; the message names the knob."""
+
+
+class SequenceTooLongError(DllmError, ValueError):
+    """Prompt plus generation would exceed the model's maximum sequence length."""

@@ -1,0 +1,18 @@
+"""Model families, registered with the transformers Auto classes at import (no remote code)."""
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+from .cache import ForwardStats, KVCache
+from .dream import DreamConfig, DreamModel
+from .llada import DiffusionLMOutput, LLaDAConfig, LLaDAModelLM
+
+FAMILIES = {"llada": (LLaDAConfig, LLaDAModelLM), "Dream": (DreamConfig, DreamModel)}
+
+for _config, _model in FAMILIES.values():
+    AutoConfig.register(_config.model_type, _config, exist_ok=True)
+    AutoModel.register(_config, _model, exist_ok=True)
+    AutoModelForCausalLM.register(_config, _model, exist_ok=True)
+
+__all__ = [
+    "FAMILIES", "DiffusionLMOutput", "DreamConfig", "DreamModel", "ForwardStats", "KVCache",
+    "LLaDAConfig", "LLaDAModelLM",
+]

@@ -1,0 +1,118 @@
+"""Position-indexed KV cache shared by every model family.
+
+One preallocated K and V tensor per layer, shaped ``[batch, kv_heads, max_len, head_dim]``
+(gpt-fast's ``KVCache.update(input_pos, k, v)`` is the model). A forward writes the K/V of
+the positions it recomputes and attends over every valid position. Every cache policy
+(prefix, dual, FreeCache, adaptive) is only a choice of which positions to recompute.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class ForwardStats:
+    """What one forward did with the cache: entries recomputed and entries read back."""
+
+    recomputed: int = 0
+    reads: int = 0
+
+
+class KVCache:
+    def __init__(
+        self,
+        n_layers: int,
+        batch: int,
+        n_kv_heads: int,
+        max_len: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        shape = (batch, n_kv_heads, max_len, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.valid = torch.zeros(max_len, dtype=torch.bool, device=device)
+        # The token each valid entry was computed from (Dream recomputes predecessors from it).
+        self.tokens = torch.zeros(batch, max_len, dtype=torch.long, device=device)
+        self.max_len = max_len
+        self.seq_len = max_len
+        # When on, every update records per recomputed position the cosine between the
+        # entry the cache held (its previous fresh value) and the fresh one: the KV drift
+        # the page shows, measured without a second forward.
+        self.track_drift = False
+        self.drift: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.last_positions: torch.Tensor | None = None
+        self.last_stats = ForwardStats()
+        self._previously_valid: torch.Tensor | None = None
+
+    @property
+    def batch(self) -> int:
+        return self.k[0].shape[0]
+
+    def begin_forward(self, positions: torch.Tensor, input_ids: torch.Tensor) -> None:
+        """Called by the model before layer 0: fixes which entries this forward reads."""
+        if positions.numel() and int(positions.max()) >= self.max_len:
+            raise ValueError(f"position {int(positions.max())} is beyond the cache length {self.max_len}")
+        self._previously_valid = self.valid.clone()
+        self.valid[positions] = True
+        self.tokens[:, positions] = input_ids[: self.tokens.shape[0]]
+        recomputed = positions.numel()
+        # Reads count the entries attended to that this forward did not recompute.
+        self.last_stats = ForwardStats(recomputed=recomputed, reads=int(self.valid[: self.seq_len].sum()) - recomputed)
+        self.last_positions = positions
+        self.drift = {}
+
+    def update(
+        self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Write fresh K/V at ``positions``; return all keys, values and the key mask to attend."""
+        k_cache, v_cache = self.k[layer], self.v[layer]
+        if self.track_drift:
+            was_valid = self._previously_valid[positions]
+            cos_k = _position_cosine(k_cache[:, :, positions], k)
+            cos_v = _position_cosine(v_cache[:, :, positions], v)
+            nan = torch.full_like(cos_k, float("nan"))
+            self.drift[layer] = (torch.where(was_valid, cos_k, nan), torch.where(was_valid, cos_v, nan))
+        k_cache[:, :, positions] = k.to(k_cache.dtype)
+        v_cache[:, :, positions] = v.to(v_cache.dtype)
+        live = self.valid[: self.seq_len]
+        keys, values = k_cache[:, :, : self.seq_len], v_cache[:, :, : self.seq_len]
+        if bool(live.all()):
+            return keys, values, None
+        return keys, values, live.view(1, 1, 1, -1)
+
+    def fresh_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V of the positions the last forward recomputed (``[batch, kv_heads, n, head_dim]``)."""
+        pos = self.last_positions
+        return self.k[layer][:, :, pos], self.v[layer][:, :, pos]
+
+    def invalidate(self, positions: torch.Tensor | None = None) -> None:
+        """Drop entries (K and V together); with no argument, drop everything."""
+        if positions is None:
+            self.valid.zero_()
+        else:
+            self.valid[positions] = False
+
+    def num_cached(self) -> int:
+        return int(self.valid[: self.seq_len].sum())
+
+    def bytes_per_position(self) -> int:
+        k = self.k[0]
+        return 2 * len(self.k) * k.shape[0] * k.shape[1] * k.shape[3] * k.element_size()
+
+    def reorder_batch(self, index: torch.Tensor) -> None:
+        """Select or repeat batch rows (verification forwards run several variants at once)."""
+        self.k = [t.index_select(0, index) for t in self.k]
+        self.v = [t.index_select(0, index) for t in self.v]
+        self.tokens = self.tokens.index_select(0, index)
+
+
+def _position_cosine(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """Cosine per position over heads x head_dim, averaged over the batch: ``[n]``."""
+    old = old.float().transpose(1, 2).flatten(2)
+    new = new.float().transpose(1, 2).flatten(2)
+    return F.cosine_similarity(old, new, dim=-1).mean(0)

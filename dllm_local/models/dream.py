@@ -1,0 +1,191 @@
+"""Dream (Dream-org/Dream-v0-Instruct-7B): a bidirectional Qwen2-layout diffusion LM.
+
+Two differences from LLaDA beyond parameter names: q/k/v carry biases, and the logits are
+shifted by one (the prediction for position i comes from hidden state i-1; position 0 keeps
+its own), because Dream was initialised from an autoregressive Qwen2.5.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from transformers import PretrainedConfig, PreTrainedModel
+
+from .cache import KVCache
+from .layers import RMSNorm, attend, check_positions, rope_cos_sin
+from .llada import DiffusionLMOutput
+
+
+class DreamConfig(PretrainedConfig):
+    model_type = "Dream"
+
+    def __init__(
+        self,
+        vocab_size: int = 152064,
+        hidden_size: int = 3584,
+        intermediate_size: int = 18944,
+        num_hidden_layers: int = 28,
+        num_attention_heads: int = 28,
+        num_key_value_heads: int = 4,
+        max_position_embeddings: int = 131072,
+        rms_norm_eps: float = 1e-6,
+        rope_theta: float = 1000000.0,
+        mask_token_id: int = 151666,
+        tie_word_embeddings: bool = False,
+        **kwargs,
+    ) -> None:
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads
+        self.max_position_embeddings = max_position_embeddings
+        self.rms_norm_eps = rms_norm_eps
+        self.rope_theta = rope_theta
+        self.mask_token_id = mask_token_id
+        if kwargs.get("rope_scaling", 0) is None:
+            kwargs.pop("rope_scaling")  # Dream's config carries a null one; transformers warns on it
+        kwargs.setdefault("pad_token_id", 151643)
+        kwargs.setdefault("bos_token_id", 151643)
+        kwargs.setdefault("eos_token_id", 151643)
+        super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def max_positions(self) -> int:
+        return self.max_position_embeddings
+
+
+class DreamAttention(nn.Module):
+    def __init__(self, config: DreamConfig, index: int) -> None:
+        super().__init__()
+        d, hd = config.hidden_size, config.head_dim
+        self.index = index
+        self.n_heads, self.n_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, hd
+        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=True)
+        self.k_proj = nn.Linear(d, self.n_kv_heads * hd, bias=True)
+        self.v_proj = nn.Linear(d, self.n_kv_heads * hd, bias=True)
+        self.o_proj = nn.Linear(self.n_heads * hd, d, bias=False)
+
+    def forward(self, h: torch.Tensor, positions: torch.Tensor, rope, cache: KVCache | None) -> torch.Tensor:
+        b, n, _ = h.shape
+        q = self.q_proj(h).view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(h).view(b, n, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(h).view(b, n, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        return self.o_proj(attend(q, k, v, positions, rope, self.index, cache))
+
+
+class DreamMLP(nn.Module):
+    def __init__(self, config: DreamConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DreamDecoderLayer(nn.Module):
+    def __init__(self, config: DreamConfig, index: int) -> None:
+        super().__init__()
+        self.self_attn = DreamAttention(config, index)
+        self.mlp = DreamMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope, cache: KVCache | None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, rope, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DreamBaseModel(nn.Module):
+    def __init__(self, config: DreamConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DreamDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class DreamModel(PreTrainedModel):
+    config_class = DreamConfig
+    base_model_prefix = "model"
+    _no_split_modules = ["DreamDecoderLayer"]
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _supports_sdpa = True
+
+    def __init__(self, config: DreamConfig) -> None:
+        super().__init__(config)
+        self.model = DreamBaseModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = getattr(self.config, "initializer_range", 0.02)
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, RMSNorm):
+            nn.init.ones_(module.weight)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.embed_tokens
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def new_cache(self, batch: int = 1, max_len: int | None = None) -> KVCache:
+        c = self.config
+        ref = self.model.embed_tokens.weight
+        max_len = max_len or c.max_position_embeddings
+        return KVCache(c.num_hidden_layers, batch, c.num_key_value_heads, max_len, c.head_dim, ref.dtype, ref.device)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        **unused,
+    ) -> DiffusionLMOutput:
+        """Logits ``[batch, n, vocab]``: the predictions for the ``n`` given positions.
+
+        The prediction for position p needs hidden state p-1. When p-1 is not among the given
+        positions it is recomputed too (exact, since recomputing a cached position is), and
+        only the requested positions' logits are returned.
+        """
+        if positions is None:
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        check_positions(positions, self.config.max_positions)
+        run_positions, run_ids = positions, input_ids
+        if cache is not None:
+            missing = _missing_predecessors(positions)
+            if missing.numel():
+                # A predecessor is recomputed from the token the cache last saw there.
+                extra_ids = cache.tokens[:, missing].expand(input_ids.shape[0], -1)
+                run_positions = torch.cat([positions, missing])
+                run_ids = torch.cat([input_ids, extra_ids], dim=1)
+        order = torch.argsort(run_positions)
+        run_positions, run_ids = run_positions[order], run_ids[:, order]
+        if cache is not None:
+            cache.begin_forward(run_positions, run_ids)
+        rope = rope_cos_sin(run_positions, self.config.head_dim, self.config.rope_theta)
+        x = self.model.embed_tokens(run_ids)
+        for layer in self.model.layers:
+            x = layer(x, run_positions, rope, cache)
+        logits = self.lm_head(self.model.norm(x))
+        # Shift: row j of the sorted run predicts the position after it; position 0 keeps its own.
+        index_of = {int(p): j for j, p in enumerate(run_positions.tolist())}
+        rows = [index_of[p - 1] if p > 0 else index_of[p] for p in positions.tolist()]
+        take = torch.tensor(rows, device=logits.device)
+        return DiffusionLMOutput(logits=logits[:, take])
+
+
+def _missing_predecessors(positions: torch.Tensor) -> torch.Tensor:
+    present = set(positions.tolist())
+    missing = sorted({p - 1 for p in present if p > 0 and p - 1 not in present})
+    return torch.tensor(missing, dtype=positions.dtype, device=positions.device)

@@ -1,0 +1,77 @@
+"""Building blocks both families share: fp32 RMSNorm, fp32 rotary embeddings, cached attention."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..errors import SequenceTooLongError
+from .cache import KVCache
+
+
+def check_positions(positions: torch.Tensor, max_positions: int) -> None:
+    if positions.numel() and int(positions.max()) >= max_positions:
+        raise SequenceTooLongError(
+            f"sequence of {int(positions.max()) + 1} positions is longer than the model's maximum of {max_positions}"
+        )
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in float32 whatever the weight dtype, as LLaDA and Qwen2 do."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables ``[n, head_dim]`` for absolute positions, in float32 (rotate-half layout)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` ``[batch, heads, n, head_dim]`` in float32 and return it in its own dtype."""
+    dtype = x.dtype
+    x = x.float()
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return (x * cos + rotated * sin).to(dtype)
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    layer: int,
+    cache: KVCache | None,
+) -> torch.Tensor:
+    """Bidirectional attention of the recomputed positions over every valid position.
+
+    ``q``: ``[batch, heads, n, head_dim]``; ``k``/``v``: ``[batch, kv_heads, n, head_dim]``.
+    Without a cache the keys are just the given positions (a plain full forward).
+    Returns ``[batch, n, heads * head_dim]``.
+    """
+    cos, sin = rope
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    key_mask = None
+    if cache is not None:
+        k, v, key_mask = cache.update(layer, positions, k, v)
+    n_heads, n_kv = q.shape[1], k.shape[1]
+    if n_kv != n_heads:
+        # Grouped-query attention: each K/V head serves n_heads / n_kv query heads.
+        k = k.repeat_interleave(n_heads // n_kv, dim=1)
+        v = v.repeat_interleave(n_heads // n_kv, dim=1)
+    out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=key_mask)
+    return out.transpose(1, 2).flatten(2)

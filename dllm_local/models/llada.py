@@ -1,0 +1,177 @@
+"""LLaDA (GSAI-ML/LLaDA-8B-Instruct, LLaDA-1.5): a bidirectional Llama-style masked-diffusion LM.
+
+Parameter names follow the released checkpoints exactly (``model.transformer.blocks.N.q_proj``
+and so on), so the unmodified ``config.json`` and safetensors load without remote code.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from transformers import PretrainedConfig, PreTrainedModel
+from transformers.utils import ModelOutput
+
+from .cache import KVCache
+from .layers import RMSNorm, attend, check_positions, rope_cos_sin
+
+
+class LLaDAConfig(PretrainedConfig):
+    model_type = "llada"
+
+    def __init__(
+        self,
+        d_model: int = 4096,
+        n_heads: int = 32,
+        n_kv_heads: int | None = None,
+        n_layers: int = 32,
+        mlp_hidden_size: int | None = 12288,
+        mlp_ratio: int = 4,
+        vocab_size: int = 126464,
+        embedding_size: int | None = 126464,
+        max_sequence_length: int = 4096,
+        rope_theta: float = 500000.0,
+        rms_norm_eps: float = 1e-5,
+        weight_tying: bool = False,
+        include_bias: bool = False,
+        mask_token_id: int = 126336,
+        **kwargs,
+    ) -> None:
+        self.d_model = d_model
+        self.n_heads = n_heads
+        self.n_kv_heads = n_kv_heads or n_heads
+        self.n_layers = n_layers
+        self.mlp_hidden_size = mlp_hidden_size
+        self.mlp_ratio = mlp_ratio
+        self.vocab_size = vocab_size
+        self.embedding_size = embedding_size
+        self.max_sequence_length = max_sequence_length
+        self.rope_theta = rope_theta
+        self.rms_norm_eps = rms_norm_eps
+        self.weight_tying = weight_tying
+        self.include_bias = include_bias
+        self.mask_token_id = mask_token_id
+        kwargs.setdefault("tie_word_embeddings", weight_tying)
+        super().__init__(**kwargs)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def ffn_size(self) -> int:
+        return self.mlp_hidden_size or self.mlp_ratio * self.d_model
+
+    @property
+    def num_hidden_layers(self) -> int:
+        return self.n_layers
+
+    @property
+    def max_positions(self) -> int:
+        return self.max_sequence_length
+
+
+@dataclass
+class DiffusionLMOutput(ModelOutput):
+    logits: torch.Tensor | None = None
+
+
+class LLaDABlock(nn.Module):
+    def __init__(self, config: LLaDAConfig, index: int) -> None:
+        super().__init__()
+        d, hd = config.d_model, config.head_dim
+        self.index = index
+        self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, hd
+        self.attn_norm = RMSNorm(d, config.rms_norm_eps)
+        self.q_proj = nn.Linear(d, config.n_heads * hd, bias=False)
+        self.k_proj = nn.Linear(d, config.n_kv_heads * hd, bias=False)
+        self.v_proj = nn.Linear(d, config.n_kv_heads * hd, bias=False)
+        self.attn_out = nn.Linear(config.n_heads * hd, d, bias=False)
+        self.ff_norm = RMSNorm(d, config.rms_norm_eps)
+        self.ff_proj = nn.Linear(d, config.ffn_size, bias=False)
+        self.up_proj = nn.Linear(d, config.ffn_size, bias=False)
+        self.ff_out = nn.Linear(config.ffn_size, d, bias=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope, cache: KVCache | None) -> torch.Tensor:
+        b, n, _ = x.shape
+        h = self.attn_norm(x)
+        q = self.q_proj(h).view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(h).view(b, n, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(h).view(b, n, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        x = x + self.attn_out(attend(q, k, v, positions, rope, self.index, cache))
+        h = self.ff_norm(x)
+        return x + self.ff_out(F.silu(self.ff_proj(h)) * self.up_proj(h))
+
+
+class LLaDATransformer(nn.Module):
+    def __init__(self, config: LLaDAConfig) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(config.embedding_size or config.vocab_size, config.d_model)
+        self.blocks = nn.ModuleList(LLaDABlock(config, i) for i in range(config.n_layers))
+        self.ln_f = RMSNorm(config.d_model, config.rms_norm_eps)
+        if not config.weight_tying:
+            self.ff_out = nn.Linear(config.d_model, config.embedding_size or config.vocab_size, bias=False)
+
+
+class LLaDAModel(nn.Module):
+    def __init__(self, config: LLaDAConfig) -> None:
+        super().__init__()
+        self.transformer = LLaDATransformer(config)
+
+
+class LLaDAModelLM(PreTrainedModel):
+    config_class = LLaDAConfig
+    base_model_prefix = "model"
+    _no_split_modules = ["LLaDABlock"]
+    _supports_sdpa = True
+
+    def __init__(self, config: LLaDAConfig) -> None:
+        super().__init__(config)
+        self.model = LLaDAModel(config)
+        self.post_init()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = getattr(self.config, "init_std", 0.02) or 0.02
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, RMSNorm):
+            nn.init.ones_(module.weight)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.transformer.wte
+
+    def get_output_embeddings(self) -> nn.Module | None:
+        return None if self.config.weight_tying else self.model.transformer.ff_out
+
+    def new_cache(self, batch: int = 1, max_len: int | None = None) -> KVCache:
+        c = self.config
+        ref = self.model.transformer.wte.weight
+        dtype = ref.dtype if ref.is_floating_point() else torch.bfloat16
+        return KVCache(c.n_layers, batch, c.n_kv_heads, max_len or c.max_sequence_length, c.head_dim, dtype, ref.device)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        **unused,
+    ) -> DiffusionLMOutput:
+        """Logits ``[batch, n, vocab]`` for the ``n`` given tokens at absolute ``positions``.
+
+        With a cache, only these positions are recomputed: their K/V are written into the cache
+        and they attend over every valid cached position. Without one, this is a full forward.
+        """
+        t = self.model.transformer
+        if positions is None:
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        check_positions(positions, self.config.max_positions)
+        if cache is not None:
+            cache.begin_forward(positions, input_ids)
+        rope = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
+        x = t.wte(input_ids)
+        for block in t.blocks:
+            x = block(x, positions, rope, cache)
+        x = t.ln_f(x)
+        logits = F.linear(x, t.wte.weight) if self.config.weight_tying else t.ff_out(x)
+        return DiffusionLMOutput(logits=logits)

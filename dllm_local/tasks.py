@@ -1,0 +1,141 @@
+"""The synthetic task suite the tiny models are trained and scored on.
+
+Every generator is deterministic by seed and every task has a scorer. The tasks are chosen so
+that what the page teaches really happens: arithmetic is the accuracy benchmark (GSM8K's role
+for the real models), the conflict tasks have several equally valid multi-token answers whose
+tokens only fit together (parallel decoding writes "high house" there), and records mix easy
+boilerplate with content copied from the prompt.
+"""
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass, field
+
+NAMES = [
+    "Alice", "Ben", "Clara", "David", "Emma", "Felix", "Grace", "Henry", "Ivy", "Jack", "Kate", "Leo",
+    "Mia", "Noah", "Olivia", "Paul", "Rosa", "Sam", "Tina", "Victor", "Wendy", "Omar", "Lena", "Hugo",
+]
+ITEMS = ["apples", "books", "coins", "pencils", "stamps", "marbles", "cookies", "cards", "shells", "stickers"]
+CITIES = ["Paris", "Berlin", "Tokyo", "Lima", "Cairo", "Oslo", "Rome", "Seoul", "Dublin", "Madrid", "Boston", "Delhi"]
+JOBS = ["teacher", "doctor", "pilot", "farmer", "baker", "painter", "nurse", "chef", "writer", "driver"]
+POKER_HANDS = ["full house", "high card", "straight flush", "two pair"]
+
+TASKS = ("arithmetic", "poker", "sums", "records")
+
+
+@dataclass(frozen=True)
+class Example:
+    task: str
+    kind: str
+    prompt: str
+    answer: str
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
+
+
+def _arithmetic(rng: random.Random) -> Example:
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    kind = rng.choices(["add", "sub", "mul", "add_sub", "mul_add"], weights=[2, 2, 1.5, 2.5, 2])[0]
+    if kind == "add":
+        a, b = rng.randint(1, 12), rng.randint(1, 12)
+        prompt = rng.choice([
+            f"{name} has {a} {item}. {name} gets {b} more. How many {item} does {name} have now?",
+            f"A box has {a} {item} and a bag has {b}. How many {item} in all?",
+        ])
+        work, result = f"{a} + {b} = {a + b}.", a + b
+    elif kind == "sub":
+        a = rng.randint(2, 24)
+        b = rng.randint(1, a)
+        prompt = rng.choice([
+            f"{name} has {a} {item} and gives away {b}. How many {item} are left?",
+            f"A shop had {a} {item} and sold {b}. How many are left?",
+        ])
+        work, result = f"{a} - {b} = {a - b}.", a - b
+    elif kind == "mul":
+        a, b = rng.randint(2, 9), rng.randint(2, 9)
+        prompt = rng.choice([
+            f"{name} buys {a} bags with {b} {item} in each bag. How many {item} does {name} buy?",
+            f"There are {a} rows of {item} with {b} in each row. How many {item} are there?",
+        ])
+        work, result = f"{a} * {b} = {a * b}.", a * b
+    elif kind == "add_sub":
+        a, b = rng.randint(1, 12), rng.randint(1, 12)
+        c = rng.randint(1, a + b)
+        prompt = f"{name} has {a} {item}, finds {b} more, then gives away {c}. How many now?"
+        work, result = f"{a} + {b} = {a + b}. {a + b} - {c} = {a + b - c}.", a + b - c
+    else:
+        a, b, c = rng.randint(2, 9), rng.randint(2, 9), rng.randint(1, 12)
+        prompt = f"{name} has {a} boxes of {b} {item} and {c} loose {item}. How many in all?"
+        work, result = f"{a} * {b} = {a * b}. {a * b} + {c} = {a * b + c}.", a * b + c
+    return Example("arithmetic", kind, prompt, f"{work} The answer is {result}.", {"result": result})
+
+
+def _poker(rng: random.Random) -> Example:
+    name = rng.choice(NAMES)
+    prompt = rng.choice([
+        f"{name} is playing cards. Name a poker hand {name} could hold.",
+        f"Name one poker hand that {name} might have.",
+        f"{name} asks for the name of a poker hand. Give one.",
+    ])
+    return Example("poker", "poker", prompt, rng.choice(POKER_HANDS))
+
+
+def _sums(rng: random.Random) -> Example:
+    name, total = rng.choice(NAMES), rng.randint(5, 10)
+    a = rng.randint(1, total - 1)
+    prompt = rng.choice([
+        f"{name} wants two numbers that add to {total}. Give one pair.",
+        f"Give two numbers whose sum is {total}.",
+    ])
+    return Example("sums", "sums", prompt, f"{a} and {total - a}", {"total": total})
+
+
+def _records(rng: random.Random) -> Example:
+    name, city, job = rng.choice(NAMES), rng.choice(CITIES), rng.choice(JOBS)
+    age = rng.randint(18, 89)
+    facts = [f"{name} is {age} years old.", f"{name} lives in {city}.", f"{name} works as a {job}."]
+    rng.shuffle(facts)
+    prompt = "Make a record from these facts. " + " ".join(facts)
+    answer = f'{{"name": "{name}", "age": {age}, "city": "{city}", "job": "{job}"}}'
+    return Example("records", "records", prompt, answer, {"name": name, "age": age, "city": city, "job": job})
+
+
+_GENERATORS = {"arithmetic": _arithmetic, "poker": _poker, "sums": _sums, "records": _records}
+
+
+def generate(task: str, n: int, seed: int) -> list[Example]:
+    """``n`` examples of ``task``, the same for the same seed."""
+    if task not in _GENERATORS:
+        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+    rng = random.Random(f"{task}:{seed}")
+    return [_GENERATORS[task](rng) for _ in range(n)]
+
+
+_ANSWER = re.compile(r"The answer is (-?\d+)")
+_PAIR = re.compile(r"^\s*(\d+) and (\d+)\s*$")
+_FIELD = re.compile(r'"(name|age|city|job)":\s*("([^"]*)"|(\d+))')
+
+
+def score(example: Example, output: str) -> bool:
+    """Whether ``output`` (the decoded answer, EOS and after removed) solves ``example``."""
+    if example.task == "arithmetic":
+        m = _ANSWER.search(output)
+        return bool(m) and int(m.group(1)) == example.meta["result"]
+    if example.task == "poker":
+        return output.strip() in POKER_HANDS
+    if example.task == "sums":
+        m = _PAIR.match(output)
+        return bool(m) and int(m.group(1)) + int(m.group(2)) == example.meta["total"] and min(map(int, m.groups())) > 0
+    if example.task == "records":
+        fields = {k: (s if s else int(d)) for k, _, s, d in _FIELD.findall(output)}
+        want = {k: example.meta[k] for k in ("name", "age", "city", "job")}
+        return fields == want and output.strip().startswith("{") and output.strip().endswith("}")
+    raise ValueError(f"unknown task {example.task!r}")
+
+
+def training_mix(n: int, seed: int) -> list[Example]:
+    """The training data: a fixed mix weighted towards arithmetic's harder two-step problems."""
+    rng = random.Random(f"mix:{seed}")
+    weights = {"arithmetic": 0.62, "poker": 0.08, "sums": 0.1, "records": 0.2}
+    tasks = rng.choices(list(weights), weights=list(weights.values()), k=n)
+    return [_GENERATORS[t](rng) for t in tasks]

@@ -1,0 +1,1 @@
+"""The embedded tiny models: their synthetic task suite, tokenizer and training."""

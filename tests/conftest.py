@@ -1,0 +1,21 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from checkpoints import build_dream, build_llada  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def llada_dir(tmp_path_factory) -> Path:
+    return build_llada(tmp_path_factory.mktemp("llada"), n_layers=32)
+
+
+@pytest.fixture(scope="session")
+def dream_dir(tmp_path_factory) -> Path:
+    return build_dream(tmp_path_factory.mktemp("dream"))

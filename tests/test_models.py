@@ -1,0 +1,272 @@
+"""The model families: on-disk formats, the position-indexed cache, and an independent reference."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from checkpoints import build_llada, dream_config, llada_config, reference_weight_names
+from transformers import AutoConfig, AutoModel
+
+import dllm_local
+from dllm_local.models import DreamModel, LLaDAModelLM
+
+
+def test_llada_checkpoint_has_every_real_parameter_name_and_loads(llada_dir):
+    index = json.loads((llada_dir / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == reference_weight_names()
+    assert len(set(index["weight_map"].values())) >= 2
+    handle = dllm_local.load(str(llada_dir))  # raises on any missing or unexpected key
+    assert handle.family == "llada" and handle.dtype == torch.float32
+    assert set(handle.model.state_dict()) == reference_weight_names()
+    assert handle.mask_id == 2 and handle.eos_id == 1
+    assert "<|start_header_id|>assistant" in handle.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
+
+
+def test_dream_checkpoint_loads_through_loader_and_auto_classes(dream_dir):
+    handle = dllm_local.load(str(dream_dir))
+    names = set(handle.model.state_dict())
+    assert "model.layers.1.self_attn.q_proj.bias" in names and "model.layers.1.self_attn.o_proj.bias" not in names
+    assert "lm_head.weight" in names and handle.mask_id == 790
+    assert handle.tokenizer.convert_tokens_to_ids("<|im_end|>") in handle.stop_ids
+    assert isinstance(AutoModel.from_pretrained(dream_dir), DreamModel)
+    assert AutoConfig.from_pretrained(dream_dir).model_type == "Dream"
+
+
+def test_auto_classes_load_llada_without_remote_code(llada_dir):
+    model = AutoModel.from_pretrained(llada_dir)
+    assert isinstance(model, LLaDAModelLM)
+
+
+# ---------------------------------------------------------------- independent reference
+# Written out from the papers' definitions over the raw weight tensors: an error in the
+# model code cannot hide behind a test that calls the same code.
+
+def _ref_rms(x, w, eps):
+    return w * (x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps))
+
+
+def _ref_rope(x, pos, theta):
+    # x: [n, heads, d]; pairs (i, i + d/2) rotated by angle pos * theta^(-2i/d)
+    d = x.shape[-1]
+    out = torch.empty_like(x)
+    for i in range(d // 2):
+        ang = pos.double()[:, None] * theta ** (-2 * i / d)
+        c, s = torch.cos(ang).float(), torch.sin(ang).float()
+        out[..., i] = x[..., i] * c - x[..., i + d // 2] * s
+        out[..., i + d // 2] = x[..., i + d // 2] * c + x[..., i] * s
+    return out
+
+
+def _ref_attention(q, k, v, n_heads, n_kv):
+    # q: [n, H, d]; k, v: [n, KV, d]; query head h reads kv head h // (H / KV). No causal mask.
+    group = n_heads // n_kv
+    out = torch.empty_like(q)
+    for h in range(n_heads):
+        kh, vh = k[:, h // group], v[:, h // group]
+        scores = torch.einsum("qd,kd->qk", q[:, h], kh) / math.sqrt(q.shape[-1])
+        out[:, h] = torch.einsum("qk,kd->qd", scores.softmax(-1), vh)
+    return out.reshape(q.shape[0], -1)
+
+
+def _ref_llada_logits(sd, cfg, ids):
+    pre = "model.transformer."
+    x = sd[pre + "wte.weight"][ids]
+    pos = torch.arange(len(ids))
+    H, KV, hd = cfg.n_heads, cfg.n_kv_heads, cfg.d_model // cfg.n_heads
+    for i in range(cfg.n_layers):
+        b = f"{pre}blocks.{i}."
+        h = _ref_rms(x, sd[b + "attn_norm.weight"], cfg.rms_norm_eps)
+        q = _ref_rope((h @ sd[b + "q_proj.weight"].T).view(-1, H, hd), pos, cfg.rope_theta)
+        k = _ref_rope((h @ sd[b + "k_proj.weight"].T).view(-1, KV, hd), pos, cfg.rope_theta)
+        v = (h @ sd[b + "v_proj.weight"].T).view(-1, KV, hd)
+        x = x + _ref_attention(q, k, v, H, KV) @ sd[b + "attn_out.weight"].T
+        h = _ref_rms(x, sd[b + "ff_norm.weight"], cfg.rms_norm_eps)
+        gate, up = h @ sd[b + "ff_proj.weight"].T, h @ sd[b + "up_proj.weight"].T
+        x = x + (gate * torch.sigmoid(gate) * up) @ sd[b + "ff_out.weight"].T
+    return _ref_rms(x, sd[pre + "ln_f.weight"], cfg.rms_norm_eps) @ sd[pre + "ff_out.weight"].T
+
+
+def _ref_dream_hidden_logits(sd, cfg, ids):
+    """Logits from each position's own hidden state (before Dream's shift)."""
+    x = sd["model.embed_tokens.weight"][ids]
+    pos = torch.arange(len(ids))
+    H, KV, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
+    for i in range(cfg.num_hidden_layers):
+        b = f"model.layers.{i}."
+        a = b + "self_attn."
+        h = _ref_rms(x, sd[b + "input_layernorm.weight"], cfg.rms_norm_eps)
+        q = _ref_rope((h @ sd[a + "q_proj.weight"].T + sd[a + "q_proj.bias"]).view(-1, H, hd), pos, cfg.rope_theta)
+        k = _ref_rope((h @ sd[a + "k_proj.weight"].T + sd[a + "k_proj.bias"]).view(-1, KV, hd), pos, cfg.rope_theta)
+        v = (h @ sd[a + "v_proj.weight"].T + sd[a + "v_proj.bias"]).view(-1, KV, hd)
+        x = x + _ref_attention(q, k, v, H, KV) @ sd[a + "o_proj.weight"].T
+        h = _ref_rms(x, sd[b + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
+        m = b + "mlp."
+        gate, up = h @ sd[m + "gate_proj.weight"].T, h @ sd[m + "up_proj.weight"].T
+        x = x + (gate * torch.sigmoid(gate) * up) @ sd[m + "down_proj.weight"].T
+    return _ref_rms(x, sd["model.norm.weight"], cfg.rms_norm_eps) @ sd["lm_head.weight"].T
+
+
+def _random_model(kind, seed=0, **sizes):
+    torch.manual_seed(seed)
+    if kind == "llada":
+        model = LLaDAModelLM(llada_config(**{"n_layers": 2, "n_kv_heads": 2, **sizes}))
+    else:
+        model = DreamModel(dream_config(**sizes))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.3 * torch.randn(p.shape))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn(p.shape))
+    return model.eval()
+
+
+@torch.no_grad()
+def test_llada_matches_written_out_reference():
+    model = _random_model("llada")
+    ids = torch.randint(0, 700, (24,))
+    expected = _ref_llada_logits(model.state_dict(), model.config, ids)
+    got = model(ids[None]).logits[0]
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+
+
+@torch.no_grad()
+def test_dream_matches_written_out_reference_with_logit_shift():
+    model = _random_model("dream")
+    ids = torch.randint(0, 780, (24,))
+    own = _ref_dream_hidden_logits(model.state_dict(), model.config, ids)
+    got = model(ids[None]).logits[0]
+    # Position i is predicted from hidden state i-1; position 0 keeps its own.
+    torch.testing.assert_close(got[1:], own[:-1], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(got[0], own[0], atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(got[1:], own[1:], atol=1e-3)
+
+
+@torch.no_grad()
+def test_grouped_query_attention_equals_multi_head_with_repeated_kv_heads():
+    gqa = _random_model("llada", n_kv_heads=2)
+    mha = LLaDAModelLM(llada_config(n_layers=2, n_kv_heads=4)).eval()
+    sd = dict(gqa.state_dict())
+    hd = gqa.config.head_dim
+    for key in list(sd):
+        if key.endswith(("k_proj.weight", "v_proj.weight")):
+            heads = sd[key].view(2, hd, -1)  # kv head g serves query heads 2g and 2g+1
+            sd[key] = heads.repeat_interleave(2, dim=0).reshape(4 * hd, -1)
+    mha.load_state_dict(sd)
+    ids = torch.randint(0, 700, (1, 16))
+    torch.testing.assert_close(mha(ids).logits, gqa(ids).logits, atol=1e-5, rtol=1e-4)
+
+
+# ---------------------------------------------------------------- the cache
+
+@pytest.mark.parametrize("kind", ["llada", "dream"])
+@torch.no_grad()
+def test_recomputing_any_subset_gives_the_full_forward_logits(kind):
+    model = _random_model(kind)
+    ids = torch.randint(0, 700, (1, 40))
+    full = model(ids).logits
+    cache = model.new_cache(batch=1, max_len=64)
+    cache.seq_len = 40
+    all_positions = torch.arange(40)
+    torch.testing.assert_close(model(ids, all_positions, cache).logits, full, atol=1e-5, rtol=1e-4)
+    g = torch.Generator().manual_seed(1)
+    for size in (1, 5, 17, 40):
+        subset = torch.randperm(40, generator=g)[:size].sort().values
+        got = model(ids[:, subset], subset, cache).logits
+        torch.testing.assert_close(got, full[:, subset], atol=1e-5, rtol=1e-4)
+        assert cache.last_stats.reads + cache.last_stats.recomputed >= 40
+        assert cache.last_stats.recomputed >= size
+
+
+@torch.no_grad()
+def test_cache_counts_reads_and_hands_back_fresh_kv_and_drift():
+    model = _random_model("llada")
+    ids = torch.randint(0, 700, (1, 32))
+    cache = model.new_cache(batch=1, max_len=32)
+    model(ids, torch.arange(32), cache)
+    assert (cache.last_stats.recomputed, cache.last_stats.reads) == (32, 0)
+    changed = ids.clone()
+    changed[0, 10:14] = 5
+    cache.track_drift = True
+    block = torch.arange(8, 16)
+    model(changed[:, block], block, cache)
+    assert (cache.last_stats.recomputed, cache.last_stats.reads) == (8, 24)
+    k, v = cache.fresh_kv(0)
+    assert k.shape == (1, model.config.n_kv_heads, 8, model.config.head_dim)
+    cos_k, cos_v = cache.drift[1]
+    assert cos_k.shape == (8,)
+    # Layer 0's K/V depend only on the token: unchanged tokens keep cosine 1, changed ones do not.
+    cos0 = cache.drift[0][0]
+    assert torch.allclose(cos0[[0, 1, 6, 7]], torch.ones(4), atol=1e-5)
+    assert (cos0[2:6] < 0.999).all()
+
+
+@torch.no_grad()
+def test_invalid_positions_are_not_attended():
+    model = _random_model("llada")
+    ids = torch.randint(0, 700, (1, 20))
+    short = model(ids[:, :12]).logits  # the sequence that ends at position 12
+    cache = model.new_cache(batch=1, max_len=32)
+    cache.seq_len = 20
+    model(ids, torch.arange(20), cache)
+    cache.invalidate(torch.arange(12, 20))
+    got = model(ids[:, :12], torch.arange(12), cache).logits
+    assert cache.last_stats.reads == 0 and cache.num_cached() == 12
+    torch.testing.assert_close(got, short, atol=1e-5, rtol=1e-4)
+    got = model(ids[:, 4:8], torch.arange(4, 8), cache).logits
+    assert cache.last_stats.reads == 8  # positions 0-3 and 8-11
+    torch.testing.assert_close(got, short[:, 4:8], atol=1e-5, rtol=1e-4)
+
+
+# ---------------------------------------------------------------- errors a user can hit
+
+def test_error_missing_path():
+    with pytest.raises(dllm_local.ModelLoadError, match="does not exist"):
+        dllm_local.load("/no/such/model/folder")
+
+
+def test_error_hub_id_offline_names_the_id_and_the_download_command(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    with pytest.raises(dllm_local.ModelLoadError, match=r"GSAI-ML/LLaDA-8B-Instruct.*download"):
+        dllm_local.load("llada-8b-instruct")
+
+
+def test_error_folder_without_config(tmp_path):
+    with pytest.raises(dllm_local.ModelLoadError, match="no config.json"):
+        dllm_local.load(str(tmp_path))
+
+
+def test_error_unsupported_model_type(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(dllm_local.ModelLoadError, match="unsupported model_type 'gpt2'"):
+        dllm_local.load(str(tmp_path))
+
+
+def test_error_missing_and_truncated_shards(tmp_path):
+    path = build_llada(tmp_path / "m", shard_size="60KB", n_layers=2)
+    shard = sorted(path.glob("model-*.safetensors"))[-1]
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) - 100])
+    with pytest.raises(dllm_local.ModelLoadError, match=f"{shard.name} is truncated"):
+        dllm_local.load(str(path))
+    shard.unlink()
+    with pytest.raises(dllm_local.ModelLoadError, match=f"{shard.name} named in the index is missing"):
+        dllm_local.load(str(path))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
+@pytest.mark.parametrize("bits", ["4bit", "8bit"])
+def test_error_quantization_without_cuda(llada_dir, bits):
+    with pytest.raises(dllm_local.ModelLoadError, match=f"{bits} quantization needs a CUDA GPU"):
+        dllm_local.load(str(llada_dir), quantization=bits)
+
+
+def test_error_sequence_longer_than_model_maximum():
+    model = _random_model("llada")  # max_sequence_length 128
+    with pytest.raises(dllm_local.SequenceTooLongError, match="longer than the model's maximum of 128"):
+        model(torch.zeros(1, 129, dtype=torch.long))
