@@ -1,5 +1,20 @@
-"""dllm-local: accelerated diffusion-LLM decoding you can watch step by step."""
-from .errors import DllmError, ModelLoadError, SequenceTooLongError, SettingsError
-from .loader import ModelHandle, load
+"""dllm-local: accelerated diffusion-LLM decoding you can watch step by step.
 
-__all__ = ["DllmError", "ModelHandle", "ModelLoadError", "SequenceTooLongError", "SettingsError", "load"]
+Names are imported lazily so that the torch-free parts (the trace, the settings) can be used
+by the page without loading torch.
+"""
+from importlib import import_module
+
+_EXPORTS = {
+    "DllmError": "errors", "ModelLoadError": "errors", "SequenceTooLongError": "errors", "SettingsError": "errors",
+    "ModelHandle": "loader", "GuiderHandle": "loader", "load": "loader", "load_guider": "loader",
+    "Settings": "settings", "Trace": "trace", "StepRecord": "trace",
+    "generate": "sampler", "stream": "sampler", "Result": "sampler",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module 'dllm_local' has no attribute {name!r}")

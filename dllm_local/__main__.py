@@ -1,4 +1,4 @@
-"""Command line: ``python -m dllm_local {info,...}``."""
+"""Command line: ``python -m dllm_local {info,generate,eval}``."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +8,63 @@ import sys
 from .errors import DllmError
 
 
+def add_settings_args(ap: argparse.ArgumentParser) -> None:
+    """The sampler knobs as flags (shared by generate, eval and bench)."""
+    ap.add_argument("--gen-length", type=int, default=128)
+    ap.add_argument("--block-size", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=None, help="forwards for the fixed schedule (default: one token per step)")
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--remasking", choices=["low_confidence", "random"], default="low_confidence")
+    ap.add_argument("--cache", default="none", help="none, prefix, dual, freecache, adaptive")
+    ap.add_argument("--cache-param", action="append", default=[], metavar="KEY=VALUE", help="e.g. refresh_every=4, floor=0.5")
+    ap.add_argument("--unmask", default="fixed", help="fixed, threshold, factor, guided, self_verify")
+    ap.add_argument("--unmask-param", action="append", default=[], metavar="KEY=VALUE", help="e.g. rho=0.5, rule=topk")
+    ap.add_argument("--threshold", type=float, default=None, help="shorthand for --unmask-param threshold=...")
+    ap.add_argument("--factor", type=float, default=None, help="shorthand for --unmask-param factor=...")
+    ap.add_argument("--trace", choices=["off", "summary", "full"], default="summary")
+    ap.add_argument("--exact-drift", action="store_true")
+    ap.add_argument("--early-stop", action="store_true")
+    ap.add_argument("--guider", default=None, help="guider model for --unmask guided (default: tiny-guider)")
+
+
+def _parse_params(pairs: list[str]) -> dict:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise DllmError(f"parameter {pair!r} is not KEY=VALUE")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def settings_from_args(args: argparse.Namespace):
+    from .settings import Settings
+
+    unmask_params = _parse_params(args.unmask_param)
+    if args.threshold is not None:
+        unmask_params["threshold"] = args.threshold
+    if args.factor is not None:
+        unmask_params["factor"] = args.factor
+    return Settings(
+        gen_length=args.gen_length, block_size=args.block_size, steps=args.steps, temperature=args.temperature,
+        seed=args.seed, remasking=args.remasking, cache=args.cache, cache_params=_parse_params(args.cache_param),
+        unmask=args.unmask, unmask_params=unmask_params, trace=args.trace, exact_drift=args.exact_drift,
+        early_stop=args.early_stop,
+    )
+
+
+def guider_for(args: argparse.Namespace, handle):
+    if args.unmask != "guided":
+        return None
+    from .loader import load_guider
+
+    return load_guider(args.guider or "tiny-guider", device=handle.device)
+
+
 def _info(args: argparse.Namespace) -> None:
     from .loader import load
 
@@ -15,14 +72,65 @@ def _info(args: argparse.Namespace) -> None:
     print(json.dumps(handle.summary(), indent=2))
 
 
+def _generate(args: argparse.Namespace) -> None:
+    from .loader import load
+    from .sampler import generate
+
+    settings = settings_from_args(args)
+    handle = load(args.model, device=args.device, quantization=args.quantize)
+    result = generate(handle, args.prompt, settings, guider_for(args, handle))
+    if args.json:
+        print(result.trace.to_json())
+        return
+    st = result.stats
+    print(result.text)
+    print(
+        f"\nNFE {st.nfe} | tokens/forward {st.tokens_per_forward:.2f} (content {st.content_tokens_per_forward:.2f}) | "
+        f"G {st.mean_g:.1f} | cache hits {st.cache_hit_rate:.0%} | {st.content_tokens_per_s:.1f} content tok/s "
+        f"({st.tokens_per_s:.1f} all) from model time {st.model_s:.3f}s | wall {st.wall_s:.3f}s",
+        file=sys.stderr,
+    )
+
+
+def _eval(args: argparse.Namespace) -> None:
+    from .evaluate import evaluate, format_report
+    from .loader import load
+
+    settings = settings_from_args(args)
+    handle = load(args.model, device=args.device, quantization=args.quantize)
+    report = evaluate(handle, args.task, args.n, args.seed_data, settings, guider_for(args, handle), progress=not args.json)
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dllm_local", description="dllm-local engine")
     sub = ap.add_subparsers(dest="command", required=True)
+
+    def model_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--model", default="tiny", help="hub id, local folder, or a short name (default: tiny)")
+        p.add_argument("--device", default="auto")
+        p.add_argument("--quantize", choices=["none", "8bit", "4bit"], default=None)
+
     info = sub.add_parser("info", help="load a model and print what was loaded")
-    info.add_argument("model", nargs="?", default="tiny")
-    info.add_argument("--device", default="auto")
-    info.add_argument("--quantize", choices=["none", "8bit", "4bit"], default=None)
+    model_args(info)
     info.set_defaults(run=_info)
+
+    gen = sub.add_parser("generate", help="decode one prompt and print the answer and stats")
+    model_args(gen)
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--json", action="store_true", help="print the full result (trace included) as JSON")
+    add_settings_args(gen)
+    gen.set_defaults(run=_generate)
+
+    ev = sub.add_parser("eval", help="score a model on one of the tiny model's tasks")
+    model_args(ev)
+    ev.add_argument("--task", default="arithmetic", help="arithmetic, poker, sums, records")
+    ev.add_argument("--n", type=int, default=200)
+    ev.add_argument("--seed-data", type=int, default=1000, help="problem set seed (training uses others)")
+    ev.add_argument("--json", action="store_true")
+    add_settings_args(ev)
+    ev.set_defaults(run=_eval)
+
     args = ap.parse_args(argv)
     try:
         args.run(args)

@@ -225,6 +225,32 @@ def load(
     )
 
 
+@dataclass
+class GuiderHandle:
+    """A small autoregressive model that checks the diffusion model's drafts (guided decoding)."""
+
+    name: str
+    model: Any
+    tokenizer: Any
+    num_parameters: int
+
+
+def load_guider(name_or_path: str, device: str | torch.device = "auto", dtype: str | torch.dtype = "auto") -> GuiderHandle:
+    """Load a causal LM guider (any transformers architecture) by hub id, folder or ``tiny-guider``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_path(name_or_path)
+    if not (path / "config.json").exists():
+        raise ModelLoadError(f"{path} has no config.json; is it a model folder?")
+    check_weights(path)
+    dev = pick_device(device)
+    if dtype == "auto":
+        dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=False).to(dev).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    return GuiderHandle(name_or_path, model, tokenizer, sum(p.numel() for p in model.parameters()))
+
+
 def _quiet_bitsandbytes() -> None:
     # bitsandbytes warns about optional GPU kernels when imported on a CPU-only machine.
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)

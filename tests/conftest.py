@@ -19,3 +19,17 @@ def llada_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def dream_dir(tmp_path_factory) -> Path:
     return build_dream(tmp_path_factory.mktemp("dream"))
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    import dllm_local
+
+    return dllm_local.load("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_guider():
+    import dllm_local
+
+    return dllm_local.load_guider("tiny-guider")

@@ -48,6 +48,8 @@ class KVCache:
         self.last_positions: torch.Tensor | None = None
         self.last_stats = ForwardStats()
         self._previously_valid: torch.Tensor | None = None
+        # A read-only forward (self-verification) sees its fresh K/V but leaves the cache as it was.
+        self.read_only = False
 
     @property
     def batch(self) -> int:
@@ -58,11 +60,15 @@ class KVCache:
         if positions.numel() and int(positions.max()) >= self.max_len:
             raise ValueError(f"position {int(positions.max())} is beyond the cache length {self.max_len}")
         self._previously_valid = self.valid.clone()
-        self.valid[positions] = True
-        self.tokens[:, positions] = input_ids[: self.tokens.shape[0]]
         recomputed = positions.numel()
+        valid_after = self.valid.clone()
+        valid_after[positions] = True
         # Reads count the entries attended to that this forward did not recompute.
-        self.last_stats = ForwardStats(recomputed=recomputed, reads=int(self.valid[: self.seq_len].sum()) - recomputed)
+        self.last_stats = ForwardStats(recomputed=recomputed, reads=int(valid_after[: self.seq_len].sum()) - recomputed)
+        if not self.read_only:
+            self.valid = valid_after
+            self.tokens[:, positions] = input_ids[: self.tokens.shape[0]]
+        self._live = valid_after[: self.seq_len]
         self.last_positions = positions
         self.drift = {}
 
@@ -77,10 +83,15 @@ class KVCache:
             cos_v = _position_cosine(v_cache[:, :, positions], v)
             nan = torch.full_like(cos_k, float("nan"))
             self.drift[layer] = (torch.where(was_valid, cos_k, nan), torch.where(was_valid, cos_v, nan))
-        k_cache[:, :, positions] = k.to(k_cache.dtype)
-        v_cache[:, :, positions] = v.to(v_cache.dtype)
-        live = self.valid[: self.seq_len]
-        keys, values = k_cache[:, :, : self.seq_len], v_cache[:, :, : self.seq_len]
+        live = self._live
+        if self.read_only:
+            batch = k.shape[0]
+            keys = k_cache[:, :, : self.seq_len].expand(batch, -1, -1, -1).index_copy(2, positions, k.to(k_cache.dtype))
+            values = v_cache[:, :, : self.seq_len].expand(batch, -1, -1, -1).index_copy(2, positions, v.to(v_cache.dtype))
+        else:
+            k_cache[:, :, positions] = k.to(k_cache.dtype)
+            v_cache[:, :, positions] = v.to(v_cache.dtype)
+            keys, values = k_cache[:, :, : self.seq_len], v_cache[:, :, : self.seq_len]
         if bool(live.all()):
             return keys, values, None
         return keys, values, live.view(1, 1, 1, -1)
@@ -91,11 +102,12 @@ class KVCache:
         return self.k[layer][:, :, pos], self.v[layer][:, :, pos]
 
     def invalidate(self, positions: torch.Tensor | None = None) -> None:
-        """Drop entries (K and V together); with no argument, drop everything."""
-        if positions is None:
-            self.valid.zero_()
-        else:
-            self.valid[positions] = False
+        """Drop entries, K and V together (zeroed, so nothing stale can be read); None drops all."""
+        index = slice(None) if positions is None else positions
+        self.valid[index] = False
+        for k, v in zip(self.k, self.v):
+            k[:, :, index] = 0
+            v[:, :, index] = 0
 
     def num_cached(self) -> int:
         return int(self.valid[: self.seq_len].sum())
@@ -104,11 +116,6 @@ class KVCache:
         k = self.k[0]
         return 2 * len(self.k) * k.shape[0] * k.shape[1] * k.shape[3] * k.element_size()
 
-    def reorder_batch(self, index: torch.Tensor) -> None:
-        """Select or repeat batch rows (verification forwards run several variants at once)."""
-        self.k = [t.index_select(0, index) for t in self.k]
-        self.v = [t.index_select(0, index) for t in self.v]
-        self.tokens = self.tokens.index_select(0, index)
 
 
 def _position_cosine(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:

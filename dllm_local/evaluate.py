@@ -1,0 +1,54 @@
+"""Score a model on the task suite: accuracy, NFE, tokens per forward and time per answer."""
+from __future__ import annotations
+
+import statistics
+import time
+
+from tqdm import tqdm
+
+from .loader import GuiderHandle, ModelHandle
+from .sampler import generate
+from .settings import Settings
+from .tasks import generate as make_problems
+from .tasks import score
+
+
+def evaluate(handle: ModelHandle, task: str, n: int, seed: int, settings: Settings,
+             guider: GuiderHandle | None = None, progress: bool = False) -> dict:
+    problems = make_problems(task, n, seed)
+    rows = []
+    start = time.perf_counter()
+    for ex in tqdm(problems, desc=f"{task}", disable=not progress, mininterval=2):
+        r = generate(handle, ex.prompt, settings, guider)
+        rows.append((ex, r, score(ex, r.text)))
+    wall = time.perf_counter() - start
+    by_kind: dict[str, list[bool]] = {}
+    for ex, _, ok in rows:
+        by_kind.setdefault(ex.kind, []).append(ok)
+    stats = [r.stats for _, r, _ in rows]
+    return {
+        "task": task, "n": n, "seed": seed, "settings": settings.to_dict(),
+        "score": sum(ok for *_, ok in rows) / n,
+        "by_kind": {k: round(sum(v) / len(v), 4) for k, v in sorted(by_kind.items())},
+        "nfe": statistics.mean(s.nfe for s in stats),
+        "tokens_per_forward": statistics.mean(s.tokens_per_forward for s in stats),
+        "content_tokens_per_forward": statistics.mean(s.content_tokens_per_forward for s in stats),
+        "mean_g": statistics.mean(s.mean_g for s in stats),
+        "model_s_per_answer": statistics.mean(s.model_s for s in stats),
+        "wall_s_per_answer": wall / n,
+        "examples": [{"prompt": ex.prompt, "output": r.text, "correct": ok} for ex, r, ok in rows[:5]],
+    }
+
+
+def format_report(rep: dict) -> str:
+    s = rep["settings"]
+    lines = [
+        f"task {rep['task']} (n={rep['n']}, seed {rep['seed']}) | cache {s['cache']} | unmask {s['unmask']} "
+        f"{s['unmask_params'] or ''} | gen {s['gen_length']} block {s['block_size']}",
+        f"score {rep['score']:.1%}  " + "  ".join(f"{k} {v:.1%}" for k, v in rep["by_kind"].items()),
+        f"NFE {rep['nfe']:.1f} | tokens/forward {rep['tokens_per_forward']:.2f} (content {rep['content_tokens_per_forward']:.2f}) "
+        f"| G {rep['mean_g']:.1f} | {rep['model_s_per_answer'] * 1e3:.1f} ms model, {rep['wall_s_per_answer'] * 1e3:.1f} ms wall per answer",
+    ]
+    for e in rep["examples"][:3]:
+        lines.append(f"  {'ok ' if e['correct'] else 'BAD'} {e['prompt'][:60]!r} -> {e['output'][:70]!r}")
+    return "\n".join(lines)

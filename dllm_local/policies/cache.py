@@ -1,0 +1,193 @@
+"""Cache policies: each one only decides which positions a forward recomputes.
+
+Every policy returns a ``Plan``; the sampler adds the current block's masked positions (their
+logits are needed) and runs the model. Registration is the ``CACHE_POLICIES`` dict at the end.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ..costmodel import DEVICES, measure_device, reuse_beats_recompute
+from ..models.cache import KVCache
+from .base import DecodeState, Policy
+
+
+@dataclass
+class Plan:
+    positions: torch.Tensor
+    full: bool  # every position recomputed: a refresh
+
+
+class CachePolicy(Policy):
+    def reset(self, state: DecodeState, cache: KVCache, model) -> None:
+        """A new generation starts."""
+
+    def plan(self, state: DecodeState, cache: KVCache) -> Plan:
+        raise NotImplementedError
+
+    def observe(self, state: DecodeState, cache: KVCache, positions: torch.Tensor, entropy: torch.Tensor) -> None:
+        """After the forward: ``entropy`` of the prediction at each recomputed position."""
+
+    def info(self) -> dict:
+        """Policy-specific numbers for the trace (empty for most)."""
+        return {}
+
+
+def _full(state: DecodeState) -> Plan:
+    return Plan(state.all_positions(), True)
+
+
+def _refresh_due(state: DecodeState, refresh_every: int) -> bool:
+    return state.step == 0 or state.step_in_block == 0 or (refresh_every > 0 and state.step_in_block % refresh_every == 0)
+
+
+@dataclass
+class NoCache(CachePolicy):
+    """Recompute everything every step: the plain full-recompute baseline."""
+
+    name = "none"
+
+    def plan(self, state, cache):
+        return _full(state)
+
+
+@dataclass
+class PrefixCache(CachePolicy):
+    """Fast-dLLM PrefixCache: refresh at each block start; then recompute the block and all after it."""
+
+    name = "prefix"
+    refresh_every: int = 0  # also refresh every N steps inside a block (0: only at block starts)
+
+    def validate(self):
+        self._require(self.refresh_every >= 0, "refresh_every", ">= 0")
+
+    def plan(self, state, cache):
+        if _refresh_due(state, self.refresh_every):
+            return _full(state)
+        return Plan(torch.arange(state.block_start, state.total_len, device=state.x.device), False)
+
+
+@dataclass
+class DualCache(CachePolicy):
+    """Fast-dLLM DualCache: refresh at each block start; then recompute only the current block."""
+
+    name = "dual"
+    refresh_every: int = 0
+
+    def validate(self):
+        self._require(self.refresh_every >= 0, "refresh_every", ">= 0")
+
+    def plan(self, state, cache):
+        if _refresh_due(state, self.refresh_every):
+            return _full(state)
+        return Plan(state.block_positions(), False)
+
+
+@dataclass
+class FreeCache(CachePolicy):
+    """FlashDLM FreeCache: one full forward, then finished blocks and the prompt stay frozen.
+
+    Each step recomputes the current block and every later block that still holds a mask, so
+    the active window shrinks as blocks finish. No refresh ever.
+    """
+
+    name = "freecache"
+
+    def plan(self, state, cache):
+        if state.step == 0:
+            return _full(state)
+        masked = state.masked
+        starts = range(state.block_start, state.total_len, state.block_size)
+        active = [torch.arange(s, s + state.block_size, device=state.x.device) for i, s in enumerate(starts)
+                  if i == 0 or bool(masked[s : s + state.block_size].any())]
+        return Plan(torch.cat(active), False)
+
+
+@dataclass
+class AdaptiveCache(CachePolicy):
+    """The I/O-aware adaptive cache of seed 000.
+
+    Per position, cache confidence ``alpha * (1 - H/H_max) + beta * exp(-lambda * (t - t_write))``,
+    with H the entropy of the model's prediction there (0 once the token is known). Positions at
+    or under ``floor`` are recomputed; so are positions an I/O cost model says are cheaper to
+    recompute than to read; a memory budget keeps at most ``budget`` positions cached (an int, or
+    a fraction of the sequence), evicting the lowest-confidence ones, K and V together. Like
+    DualCache it refreshes at block starts, and also every ``refresh_every`` steps when set.
+    """
+
+    name = "adaptive"
+    alpha: float = 0.7
+    beta: float = 0.3
+    lam: float | None = None  # decay per step; None: 3 / T with T the generation's step budget
+    floor: float = 0.5
+    budget: float | None = None
+    refresh_every: int = 0
+    device_profile: str = "auto"  # a name from costmodel.DEVICES, or "auto" (measured)
+    _state: dict = field(default_factory=dict, init=False, repr=False)
+
+    def validate(self):
+        self._require(self.alpha >= 0, "alpha", ">= 0")
+        self._require(self.beta >= 0, "beta", ">= 0")
+        self._require(self.lam is None or self.lam >= 0, "lam", ">= 0 or None")
+        self._require(0 <= self.floor <= 1, "floor", "in [0, 1]")
+        self._require(self.budget is None or self.budget > 0, "budget", "> 0 (positions, or a fraction < 1)")
+        self._require(self.refresh_every >= 0, "refresh_every", ">= 0")
+        self._require(self.device_profile == "auto" or self.device_profile in DEVICES, "device_profile",
+                      f"'auto' or one of {', '.join(DEVICES)}")
+
+    def reset(self, state, cache, model):
+        L = state.total_len
+        params = sum(p.numel() for p in model.parameters())
+        device = measure_device(state.x.device) if self.device_profile == "auto" else DEVICES[self.device_profile]
+        vocab = model.get_input_embeddings().weight.shape[0]
+        self._state = {
+            "entropy": torch.zeros(L, device=state.x.device),
+            "t_write": torch.zeros(L, device=state.x.device),
+            "h_max": math.log(vocab),
+            "lam": self.lam if self.lam is not None else 3.0 / max(1, state.steps_per_block * (state.gen_length // state.block_size)),
+            "reuse_wins": reuse_beats_recompute(cache.bytes_per_position(), params, device),
+            "device": device.name,
+            "budget": None if self.budget is None else int(self.budget if self.budget >= 1 else self.budget * L),
+            "evicted": 0,
+        }
+
+    def confidence(self, step: int) -> torch.Tensor:
+        s = self._state
+        certainty = 1 - s["entropy"] / s["h_max"]
+        return self.alpha * certainty + self.beta * torch.exp(-s["lam"] * (step - s["t_write"]))
+
+    def plan(self, state, cache):
+        s = self._state
+        if _refresh_due(state, self.refresh_every) or not s["reuse_wins"]:
+            return _full(state)
+        L = state.total_len
+        recompute = self.confidence(state.step) <= self.floor
+        recompute |= ~cache.valid[:L]
+        recompute[state.block_start : state.block_end] = True
+        return Plan(recompute.nonzero().flatten(), bool(recompute.all()))
+
+    def observe(self, state, cache, positions, entropy):
+        s = self._state
+        s["t_write"][positions] = float(state.step)
+        known = ~state.masked[positions]
+        s["entropy"][positions] = torch.where(known, torch.zeros_like(entropy), entropy.to(s["entropy"].dtype))
+        budget = s["budget"]
+        if budget is not None and cache.num_cached() > budget:
+            L = state.total_len
+            conf = self.confidence(state.step + 1)
+            conf[~cache.valid[:L]] = float("inf")
+            evict = torch.argsort(conf)[: cache.num_cached() - budget]
+            cache.invalidate(evict)
+            s["evicted"] += int(evict.numel())
+
+    def info(self):
+        s = self._state
+        return {"device": s.get("device"), "reuse_wins": s.get("reuse_wins"), "evicted": s.get("evicted", 0)}
+
+
+CACHE_POLICIES: dict[str, type[CachePolicy]] = {
+    p.name: p for p in (NoCache, PrefixCache, DualCache, FreeCache, AdaptiveCache)
+}
