@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -18,21 +17,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from dllm_local.costmodel import machine_name  # noqa: E402
 from dllm_local.models import LLaDAConfig, LLaDAModelLM  # noqa: E402
 from dllm_local.tiny.train import REFERENCE_CONFIG  # noqa: E402
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
-    return f"{cpu}, {torch.get_num_threads()} threads{gpu}"
 
 
 @torch.no_grad()
@@ -64,7 +51,7 @@ def main() -> None:
         rows.append((n, statistics.median(times[2:]) * 1e3))
     full = rows[-1][1]
     params = sum(p.numel() for p in model.parameters())
-    print(f"machine: {machine()}; model: LLaDA format, {params / 1e6:.1f}M parameters, sequence {L}")
+    print(f"machine: {machine_name()}; model: LLaDA format, {params / 1e6:.1f}M parameters, sequence {L}")
     print(f"{'recomputed positions':>22} | {'median ms':>10} | {'vs all':>7}")
     for n, ms in rows:
         print(f"{n:>22} | {ms:>10.2f} | {ms / full:>7.3f}")

@@ -102,6 +102,28 @@ def _eval(args: argparse.Namespace) -> None:
     print(json.dumps(report, indent=2) if args.json else format_report(report))
 
 
+def _bench(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from .bench import STRATEGY_SETS, format_table, jsonl_problems, run_bench, task_problems
+    from .loader import load
+
+    base = settings_from_args(args)
+    handle = load(args.model, device=args.device, quantization=args.quantize)
+    if args.jsonl:
+        problems = jsonl_problems(Path(args.jsonl), args.scorer, args.n)
+    else:
+        problems = task_problems(args.task, args.n, args.seed_data)
+    strategies = STRATEGY_SETS[args.set]
+    needs_guider = any(s.changes.get("unmask") == "guided" for s in strategies)
+    guider = guider_for(argparse.Namespace(unmask="guided", guider=args.guider), handle) if needs_guider else None
+    report = run_bench(handle, problems, strategies, base, guider, args.repeats, progress=True)
+    print(format_table(report))
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.out}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dllm_local", description="dllm-local engine")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -130,6 +152,19 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--json", action="store_true")
     add_settings_args(ev)
     ev.set_defaults(run=_eval)
+
+    be = sub.add_parser("bench", help="strategies side by side on an evaluation set: one table")
+    model_args(be)
+    be.add_argument("--set", default="headline", help="strategy set: headline, cache-x-unmask")
+    be.add_argument("--task", default="arithmetic")
+    be.add_argument("--jsonl", default=None, help="a file of {prompt, answer} lines instead of a tiny task")
+    be.add_argument("--scorer", default="exact_number", help="for --jsonl: exact_number, exact_string, contains")
+    be.add_argument("--n", type=int, default=20)
+    be.add_argument("--seed-data", type=int, default=1000)
+    be.add_argument("--repeats", type=int, default=1)
+    be.add_argument("--out", default=None, help="also write the report as JSON here")
+    add_settings_args(be)
+    be.set_defaults(run=_bench, gen_length=256, block_size=32)
 
     args = ap.parse_args(argv)
     try:

@@ -5,8 +5,10 @@ of the positions it recomputes: ``max(weight_bytes / bandwidth, G * 2 * params /
 """
 from __future__ import annotations
 
+import platform
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -74,3 +76,17 @@ def crossover_positions(weight_bytes: float, params: float, device: DeviceProfil
 def reuse_beats_recompute(kv_bytes_per_position: float, params: float, device: DeviceProfile) -> bool:
     """Reading a position's K/V (all layers) is cheaper than recomputing the position."""
     return kv_bytes_per_position / device.bandwidth < 2 * params / device.flops
+
+
+def machine_name() -> str:
+    """CPU model, torch threads and GPU, for benchmark tables (absolute times need the machine)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
+    return f"{cpu}, {torch.get_num_threads()} torch threads{gpu}"

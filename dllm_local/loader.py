@@ -61,6 +61,7 @@ class ModelHandle:
             "dtype": str(self.dtype).replace("torch.", ""), "quantization": self.quantization or "none",
             "parameters": self.num_parameters, "memory_mb": round(self.memory_bytes / 2**20, 1),
             "max_length": self.max_length, "mask_id": self.mask_id, "stop_ids": list(self.stop_ids),
+            "layers": int(getattr(self.model.config, "num_hidden_layers", 0) or getattr(self.model.config, "n_layers", 0)),
         }
 
 

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from .errors import SequenceTooLongError, SettingsError
 from .loader import GuiderHandle, ModelHandle
+from .models.cache import position_cosine
 from .policies import CACHE_POLICIES, UNMASK_POLICIES
 from .policies.base import DecodeState
 from .policies.unmask import Candidates
@@ -110,6 +111,7 @@ class Run:
         if shadow is not None:
             shadow.seq_len, shadow.track_drift = L, True
         finished = False
+        paused = 0.0
         for block in range(s.num_blocks):
             state.block, state.step_in_block = block, 0
             self.unmask_policy.start_block(state)
@@ -122,13 +124,16 @@ class Run:
                 if s.trace != "off":
                     trace.steps.append(record)
                 self._count(record)
+                # Time spent suspended here belongs to whoever consumes the records, not to the run.
+                t_yield = time.perf_counter()
                 yield record
+                paused += time.perf_counter() - t_yield
                 state.step += 1
                 state.step_in_block += 1
                 finished = s.early_stop and self._early_stop(state)
             if finished:
                 break
-        self._finish(state, time.perf_counter() - wall0)
+        self._finish(state, time.perf_counter() - wall0 - paused)
 
     def _step(self, state: DecodeState, shadow) -> StepRecord:
         s, h, cache = self.settings, self.handle, self.cache
@@ -138,7 +143,7 @@ class Run:
         positions = torch.unique(torch.cat([plan.positions, block_masked]))  # sorted
         self._positions = positions
         logits, model_s = self._forward(state.x[:, positions], positions)
-        stats, drift = cache.last_stats, cache.drift
+        stats = cache.last_stats
         forwards, self._extra_forwards, self._extra_model_s = 1, 0, 0.0
         logits = logits[0]
         masked_here = state.masked[positions]
@@ -177,7 +182,7 @@ class Run:
         if s.trace != "off":
             record.masked_positions = masked_positions.tolist()
             record.masked_confidence = _round(probs_masked.max(-1).values.tolist(), 6)
-            record.kv = self._kv_record(drift, positions)
+            record.kv = self._kv_record(cache.drift_cosines())
             if s.trace == "full":
                 record.recomputed = positions.tolist()
         total_s = time.perf_counter() - t_start
@@ -252,10 +257,11 @@ class Run:
         err = (exact_p.gather(-1, cand.tokens[:, None]).squeeze(-1) - cached_p).abs()
         cache_error = {}
         for layer in range(len(self.cache.k)):
-            ck = _cos(self.cache.k[layer][:, :, :L], shadow.k[layer][:, :, :L])
-            cv = _cos(self.cache.v[layer][:, :, :L], shadow.v[layer][:, :, :L])
+            ck = position_cosine(self.cache.k[layer][:, :, :L], shadow.k[layer][:, :, :L])
+            cv = position_cosine(self.cache.v[layer][:, :, :L], shadow.v[layer][:, :, :L])
             cache_error[str(layer)] = {"k": _round(ck.tolist()), "v": _round(cv.tolist())}
-        true_drift = {str(l): {"k": _round(k.tolist()), "v": _round(v.tolist())} for l, (k, v) in shadow.drift.items()}
+        drift_k, drift_v = shadow.drift_cosines()
+        true_drift = {str(l): {"k": _round(k), "v": _round(v)} for l, (k, v) in enumerate(zip(drift_k.tolist(), drift_v.tolist()))}
         return {
             "max_prob_error": round(float(err.max()), 6) if err.numel() else 0.0,
             "argmax_agree": bool((exact_p.argmax(-1) == cand.tokens).all()) if self.settings.temperature == 0 else None,
@@ -263,17 +269,24 @@ class Run:
             "cache_vs_exact": cache_error,
         }
 
-    def _kv_record(self, drift: dict, positions: torch.Tensor) -> dict:
-        level = self.settings.trace
+    def _kv_record(self, drift: tuple[torch.Tensor, torch.Tensor] | None) -> dict:
+        if drift is None:
+            return {}
+        cos_k, cos_v = drift  # [layers, n]
+        if self.settings.trace == "full":
+            ks, vs = cos_k.tolist(), cos_v.tolist()
+            return {str(l): {"k": _round(ks[l]), "v": _round(vs[l])} for l in range(len(ks))}
+        # Summary: four numbers per layer, computed for all layers in one go.
+        both = torch.stack([cos_k, cos_v])  # [2, layers, n]
+        seen = ~torch.isnan(both)
+        count = seen.sum(-1)
+        mean = (torch.where(seen, both, 0).sum(-1) / count.clamp(min=1)).tolist()
+        low = torch.where(seen, both, float("inf")).min(-1).values.tolist()
+        has = (count > 0).tolist()
         out = {}
-        for layer, (ck, cv) in drift.items():
-            if level == "full":
-                out[str(layer)] = {"k": _round(ck.tolist()), "v": _round(cv.tolist())}
-            else:
-                out[str(layer)] = {
-                    "k_mean": _nan_stat(ck, "mean"), "k_min": _nan_stat(ck, "min"),
-                    "v_mean": _nan_stat(cv, "mean"), "v_min": _nan_stat(cv, "min"),
-                }
+        for l in range(cos_k.shape[0]):
+            pick = lambda table, i: round(table[i][l], 6) if has[i][l] else None  # noqa: E731
+            out[str(l)] = {"k_mean": pick(mean, 0), "k_min": pick(low, 0), "v_mean": pick(mean, 1), "v_min": pick(low, 1)}
         return out
 
     def _count(self, record: StepRecord) -> None:
@@ -317,19 +330,6 @@ class Run:
         st.tokens_per_s = round(self.settings.gen_length / st.model_s, 2) if st.model_s else 0.0
         st.content_tokens_per_s = round(cut / st.model_s, 2) if st.model_s else 0.0
         self.result = Result(text=trace.text, token_ids=answer, trace=trace)
-
-
-def _cos(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    a = a.float().transpose(1, 2).flatten(2)
-    b = b.float().transpose(1, 2).flatten(2)
-    return F.cosine_similarity(a, b, dim=-1).mean(0)
-
-
-def _nan_stat(t: torch.Tensor, how: str) -> float | None:
-    t = t[~torch.isnan(t)]
-    if not t.numel():
-        return None
-    return round(float(t.mean() if how == "mean" else t.min()), 6)
 
 
 def stream(handle: ModelHandle, prompt: Prompt, settings: Settings | None = None, guider: GuiderHandle | None = None) -> Run:

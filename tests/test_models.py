@@ -197,10 +197,10 @@ def test_cache_counts_reads_and_hands_back_fresh_kv_and_drift():
     assert (cache.last_stats.recomputed, cache.last_stats.reads) == (8, 24)
     k, v = cache.fresh_kv(0)
     assert k.shape == (1, model.config.n_kv_heads, 8, model.config.head_dim)
-    cos_k, cos_v = cache.drift[1]
-    assert cos_k.shape == (8,)
+    cos_k, cos_v = cache.drift_cosines()
+    assert cos_k.shape == cos_v.shape == (model.config.n_layers, 8)
     # Layer 0's K/V depend only on the token: unchanged tokens keep cosine 1, changed ones do not.
-    cos0 = cache.drift[0][0]
+    cos0 = cos_k[0]
     assert torch.allclose(cos0[[0, 1, 6, 7]], torch.ones(4), atol=1e-5)
     assert (cos0[2:6] < 0.999).all()
 

@@ -40,11 +40,11 @@ class KVCache:
         self.tokens = torch.zeros(batch, max_len, dtype=torch.long, device=device)
         self.max_len = max_len
         self.seq_len = max_len
-        # When on, every update records per recomputed position the cosine between the
-        # entry the cache held (its previous fresh value) and the fresh one: the KV drift
-        # the page shows, measured without a second forward.
+        # When on, every update keeps the entries it overwrites, so that drift_cosines() can give
+        # per recomputed position the cosine between the entry the cache held (its previous fresh
+        # value) and the fresh one: the KV drift the page shows, without a second forward.
         self.track_drift = False
-        self.drift: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._overwritten: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.last_positions: torch.Tensor | None = None
         self.last_stats = ForwardStats()
         self._previously_valid: torch.Tensor | None = None
@@ -70,19 +70,15 @@ class KVCache:
             self.tokens[:, positions] = input_ids[: self.tokens.shape[0]]
         self._live = valid_after[: self.seq_len]
         self.last_positions = positions
-        self.drift = {}
+        self._overwritten = {}
 
     def update(
         self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Write fresh K/V at ``positions``; return all keys, values and the key mask to attend."""
         k_cache, v_cache = self.k[layer], self.v[layer]
-        if self.track_drift:
-            was_valid = self._previously_valid[positions]
-            cos_k = _position_cosine(k_cache[:, :, positions], k)
-            cos_v = _position_cosine(v_cache[:, :, positions], v)
-            nan = torch.full_like(cos_k, float("nan"))
-            self.drift[layer] = (torch.where(was_valid, cos_k, nan), torch.where(was_valid, cos_v, nan))
+        if self.track_drift and not self.read_only:
+            self._overwritten[layer] = (k_cache[:, :, positions], v_cache[:, :, positions])
         live = self._live
         if self.read_only:
             batch = k.shape[0]
@@ -95,6 +91,26 @@ class KVCache:
         if bool(live.all()):
             return keys, values, None
         return keys, values, live.view(1, 1, 1, -1)
+
+    def drift_cosines(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Cosine of each recomputed entry with the value it replaced: ``[layers, n]`` for K and V.
+
+        NaN where the cache held nothing before. Computed after the forward, all layers at once,
+        so that the bookkeeping never counts as model time.
+        """
+        if not self._overwritten:
+            return None
+        layers = sorted(self._overwritten)
+        pos = self.last_positions
+        old_k = torch.stack([self._overwritten[l][0] for l in layers])
+        old_v = torch.stack([self._overwritten[l][1] for l in layers])
+        new_k = torch.stack([self.k[l][:, :, pos] for l in layers])
+        new_v = torch.stack([self.v[l][:, :, pos] for l in layers])
+        was_valid = self._previously_valid[pos]
+        nan = torch.tensor(float("nan"), device=was_valid.device)
+        cos_k = torch.where(was_valid, position_cosine(old_k, new_k), nan)
+        cos_v = torch.where(was_valid, position_cosine(old_v, new_v), nan)
+        return cos_k, cos_v
 
     def fresh_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V of the positions the last forward recomputed (``[batch, kv_heads, n, head_dim]``)."""
@@ -118,8 +134,11 @@ class KVCache:
 
 
 
-def _position_cosine(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-    """Cosine per position over heads x head_dim, averaged over the batch: ``[n]``."""
-    old = old.float().transpose(1, 2).flatten(2)
-    new = new.float().transpose(1, 2).flatten(2)
-    return F.cosine_similarity(old, new, dim=-1).mean(0)
+def position_cosine(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """Cosine per position over heads x head_dim, averaged over the batch.
+
+    ``[..., batch, heads, n, head_dim]`` -> ``[..., n]``.
+    """
+    old = old.float().transpose(-3, -2).flatten(-2)
+    new = new.float().transpose(-3, -2).flatten(-2)
+    return F.cosine_similarity(old, new, dim=-1).mean(-2)

@@ -1,0 +1,154 @@
+"""Benchmarks: strategies side by side on one evaluation set, one table, medians of repeats.
+
+    python -m dllm_local bench [--task arithmetic | --jsonl FILE --scorer exact_number] [--set cache-x-unmask]
+
+Speedups are ratios measured in the same run against the first strategy (the baseline).
+"""
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from tqdm import tqdm
+
+from .costmodel import machine_name
+from .errors import DllmError
+from .loader import GuiderHandle, ModelHandle
+from .sampler import generate
+from .settings import Settings
+from .tasks import generate as make_problems
+from .tasks import score as score_task
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    changes: dict = field(default_factory=dict)
+
+    def settings(self, base: Settings) -> Settings:
+        return base.with_(**self.changes)
+
+
+ONE_PER_STEP = {"unmask": "fixed", "unmask_params": {}}
+THRESHOLD = {"unmask": "threshold", "unmask_params": {"threshold": 0.9}}
+FACTOR = {"unmask": "factor", "unmask_params": {"factor": 1.0}}
+CACHES = ("none", "prefix", "dual", "freecache", "adaptive")
+
+STRATEGY_SETS: dict[str, list[Strategy]] = {
+    "cache-x-unmask": [
+        Strategy(f"{cache} + {label}", {"cache": cache, **rule})
+        for cache in CACHES
+        for label, rule in (("fixed 1/step", ONE_PER_STEP), ("threshold 0.9", THRESHOLD), ("factor 1.0", FACTOR))
+    ],
+    "headline": [
+        Strategy("none + fixed 1/step", {"cache": "none", **ONE_PER_STEP}),
+        Strategy("dual + threshold 0.9", {"cache": "dual", **THRESHOLD}),
+        Strategy("freecache + threshold 0.9", {"cache": "freecache", **THRESHOLD}),
+        Strategy("adaptive + threshold 0.9", {"cache": "adaptive", **THRESHOLD}),
+        Strategy("dual + threshold 0.9, trace off", {"cache": "dual", "trace": "off", **THRESHOLD}),
+    ],
+}
+
+
+@dataclass
+class Problem:
+    prompt: str
+    is_correct: Callable[[str], bool]
+    kind: str = ""
+
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def _last_number(text: str) -> str | None:
+    found = _NUMBER.findall(text)
+    return found[-1].replace(",", "") if found else None
+
+
+SCORERS: dict[str, Callable[[str, str], bool]] = {
+    "exact_number": lambda out, ans: _last_number(out) is not None and float(_last_number(out)) == float(_last_number(ans) or "nan"),
+    "exact_string": lambda out, ans: out.strip() == ans.strip(),
+    "contains": lambda out, ans: ans.strip().lower() in out.lower(),
+}
+
+
+def task_problems(task: str, n: int, seed: int) -> list[Problem]:
+    return [Problem(ex.prompt, lambda out, ex=ex: score_task(ex, out), ex.kind) for ex in make_problems(task, n, seed)]
+
+
+def jsonl_problems(path: Path, scorer: str, n: int | None = None) -> list[Problem]:
+    """A user's evaluation set: one ``{"prompt": ..., "answer": ...}`` object per line."""
+    if scorer not in SCORERS:
+        raise DllmError(f"scorer must be one of {', '.join(SCORERS)}, not {scorer!r}")
+    problems = []
+    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            prompt, answer = row["prompt"], str(row["answer"])
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise DllmError(f"{path} line {i}: expected a JSON object with 'prompt' and 'answer' ({exc})") from exc
+        problems.append(Problem(prompt, lambda out, a=answer: SCORERS[scorer](out, a)))
+    return problems[:n] if n else problems
+
+
+def run_strategy(handle: ModelHandle, problems: list[Problem], settings: Settings,
+                 guider: GuiderHandle | None = None, repeats: int = 1, progress: str | None = None) -> dict:
+    """One row of the table: per-answer means, and the median over repeats of the times."""
+    walls, models = [], []
+    for rep in range(repeats):
+        stats, correct = [], []
+        t0 = time.perf_counter()
+        for p in tqdm(problems, desc=progress, disable=progress is None or rep > 0, leave=False, mininterval=2):
+            r = generate(handle, p.prompt, settings, guider)
+            stats.append(r.stats)
+            correct.append(p.is_correct(r.text))
+        walls.append((time.perf_counter() - t0) / len(problems))
+        models.append(sum(s.model_s for s in stats) / len(problems))
+    content = sum(s.content_tokens for s in stats)
+    model_total = sum(s.model_s for s in stats)
+    return {
+        "settings": settings.to_dict(),
+        "accuracy": sum(correct) / len(problems),
+        "nfe": statistics.mean(s.nfe for s in stats),
+        "tau": statistics.mean(s.tokens_per_forward for s in stats),
+        "tau_content": statistics.mean(s.content_tokens_per_forward for s in stats),
+        "g": statistics.mean(s.mean_g for s in stats),
+        "model_tok_s": content / model_total if model_total else 0.0,
+        "model_s": statistics.median(models),
+        "wall_s": statistics.median(walls),
+        "other_share": sum(s.other_s for s in stats) / max(1e-9, sum(s.wall_s for s in stats)),
+    }
+
+
+def run_bench(handle: ModelHandle, problems: list[Problem], strategies: list[Strategy], base: Settings,
+              guider: GuiderHandle | None = None, repeats: int = 1, progress: bool = True) -> dict:
+    rows = []
+    for strat in strategies:
+        row = run_strategy(handle, problems, strat.settings(base), guider, repeats, strat.name if progress else None)
+        rows.append({"strategy": strat.name, **row})
+    base_wall = rows[0]["wall_s"]
+    for row in rows:
+        row["speedup"] = base_wall / row["wall_s"] if row["wall_s"] else 0.0
+    return {"machine": machine_name(), "model": handle.summary()["name"], "problems": len(problems),
+            "repeats": repeats, "base_settings": base.to_dict(), "rows": rows}
+
+
+def format_table(report: dict) -> str:
+    head = (f"{'strategy':<34} {'NFE':>6} {'tau':>6} {'tau_c':>6} {'G':>7} {'tok/s':>8} "
+            f"{'wall s':>8} {'speedup':>8} {'acc':>6}")
+    lines = [f"machine: {report['machine']} | model: {report['model']} | {report['problems']} problems, "
+             f"median of {report['repeats']} | gen {report['base_settings']['gen_length']}, "
+             f"block {report['base_settings']['block_size']}", head, "-" * len(head)]
+    for r in report["rows"]:
+        lines.append(f"{r['strategy']:<34} {r['nfe']:>6.1f} {r['tau']:>6.2f} {r['tau_content']:>6.2f} {r['g']:>7.1f} "
+                     f"{r['model_tok_s']:>8.1f} {r['wall_s']:>8.3f} {r['speedup']:>7.1f}x {r['accuracy']:>6.1%}")
+    lines.append("tau: tokens per forward (all; tau_c: content only, EOS padding excluded); G: positions recomputed per "
+                 "forward; tok/s: content tokens over model time; wall s: per answer; speedup: wall, vs the first row")
+    return "\n".join(lines)

@@ -1,0 +1,271 @@
+"""ui.plots against a real recorded trace (tiny model, dual cache, threshold unmasking, full level)."""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ui import plots  # noqa: E402
+
+TRACE_PATH = ROOT / "tests" / "data" / "trace_small.json"
+
+
+@pytest.fixture(scope="module")
+def trace() -> dict:
+    return json.loads(TRACE_PATH.read_text())
+
+
+def _nan(x) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def _trace_named(fig, name):
+    return next(d for d in fig.data if d.name == name)
+
+
+def _annotations(fig) -> list[str]:
+    return [a.text for a in fig.layout.annotations]
+
+
+def _summary_level(trace: dict) -> dict:
+    """The same run as a "summary" trace: no recomputed positions, KV reduced to mean/min."""
+    t = copy.deepcopy(trace)
+    for s in t["steps"]:
+        s["recomputed"] = None
+        s["kv"] = {layer: {"k_mean": 0.99, "k_min": 0.5, "v_mean": 0.99, "v_min": 0.5} for layer in s["kv"]}
+    t["settings"]["trace"] = "summary"
+    return t
+
+
+# ----------------------------------------------------------------------------- state
+
+def test_state_before_and_after(trace):
+    n = trace["gen_length"]
+    before = plots.state_at(trace, -1)
+    assert before["ids"] == [None] * n and before["masked"] == n and before["step"] == -1
+    last = len(trace["steps"]) - 1
+    after = plots.state_at(trace, last)
+    assert after["ids"] == trace["final_ids"] and after["masked"] == 0
+    assert plots.state_at(trace, last + 50)["step"] == last  # clamped
+
+
+def test_state_records_commit_step_and_confidence(trace):
+    P = len(trace["prompt_ids"])
+    state = plots.state_at(trace, 0)
+    first = trace["steps"][0]["committed"]
+    assert len(first) == trace["gen_length"] - state["masked"]
+    for position, token, conf in first:
+        p = position - P
+        assert state["ids"][p] == token and state["commit_step"][p] == 0 and state["confidence"][p] == conf
+    # A position committed at step 1 is still masked after step 0.
+    p1 = trace["steps"][1]["committed"][0][0] - P
+    assert state["ids"][p1] is None and plots.state_at(trace, 1)["commit_step"][p1] == 1
+
+
+# ----------------------------------------------------------------------------- token grid
+
+def test_token_grid_hover_escape_and_outline(trace):
+    P = len(trace["prompt_ids"])
+    page = plots.token_grid_html(trace, 2)
+    position, token, conf = trace["steps"][1]["committed"][1]  # " The" at step 1
+    text = trace["vocab"][str(token)].replace(" ", "␣")
+    assert f"title=\"pos {position - P} · token '{text}' · step 1 · confidence {conf:.2f}\"" in page
+    # <|endoftext|> committed at step 0: escaped, and faded as an end-of-text token.
+    assert "&lt;|endoftext|&gt;" in page and "<|endoftext|>" not in page
+    assert "dl-end" in page
+    assert page.count("dl-new") == len(trace["steps"][2]["committed"])
+    masked = plots.state_at(trace, 2)["masked"]
+    assert page.count("dl-masked") == masked and page.count("▢") == masked
+    assert "dl-legend" in page
+
+
+def test_token_grid_by_confidence_and_bad_mode(trace):
+    page = plots.token_grid_html(trace, len(trace["steps"]) - 1, color_by="confidence")
+    assert "dl-masked" not in page and "confidence at commit" in page
+    assert "dl-masked" in plots.token_grid_html(trace, -1)
+    with pytest.raises(ValueError):
+        plots.token_grid_html(trace, 0, color_by="colour")
+
+
+# ----------------------------------------------------------------------------- confidence
+
+def test_confidence_heatmap_cells_and_commits(trace):
+    P, n, steps = len(trace["prompt_ids"]), trace["gen_length"], trace["steps"]
+    fig = plots.confidence_heatmap(trace)
+    z = _trace_named(fig, "confidence").z
+    assert (len(z), len(z[0])) == (len(steps), n)
+    s1 = steps[1]
+    for position, conf in zip(s1["masked_positions"], s1["masked_confidence"]):
+        assert z[1][position - P] == conf
+    for i, s in enumerate(steps):
+        for position, _, _ in s["committed"]:
+            assert all(_nan(z[j][position - P]) for j in range(i + 1, len(steps)))
+    marks = _trace_named(fig, "commit")
+    assert len(marks.x) == sum(len(s["committed"]) for s in steps)
+    position, _, _ = steps[2]["committed"][0]
+    assert (position - P, 2) in set(zip(marks.x, marks.y))
+    assert fig.layout.title.text and fig.layout.xaxis.title.text and fig.layout.yaxis.title.text
+    heat = _trace_named(fig, "confidence")
+    assert (heat.zmin, heat.zmax) == (0, 1)
+    json.loads(fig.to_json())
+
+
+def test_confidence_heatmap_upto_step(trace):
+    fig = plots.confidence_heatmap(trace, upto_step=3)
+    assert len(_trace_named(fig, "confidence").z) == 4
+    assert len(_trace_named(fig, "commit").x) == sum(len(s["committed"]) for s in trace["steps"][:4])
+
+
+# ----------------------------------------------------------------------------- KV
+
+def test_kv_drift_cached_vs_recomputed(trace):
+    P, n, steps = len(trace["prompt_ids"]), trace["gen_length"], trace["steps"]
+    fig = plots.kv_heatmap(trace, layer=0, which="k")
+    drift, cached = _trace_named(fig, "drift").z, _trace_named(fig, "cached").z
+    assert (len(drift), len(drift[0])) == (len(cached), len(cached[0])) == (len(steps), n)
+    i = next(i for i, s in enumerate(steps) if not s["full_refresh"])
+    recomputed = steps[i]["recomputed"]
+    reused = next(p for p in range(n) if P + p not in recomputed)
+    assert cached[i][reused] == 1.0 and _nan(drift[i][reused])
+    fresh = recomputed.index(P + 3)
+    assert drift[i][3] == steps[i]["kv"]["0"]["k"][fresh] and _nan(cached[i][3])
+    # A full refresh recomputes everything: nothing in the cached layer on that row.
+    r = next(i for i, s in enumerate(steps) if s["full_refresh"])
+    assert all(_nan(v) for v in cached[r])
+    # Negative cosines in the data stay on the colour scale.
+    heat = _trace_named(fig, "drift")
+    assert heat.zmax == 1.0 and heat.zmin <= min(v for row in drift for v in row if not _nan(v))
+    json.loads(fig.to_json())
+
+
+def test_kv_step_without_drift_record(trace):
+    # A first forward into an empty cache may record kv == {}: its recomputed cells are not "cached".
+    t = copy.deepcopy(trace)
+    t["steps"][0]["kv"] = {}
+    fig = plots.kv_heatmap(t)
+    assert all(_nan(v) for v in _trace_named(fig, "cached").z[0])
+    assert all(_nan(v) for v in _trace_named(fig, "drift").z[0])
+
+
+def test_kv_refresh_rows_marked_and_upto(trace):
+    steps = trace["steps"]
+    fig = plots.kv_heatmap(trace, layer="2", which="v")
+    assert list(_trace_named(fig, "refresh").y) == [i for i, s in enumerate(steps) if s["full_refresh"]]
+    short = plots.kv_heatmap(trace, upto_step=3)
+    assert len(_trace_named(short, "drift").z) == 4
+    assert list(_trace_named(short, "refresh").y) == [0]
+
+
+def test_kv_exact_views(trace):
+    P, n, steps = len(trace["prompt_ids"]), trace["gen_length"], trace["steps"]
+    true = _trace_named(plots.kv_heatmap(trace, view="true_drift"), "true_drift").z
+    assert all(_nan(v) for v in true[0])  # no previous exact K at the first step
+    assert true[1] == steps[1]["exact"]["true_drift"]["0"]["k"][P:P + n]
+    err = _trace_named(plots.kv_heatmap(trace, layer=1, which="v", view="cache_error"), "cache_error").z
+    assert err[5] == steps[5]["exact"]["cache_vs_exact"]["1"]["v"][P:P + n]
+    no_exact = copy.deepcopy(trace)
+    for s in no_exact["steps"]:
+        s["exact"] = None
+    assert any("exact" in a for a in _annotations(plots.kv_heatmap(no_exact, view="true_drift")))
+    with pytest.raises(ValueError):
+        plots.kv_heatmap(trace, view="nope")
+    with pytest.raises(ValueError):
+        plots.kv_heatmap(trace, which="q")
+
+
+def test_summary_level_trace(trace):
+    t = _summary_level(trace)
+    fig = plots.kv_heatmap(t)
+    assert plots.SUMMARY_MESSAGE in _annotations(fig)
+    assert "per-position KV data needs trace level 'full'" in _annotations(fig)
+    json.loads(fig.to_json())
+    # Everything that does not need per-position KV still works.
+    assert len(_trace_named(plots.confidence_heatmap(t), "commit").x) == len(trace["final_ids"])
+    plots.cache_panel(t).to_json()
+    plots.token_grid_html(t, 3)
+
+
+# ----------------------------------------------------------------------------- cache, numbers
+
+def test_cache_panel(trace):
+    steps = trace["steps"]
+    fig = plots.cache_panel(trace)
+    assert list(_trace_named(fig, "G (recomputed)").y) == [s["g"] for s in steps]
+    rate = _trace_named(fig, "hit rate").y
+    assert rate[1] == pytest.approx(steps[1]["reads"] / (steps[1]["reads"] + steps[1]["g"]))
+    assert _trace_named(fig, "cumulative").y[-1] == pytest.approx(trace["stats"]["cache_hit_rate"], abs=1e-4)
+    assert list(fig.layout.yaxis2.range) == [0, 1.02]
+    assert len(_trace_named(plots.cache_panel(trace, upto_step=2), "hit rate").y) == 3
+    json.loads(fig.to_json())
+
+
+def test_numbers_match_engine_stats(trace):
+    st = trace["stats"]
+    nums = plots.numbers(trace)
+    assert nums["finished"] and nums["nfe"] == st["nfe"] and nums["committed"] == trace["gen_length"]
+    assert nums["tau"] == pytest.approx(st["tokens_per_forward"], abs=1e-3)
+    assert nums["content_tau"] == st["content_tokens_per_forward"]
+    assert nums["mean_g"] == pytest.approx(st["mean_g"], abs=0.01)
+    assert nums["hit_rate"] == pytest.approx(st["cache_hit_rate"], abs=1e-4)
+    assert nums["tokens_per_s"] == pytest.approx(st["tokens_per_s"], rel=1e-3)
+    assert nums["wall_s"] == st["wall_s"]
+    assert nums["other_share"] == pytest.approx(st["other_s"] / (st["model_s"] + st["other_s"]), rel=1e-3)
+    partial = plots.numbers(trace, upto_step=3)
+    assert not partial["finished"] and partial["content_tau"] is None and partial["steps"] == 4
+    assert partial["committed"] == sum(len(s["committed"]) for s in trace["steps"][:4])
+    assert partial["wall_s"] == pytest.approx(sum(s["model_ms"] + s["other_ms"] for s in trace["steps"][:4]) / 1e3)
+    page = plots.numbers_html(nums)
+    assert "NFE" in page and "tokens / s" in page and f">{st['nfe']}<" in page
+    assert "—" in plots.numbers_html(partial)  # content tau not known yet
+
+
+# ----------------------------------------------------------------------------- compare
+
+def test_compare(trace):
+    same = plots.compare(trace, trace)
+    assert same["agreement"] == 1.0 and same["first_difference"] is None
+    assert same["speedup_wall"] == pytest.approx(1.0) and same["nfe_a"] == same["nfe_b"] == trace["stats"]["nfe"]
+    other = copy.deepcopy(trace)
+    other["final_ids"][5] = other["final_ids"][5] + 1
+    other["stats"]["wall_s"] = trace["stats"]["wall_s"] / 2
+    diff = plots.compare(trace, other)
+    assert diff["first_difference"] == 5
+    assert diff["agreement"] == pytest.approx((trace["gen_length"] - 1) / trace["gen_length"])
+    assert diff["speedup_wall"] == pytest.approx(2.0)
+
+
+# ----------------------------------------------------------------------------- edge cases, purity
+
+def test_empty_trace_does_not_crash(trace):
+    empty = copy.deepcopy(trace)
+    empty["steps"], empty["final_ids"] = [], []
+    for fig in (plots.confidence_heatmap(empty), plots.kv_heatmap(empty), plots.cache_panel(empty),
+                plots.kv_heatmap(empty, view="cache_error")):
+        assert "no steps yet" in _annotations(fig)
+        json.loads(fig.to_json())
+    assert "no steps yet" in _annotations(plots.confidence_heatmap(trace, upto_step=-1))
+    assert plots.numbers(empty)["nfe"] == 0 and not plots.numbers(empty)["finished"]
+    assert plots.token_grid_html(empty, 0).count("dl-masked") == trace["gen_length"]
+
+
+def test_figures_styled(trace):
+    for fig in (plots.confidence_heatmap(trace), plots.kv_heatmap(trace), plots.cache_panel(trace)):
+        assert fig.layout.template.layout.plot_bgcolor == "white"  # plotly_white, not the default template
+        assert 300 <= fig.layout.height <= 360
+    assert set(plots.CAPTIONS) >= {"token_grid", "confidence", "kv", "cache"}
+
+
+def test_import_is_torch_free():
+    code = ("import sys; sys.path.insert(0, '.'); import ui.plots; "
+            "assert 'torch' not in sys.modules; assert 'transformers' not in sys.modules; "
+            "assert 'dllm_local' not in sys.modules")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr

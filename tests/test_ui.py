@@ -1,0 +1,215 @@
+"""The page: controls logic, the session, an in-process server with gradio_client, a real browser."""
+from __future__ import annotations
+
+import json
+import re
+import socket
+from pathlib import Path
+
+import pytest
+
+from dllm_local.session import BusyError, Session, load_presets
+from dllm_local.settings import Settings
+from ui.controls import controls_from_settings, fit_block, settings_from_controls, visible_knobs
+
+OUT = Path(__file__).resolve().parents[1] / "test-output"
+ARITHMETIC = "Ben has 9 coins, finds 8 more, then gives away 5. How many now?"
+
+
+def test_every_shipped_preset_is_valid_and_round_trips_through_the_controls():
+    presets, problems = load_presets()
+    assert problems == [] and len(presets) >= 8
+    for p in presets.values():
+        settings, notice = settings_from_controls(controls_from_settings(p["settings"]))
+        assert notice == ""
+        want = Settings.from_dict(p["settings"])
+        got = Settings.from_dict(settings)
+        for knob in ("gen_length", "block_size", "cache", "unmask", "exact_drift"):
+            assert getattr(got, knob) == getattr(want, knob)
+        for key, value in want.unmask_params.items():
+            assert got.unmask_params[key] == value
+
+
+def test_a_broken_preset_gives_a_message_and_the_rest_still_load(tmp_path):
+    good = {"name": "ok", "description": "", "settings": {"cache": "dual"}}
+    (tmp_path / "a.json").write_text(json.dumps(good))
+    (tmp_path / "b.json").write_text("{not json")
+    (tmp_path / "c.json").write_text(json.dumps({"name": "bad", "settings": {"block_size": 24, "gen_length": 64}}))
+    presets, problems = load_presets(tmp_path)
+    assert list(presets) == ["ok"]
+    assert len(problems) == 2 and "b.json" in problems[0] and "block_size" in problems[1]
+
+
+def test_controls_show_only_the_chosen_policies_knobs_and_fit_the_block():
+    assert visible_knobs("dual", "threshold") == {
+        "steps": False, "threshold": True, "factor": False, "refresh_every": True, "floor": False, "budget": False,
+        "rho": False, "window": False, "guider_rule": False}
+    assert visible_knobs("none", "self_verify")["rho"] and not visible_knobs("none", "fixed")["threshold"]
+    assert fit_block(128, 32) == (128, 32, "")
+    length, block, notice = fit_block(100, 32)
+    assert (length, block) == (128, 32) and "adjusted from 100 to 128" in notice
+
+
+@pytest.fixture(scope="module")
+def session():
+    return Session("tiny")
+
+
+def test_session_refuses_a_second_run_while_one_is_going(session):
+    first = session.run(ARITHMETIC, {"gen_length": 64, "block_size": 32})
+    next(first)  # the run is going
+    with pytest.raises(BusyError, match="already going"):
+        next(session.run(ARITHMETIC, {"gen_length": 32, "block_size": 32}))
+    assert session.stop()
+    events = list(first)
+    assert events[-1]["trace"]["stats"]["stopped"]
+    assert "trace" in list(session.run(ARITHMETIC, {"gen_length": 32, "block_size": 32}))[-1]  # usable again
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    import app
+
+    page, _ = app.create(app.parse_args([]))
+    page.queue(default_concurrency_limit=1)
+    _, url, _ = page.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True, quiet=True,
+                            css=__import__("ui.page", fromlist=["CSS"]).CSS)
+    yield url
+    page.close()
+
+
+def test_gradio_client_run_streams_updates_and_ends_with_the_answer(server, tiny):
+    from gradio_client import Client
+
+    import dllm_local
+
+    job = Client(server, verbose=False).submit(ARITHMETIC, api_name="/run")
+    outputs = [o for o in job]
+    assert len(outputs) > 1
+    final_status = outputs[-1][-2]
+    presets, _ = load_presets()
+    settings = Settings.from_dict(presets["Fast-dLLM DualCache (paper default)"]["settings"])
+    expected = dllm_local.generate(tiny, ARITHMETIC, settings).text
+    assert final_status.startswith("Done") and f"**Answer:** {expected} (" in final_status
+
+
+# ---------------------------------------------------------------- a real browser
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    OUT.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
+                              args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        yield b
+        b.close()
+
+
+@pytest.fixture()
+def page(browser, server):
+    pg = browser.new_page(viewport={"width": 1500, "height": 2000}, accept_downloads=True)
+    pg.goto(server)
+    pg.wait_for_selector("#run-btn")
+    yield pg
+    pg.close()
+
+
+def _status(pg, selector="#status") -> str:
+    return pg.inner_text(selector)
+
+
+def _wait_done(pg, selector="#status", word="Done", timeout=90_000):
+    pg.wait_for_function(f"document.querySelector('{selector}').innerText.includes('{word}')", timeout=timeout)
+    return _status(pg, selector)
+
+
+def _steps_done(status: str) -> int:
+    return int(re.search(r"in (\d+) steps", status).group(1))
+
+
+def test_browser_runs_the_default_preset_and_draws_every_view(page):
+    page.click("#run-btn")
+    status = _wait_done(page)
+    assert "The answer is" in status
+    boxes = page.locator("#token-grid [title]")
+    assert boxes.count() >= 128
+    assert page.locator("#token-grid .dl-masked").count() == 0
+    for plot in ("#conf-plot", "#kv-plot", "#cache-plot"):
+        assert page.locator(f"{plot} .js-plotly-plot .main-svg").count() > 0, plot
+    assert "NFE" in page.inner_text("#numbers")
+    page.screenshot(path=str(OUT / "run-default.png"), full_page=True)
+
+
+def test_browser_threshold_slider_changes_the_run(page):
+    def run_with(threshold: str) -> int:
+        box = page.locator("#threshold input[type=number]")
+        box.fill(threshold)
+        box.press("Enter")
+        page.click("#run-btn")
+        page.wait_for_function("document.querySelector('#status').innerText.includes('Running') || "
+                               "document.querySelector('#status').innerText.includes('Done')")
+        return _steps_done(_wait_done(page))
+
+    one_at_a_time = run_with("1")
+    parallel = run_with("0.5")
+    assert one_at_a_time == 128 and parallel < one_at_a_time
+    page.screenshot(path=str(OUT / "run-threshold-0.5.png"), full_page=True)
+
+
+def test_browser_stop_mid_run_leaves_the_page_usable(page):
+    page.locator("#threshold input[type=number]").fill("1")
+    page.locator("#threshold input[type=number]").press("Enter")
+    page.click("#run-btn")
+    page.wait_for_function("document.querySelector('#status').innerText.includes('Running')", timeout=60_000)
+    page.click("#stop-btn")
+    status = _wait_done(page, word="Stopped")
+    assert _steps_done(status) < 128
+    page.locator("#threshold input[type=number]").fill("0.9")
+    page.locator("#threshold input[type=number]").press("Enter")
+    page.click("#run-btn")
+    assert "Done" in _wait_done(page)
+
+
+def test_browser_compare_mode(page):
+    page.get_by_role("tab", name="Compare").click()
+    page.click("#cmp-btn")
+    _wait_done(page, "#cmp-status", "Done.", timeout=120_000)
+    table = page.inner_text("#cmp-table")
+    assert "speedup" in table and "token agreement" in table
+    assert page.locator("#grid-a [title]").count() >= 128 and page.locator("#grid-b [title]").count() >= 128
+    page.screenshot(path=str(OUT / "compare.png"), full_page=True)
+
+
+def test_browser_export_then_replay_without_running(page, browser, server, tmp_path):
+    page.click("#run-btn")
+    _wait_done(page)
+    with page.expect_download() as download:
+        page.click("#export-btn")
+    path = tmp_path / "trace.json"
+    download.value.save_as(path)
+    trace = json.loads(path.read_text())
+    assert trace["steps"] and trace["schema_version"] == 1
+
+    fresh = browser.new_page(viewport={"width": 1500, "height": 2000})
+    fresh.goto(server)
+    fresh.wait_for_selector("#import-btn")
+    with fresh.expect_file_chooser() as chooser:
+        fresh.click("#import-btn")
+    chooser.value.set_files(str(path))
+    _wait_done(fresh, word="Replaying")
+    last = fresh.inner_html("#token-grid")
+    box = fresh.locator("#scrubber input[type=number]")
+    box.fill("0")
+    box.press("Enter")
+    fresh.wait_for_function("(prev) => document.querySelector('#token-grid').innerHTML !== prev", arg=last)
+    assert fresh.locator("#token-grid .dl-masked").count() > 0  # step 0: most still masked
+    fresh.screenshot(path=str(OUT / "replay-step-0.png"), full_page=True)
+    fresh.close()

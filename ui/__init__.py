@@ -1,0 +1,1 @@
+"""The dllm-local playground page: torch-free, built only from recorded traces."""
