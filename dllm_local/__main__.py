@@ -124,6 +124,38 @@ def _bench(args: argparse.Namespace) -> None:
         print(f"wrote {args.out}")
 
 
+def _number_list(text: str) -> list:
+    return [json.loads(v) for v in text.split(",") if v.strip()]
+
+
+def _sweep(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from .bench import task_problems
+    from .loader import load
+    from .sweep import format_sweep, run_sweep
+
+    base = settings_from_args(args)
+    axes = {"threshold": _number_list(args.thresholds), "block_size": _number_list(args.block_sizes)}
+    for extra in args.axis:
+        knob, _, values = extra.partition("=")
+        axes[knob] = _number_list(values)
+    handle = load(args.model, device=args.device, quantization=args.quantize)
+    total = 1
+    for v in axes.values():
+        total *= len(v)
+
+    def progress(p) -> None:
+        print(f"[{p.done}/{total}] {p.point}: accuracy {p.row['accuracy']:.1%}, {p.row['model_tok_s']:.1f} tok/s",
+              file=sys.stderr, flush=True)
+
+    report = run_sweep(handle, task_problems(args.task, args.n, args.seed_data), base, axes,
+                       guider_for(args, handle), on_point=progress)
+    print(format_sweep(report))
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dllm_local", description="dllm-local engine")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -165,6 +197,18 @@ def main(argv: list[str] | None = None) -> int:
     be.add_argument("--out", default=None, help="also write the report as JSON here")
     add_settings_args(be)
     be.set_defaults(run=_bench, gen_length=256, block_size=32)
+
+    sw = sub.add_parser("sweep", help="grid over threshold x block size (and more): accuracy vs tokens/s, Pareto frontier")
+    model_args(sw)
+    sw.add_argument("--thresholds", default="0.5,0.7,0.8,0.9")
+    sw.add_argument("--block-sizes", default="8,16,32")
+    sw.add_argument("--axis", action="append", default=[], metavar="KNOB=V1,V2", help="another knob to vary")
+    sw.add_argument("--task", default="arithmetic")
+    sw.add_argument("--n", type=int, default=50)
+    sw.add_argument("--seed-data", type=int, default=1000)
+    sw.add_argument("--out", default=None)
+    add_settings_args(sw)
+    sw.set_defaults(run=_sweep, cache="dual", unmask="threshold", gen_length=64)
 
     args = ap.parse_args(argv)
     try:

@@ -90,3 +90,23 @@ def machine_name() -> str:
         pass
     gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
     return f"{cpu}, {torch.get_num_threads()} torch threads{gpu}"
+
+
+def cost_rows(weight_bytes: float, params: float, strategies: list[dict], device: DeviceProfile) -> list[dict]:
+    """The cost-model panel: per strategy, the predicted step floor next to the measured step.
+
+    Each strategy dict has ``name``, ``g`` (positions recomputed per forward), ``tau`` (tokens per
+    forward) and optionally ``measured_step_s``. The low-batch speedup over an autoregressive
+    model of the same size is about ``tau`` (each forward costs about one weight read, like an
+    AR step); where compute dominates, the throughput ratio is about ``tau / g``.
+    """
+    rows = []
+    for s in strategies:
+        floor = step_floor_s(weight_bytes, params, s["g"], device)
+        rows.append({
+            "strategy": s["name"], "g": s["g"], "tau": s["tau"], "floor_ms": floor * 1e3,
+            "bound": "bandwidth" if weight_bytes / device.bandwidth >= s["g"] * 2 * params / device.flops else "compute",
+            "measured_ms": None if s.get("measured_step_s") is None else s["measured_step_s"] * 1e3,
+            "speedup_low_batch": s["tau"], "ratio_compute_bound": s["tau"] / s["g"] if s["g"] else None,
+        })
+    return rows

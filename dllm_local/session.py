@@ -25,6 +25,8 @@ MODEL_CHOICES = ["tiny", "llada-8b-instruct", "llada-1.5", "dream-7b"]
 
 
 _DONE = object()
+OOM_ADVICE = ("the GPU ran out of memory; the cache was freed. Try 4-bit quantization, "
+              "a shorter generation length or a smaller block size.")
 
 
 class BusyError(DllmError):
@@ -59,6 +61,7 @@ class Session:
         self._guider: GuiderHandle | None = None
         self._lock = threading.Lock()
         self._run: Run | None = None
+        self._sweep_cancel: threading.Event | None = None
 
     # ---------------------------------------------------------------- models
     def model_options(self) -> list[tuple[str, bool, str]]:
@@ -103,17 +106,113 @@ class Session:
         the consumer, so drawing the page cannot slow the run or leak into its timings.
         """
         settings = settings if isinstance(settings, Settings) else Settings.from_dict(settings)
+        guider = self.guider() if settings.unmask == "guided" else None
+        run = Run(self.handle, prompt, settings, guider)  # validation errors surface here, in the caller
+        tok = self.handle.tokenizer
+        seen: set[int] = set()
+
+        def texts(ids) -> dict:
+            new = {int(i) for i in ids} - seen
+            seen.update(new)
+            return {str(i): tok.decode([i]) for i in new}
+
+        def work(events: queue.Queue) -> None:
+            self._run = run
+            events.put({"start": {"prompt_ids": run.prompt_ids, "gen_length": settings.gen_length,
+                                  "mask_id": self.handle.mask_id, "settings": settings.to_dict(),
+                                  "model": self.handle.summary(),
+                                  "vocab": texts(run.prompt_ids + [self.handle.mask_id]),
+                                  "schema_version": SCHEMA_VERSION, "steps": [], "final_ids": [], "stats": {}, "text": ""}})
+            for record in run:
+                events.put({"step": asdict(record), "vocab": texts(t for _, t, _ in record.committed)})
+            events.put({"trace": run.result.trace.to_dict()})
+
+        return self._in_thread(work, on_exit=run.stop)
+
+    def stop(self) -> bool:
+        """Stop the run or sweep in progress (within one step / one grid point)."""
+        stopped = False
+        if self._run is not None:
+            self._run.stop()
+            stopped = True
+        if self._sweep_cancel is not None:
+            self._sweep_cancel.set()
+            stopped = True
+        return stopped
+
+    def sweep(self, task: str, n: int, base: dict, axes: dict[str, list], seed: int = 1000) -> Iterator[dict]:
+        """Stream a sweep: ``{"progress": {done, total, point, row}}`` per grid point, then ``{"report": ...}``."""
+        from .bench import task_problems
+        from .sweep import run_sweep
+
+        base_settings = Settings.from_dict(base)
+        problems = task_problems(task, int(n), seed)
+        guider = self.guider() if base_settings.unmask == "guided" else None
+        cancel = threading.Event()
+
+        def work(events: queue.Queue) -> None:
+            self._sweep_cancel = cancel
+            try:
+                report = run_sweep(self.handle, problems, base_settings, axes, guider, cancel,
+                                   on_point=lambda p: events.put({"progress": {"done": p.done, "total": p.total,
+                                                                               "point": p.point, "row": p.row}}))
+                events.put({"report": report})
+            finally:
+                self._sweep_cancel = None
+
+        return self._in_thread(work, on_exit=cancel.set)
+
+    @staticmethod
+    def cost_devices() -> list[str]:
+        from .costmodel import DEVICES
+
+        return [*DEVICES, "this machine"]
+
+    def cost_model(self, trace: dict, device: str) -> list[dict]:
+        """The cost-model panel for a finished run: step floors per strategy on ``device``."""
+        from .costmodel import DEVICES, cost_rows, measure_device
+
+        profile = measure_device(self.handle.device) if device == "this machine" else DEVICES[device]
+        s, st = trace["settings"], trace["stats"]
+        P, gen, bs = len(trace["prompt_ids"]), s["gen_length"], s["block_size"]
+        blocks = range(gen // bs)
+        window = [gen - b * bs for b in blocks]  # positions from the block start to the end
+        geometry = {"none": P + gen, "prefix": sum(window) / len(window), "dual": bs, "freecache": sum(window) / len(window)}
+        strategies = [{"name": f"this run ({s['cache']} + {s['unmask']})", "g": st["mean_g"], "tau": st["tokens_per_forward"],
+                       "measured_step_s": st["model_s"] / max(1, st["nfe"])}]
+        strategies += [{"name": f"{name} (typical step)", "g": g, "tau": 1.0} for name, g in geometry.items()]
+        params = self.handle.num_parameters
+        weight_bytes = self.handle.memory_bytes
+        rows = cost_rows(weight_bytes, params, strategies, profile)
+        for row in rows[1:]:
+            row["tau"] = None  # the other strategies' tau is only known once they run
+            row["speedup_low_batch"] = row["ratio_compute_bound"] = None
+        return rows
+
+    def _in_thread(self, work, on_exit=None) -> Iterator[dict]:
+        """Run ``work(events)`` in the engine thread under the session lock; yield its events."""
         if not self._lock.acquire(blocking=False):
             raise BusyError("a run is already going; wait for it or press Stop")
-        try:
-            guider = self.guider() if settings.unmask == "guided" else None
-            run = Run(self.handle, prompt, settings, guider)
-        except BaseException:
-            self._lock.release()
-            raise
-        self._run = run
         events: queue.Queue = queue.Queue()
-        threading.Thread(target=self._produce, args=(run, settings, events), daemon=True).start()
+
+        def target() -> None:
+            try:
+                work(events)
+            except torch.cuda.OutOfMemoryError:
+                _free_device_memory()
+                events.put(OutOfMemory(OOM_ADVICE))
+            except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
+                events.put(exc)
+            finally:
+                self._run = None
+                self._lock.release()
+                events.put(_DONE)
+
+        threading.Thread(target=target, daemon=True).start()
+        return self._drain(events, on_exit)
+
+    @staticmethod
+    def _drain(events: queue.Queue, on_exit) -> Iterator[dict]:
         try:
             while True:
                 item = events.get()
@@ -123,45 +222,8 @@ class Session:
                     raise item
                 yield item
         finally:
-            run.stop()  # the consumer went away (or finished): never leave a run going
-
-    def _produce(self, run: Run, settings: Settings, events: queue.Queue) -> None:
-        tok = self.handle.tokenizer
-        seen: set[int] = set()
-
-        def texts(ids) -> dict:
-            new = {int(i) for i in ids} - seen
-            seen.update(new)
-            return {str(i): tok.decode([i]) for i in new}
-
-        try:
-            events.put({"start": {"prompt_ids": run.prompt_ids, "gen_length": settings.gen_length,
-                                  "mask_id": self.handle.mask_id, "settings": settings.to_dict(),
-                                  "model": self.handle.summary(),
-                                  "vocab": texts(run.prompt_ids + [self.handle.mask_id]),
-                                  "schema_version": SCHEMA_VERSION, "steps": [], "final_ids": [], "stats": {}, "text": ""}})
-            for record in run:
-                events.put({"step": asdict(record), "vocab": texts(t for _, t, _ in record.committed)})
-            events.put({"trace": run.result.trace.to_dict()})
-        except torch.cuda.OutOfMemoryError:
-            _free_device_memory()
-            events.put(OutOfMemory(
-                "the GPU ran out of memory during the run; the cache was freed. Try 4-bit quantization, "
-                "a shorter generation length or a smaller block size."
-            ))
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
-            events.put(exc)
-        finally:
-            self._run = None
-            self._lock.release()
-            events.put(_DONE)
-
-    def stop(self) -> bool:
-        run = self._run
-        if run is None:
-            return False
-        run.stop()
-        return True
+            if on_exit is not None:
+                on_exit()  # the consumer went away (or finished): never leave work going
 
     def _hold(self):
         session = self

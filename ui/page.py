@@ -57,7 +57,7 @@ def build(session, presets: dict, preset_problems: list[str], default_preset: st
         model_line = gr.Markdown(_model_line(session.info()), elem_id="model-line")
         if preset_problems:
             gr.Markdown("\n".join(f"- ⚠ {p}" for p in preset_problems), elem_id="preset-problems")
-        with gr.Tabs():
+        with gr.Tabs() as tabs:
             with gr.Tab("Run", id="run"):
                 with gr.Row():
                     with gr.Column(scale=2, min_width=320):
@@ -105,6 +105,9 @@ def build(session, presets: dict, preset_problems: list[str], default_preset: st
                         grid = gr.HTML(elem_id="token-grid")
                         gr.Markdown(plots.CAPTIONS["token_grid"], elem_classes="caption")
                         nums = gr.HTML(elem_id="numbers")
+                        with gr.Accordion("Cost model (seed 002): predicted step floor vs measured", open=False):
+                            cost_device = gr.Dropdown(session.cost_devices(), value="H100", label="GPU for the prediction")
+                            cost_html = gr.HTML(elem_id="cost-model")
                         conf_plot = gr.Plot(label="Confidence", elem_id="conf-plot")
                         gr.Markdown(plots.CAPTIONS["confidence"], elem_classes="caption")
                         with gr.Row():
@@ -127,6 +130,25 @@ def build(session, presets: dict, preset_problems: list[str], default_preset: st
                     grid_a = gr.HTML(elem_id="grid-a")
                     grid_b = gr.HTML(elem_id="grid-b")
                 cmp_table = gr.HTML(elem_id="cmp-table")
+            with gr.Tab("Tune", id="tune"):
+                gr.Markdown("Sweep threshold × block size on one of the tiny model's tasks: accuracy against speed, "
+                            "the Pareto frontier in red. Click a table row to load its settings into the Run tab.")
+                with gr.Row():
+                    tune_preset = gr.Dropdown(list(presets), value=default_preset, label="Base settings", elem_id="tune-preset")
+                    tune_task = gr.Dropdown(["arithmetic", "poker", "sums", "records"], value="arithmetic", label="Task")
+                    tune_n = gr.Number(20, label="Problems", precision=0, elem_id="tune-n")
+                with gr.Row():
+                    tune_thresholds = gr.Textbox("0.5,0.7,0.8,0.9", label="Thresholds", elem_id="tune-thresholds")
+                    tune_blocks = gr.Textbox("8,16,32", label="Block sizes", elem_id="tune-blocks")
+                    tune_gen = gr.Number(64, label="Generation length", precision=0)
+                with gr.Row():
+                    tune_btn = gr.Button("Run sweep", variant="primary", elem_id="tune-btn")
+                    tune_stop = gr.Button("Cancel", variant="stop", elem_id="tune-stop")
+                tune_status = gr.Markdown("", elem_id="tune-status")
+                tune_plot = gr.Plot(elem_id="tune-plot")
+                tune_table = gr.Dataframe(headers=["threshold", "block_size", "accuracy", "tok/s", "NFE", "pareto"],
+                                          interactive=False, elem_id="tune-table")
+                tune_state = gr.State({})
 
         knob_widgets = {"steps": steps, "threshold": threshold, "factor": factor, "refresh_every": refresh_every,
                         "floor": floor, "budget": budget, "rho": rho, "window": window, "guider_rule": guider_rule}
@@ -263,8 +285,60 @@ def build(session, presets: dict, preset_problems: list[str], default_preset: st
 
         cmp_btn.click(run_compare, [preset_a, preset_b, cmp_prompt], [grid_a, grid_b, cmp_table, cmp_status],
                       concurrency_limit=1, concurrency_id="model")
+        def show_cost(trace, device):
+            if not trace or not trace.get("stats", {}).get("nfe"):
+                return "Run something to compare its measured step time with the prediction."
+            try:
+                return plots.cost_table_html(session.cost_model(trace, device), device)
+            except Exception as exc:  # noqa: BLE001
+                return f"⚠ {_message(exc)}"
+
+        cost_device.change(show_cost, [trace_state, cost_device], [cost_html], queue=False)
+        run_event.then(show_cost, [trace_state, cost_device], [cost_html])
+
+        def run_sweep(preset_name, task, n, thresholds, blocks, gen, progress=gr.Progress()):
+            try:
+                axes = {"threshold": _numbers(thresholds, float), "block_size": _numbers(blocks, int)}
+                base = dict(presets[preset_name]["settings"], gen_length=int(gen), trace="off", exact_drift=False)
+                if base.get("unmask") not in ("threshold", "self_verify"):
+                    base.update(unmask="threshold", unmask_params={"threshold": 0.9})
+                events = session.sweep(task, int(n), base, axes)
+                report: dict = {"axes": axes, "rows": []}
+                for event in events:
+                    if "progress" in event:
+                        p = event["progress"]
+                        report["rows"].append({**p["row"], "point": p["point"], "pareto": False})
+                        progress(p["done"] / p["total"], desc=f"point {p['done']}/{p['total']}")
+                        yield report, plots.sweep_figure(report), plots.sweep_table(report), f"Point {p['done']}/{p['total']}…"
+                    else:
+                        report = event["report"]
+                word = "Cancelled" if report["cancelled"] else "Done"
+                yield report, plots.sweep_figure(report), plots.sweep_table(report), f"{word}: {len(report['rows'])} points."
+            except Exception as exc:  # noqa: BLE001
+                yield gr.update(), gr.update(), gr.update(), f"⚠ {_message(exc)}"
+
+        tune_btn.click(run_sweep, [tune_preset, tune_task, tune_n, tune_thresholds, tune_blocks, tune_gen],
+                       [tune_state, tune_plot, tune_table, tune_status], concurrency_limit=1, concurrency_id="model")
+        tune_stop.click(stop, None, [tune_status], queue=False)
+
+        def load_point(report, evt: gr.SelectData):
+            rows = report.get("rows") or []
+            if evt.index is None or evt.index[0] >= len(rows):
+                return [gr.update()] * (len(control_widgets) + 1)
+            row = rows[evt.index[0]]
+            values = controls_from_settings(row["settings"])
+            return [gr.Tabs(selected="run")] + [values[n] for n in control_names]
+
+        tune_table.select(load_point, [tune_state], [tabs] + control_widgets, queue=False)
     page.run_event = run_event
     return page
+
+
+def _numbers(text: str, kind) -> list:
+    values = [kind(v) for v in str(text).replace(" ", "").split(",") if v]
+    if not values:
+        raise ValueError(f"no values in {text!r}")
+    return values
 
 
 def _export_file(trace: dict) -> str:

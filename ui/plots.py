@@ -521,3 +521,48 @@ def check_trace(trace: Any) -> None:
         raise ValueError(f"trace schema version {trace['schema_version']} is not supported (this page reads {SCHEMA_VERSION})")
     if not trace["steps"]:
         raise ValueError("the trace has no steps")
+
+
+# ----------------------------------------------------------------------------- tuning
+
+def sweep_figure(report: dict) -> go.Figure:
+    """Accuracy against tokens/s for every sweep point, the Pareto frontier joined by a line."""
+    rows = report.get("rows") or []
+    if not rows:
+        return _message_figure("no sweep points yet", "Sweep: accuracy vs speed")
+    label = [", ".join(f"{k}={v}" for k, v in r["point"].items()) for r in rows]
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(
+        x=[r["model_tok_s"] for r in rows], y=[r["accuracy"] for r in rows], mode="markers", name="points",
+        text=label, marker={"size": 10, "color": ["#e4572e" if r["pareto"] else "#888" for r in rows]},
+        hovertemplate="%{text}<br>%{x:.1f} tok/s · accuracy %{y:.0%}<extra></extra>",
+    ))
+    front = sorted((r for r in rows if r["pareto"]), key=lambda r: r["model_tok_s"])
+    fig.add_trace(go.Scatter(x=[r["model_tok_s"] for r in front], y=[r["accuracy"] for r in front], mode="lines",
+                             name="Pareto frontier", line={"color": "#e4572e", "dash": "dot"}, hoverinfo="skip"))
+    fig.update_xaxes(title="content tokens / s (model time)")
+    fig.update_yaxes(title="accuracy", tickformat=".0%", range=[-0.02, 1.02])
+    return _style(fig, "Sweep: accuracy vs speed (red: Pareto frontier)")
+
+
+def sweep_table(report: dict) -> list[list]:
+    """Rows for the sweep table: one per point, knob values first."""
+    rows = report.get("rows") or []
+    axes = list(report.get("axes", {}))
+    return [[r["point"][a] for a in axes] + [round(r["accuracy"], 4), round(r["model_tok_s"], 1), round(r["nfe"], 1),
+                                             "yes" if r["pareto"] else ""] for r in rows]
+
+
+def cost_table_html(rows: list[dict], device: str) -> str:
+    """The cost-model rows as a table: predicted floor next to the measured step time."""
+    head = ("<tr><th>strategy</th><th>G</th><th>step floor</th><th>bound</th><th>measured step</th>"
+            "<th>speedup vs AR ≈ τ</th><th>compute-bound ratio ≈ τ/G</th></tr>")
+    body = "".join(
+        f"<tr><td>{html.escape(r['strategy'])}</td><td>{r['g']:.0f}</td><td>{r['floor_ms']:.3f} ms</td>"
+        f"<td>{r['bound']}</td><td>{_fmt(r['measured_ms'], '.2f')}{' ms' if r['measured_ms'] is not None else ''}</td>"
+        f"<td>{_fmt(r['speedup_low_batch'], '.2f')}</td><td>{_fmt(r['ratio_compute_bound'], '.3f')}</td></tr>"
+        for r in rows
+    )
+    return (f'<div style="font-size:12px;color:#555;">Cost model on {html.escape(device)}: step floor = '
+            f"max(weight bytes / bandwidth, G × 2 · params / FLOP rate)</div>"
+            f'<table class="dl-cost" style="font-size:12px;">{head}{body}</table>')

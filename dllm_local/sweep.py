@@ -1,0 +1,97 @@
+"""Sweeps: a grid over numeric knobs -> accuracy against tokens/s, Pareto frontier marked.
+
+    python -m dllm_local sweep --threshold 0.5,0.7,0.8,0.9 --block-size 8,16,32 --n 50
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+from .bench import Problem, run_strategy
+from .errors import SettingsError
+from .loader import GuiderHandle, ModelHandle
+from .settings import Settings
+
+# Knobs a sweep can vary, and where each lives in the settings.
+KNOBS = {
+    "threshold": ("unmask_params", "threshold"), "factor": ("unmask_params", "factor"),
+    "rho": ("unmask_params", "rho"), "window": ("unmask_params", "window"),
+    "block_size": (None, "block_size"), "gen_length": (None, "gen_length"), "steps": (None, "steps"),
+    "temperature": (None, "temperature"), "refresh_every": ("cache_params", "refresh_every"),
+    "floor": ("cache_params", "floor"),
+}
+
+
+def apply(base: Settings, point: dict) -> Settings:
+    """``base`` with the knob values of one grid point."""
+    changes: dict = {}
+    for knob, value in point.items():
+        if knob not in KNOBS:
+            raise SettingsError(f"cannot sweep {knob!r}; sweepable knobs: {', '.join(KNOBS)}")
+        group, key = KNOBS[knob]
+        if group is None:
+            changes[key] = value
+        else:
+            changes.setdefault(group, dict(getattr(base, group)))[key] = value
+    return base.with_(**changes)
+
+
+def grid(axes: dict[str, list]) -> list[dict]:
+    names = list(axes)
+    return [dict(zip(names, values)) for values in itertools.product(*(axes[n] for n in names))]
+
+
+def pareto(points: list[dict], x: str = "model_tok_s", y: str = "accuracy") -> list[int]:
+    """Indices of points no other point beats on both ``x`` and ``y`` (higher is better)."""
+    front = []
+    for i, p in enumerate(points):
+        dominated = any(
+            q[x] >= p[x] and q[y] >= p[y] and (q[x] > p[x] or q[y] > p[y]) for j, q in enumerate(points) if j != i
+        )
+        if not dominated:
+            front.append(i)
+    return front
+
+
+@dataclass
+class SweepProgress:
+    done: int
+    total: int
+    point: dict
+    row: dict
+
+
+def run_sweep(handle: ModelHandle, problems: list[Problem], base: Settings, axes: dict[str, list],
+              guider: GuiderHandle | None = None, cancel: threading.Event | None = None,
+              on_point: Callable[[SweepProgress], None] | None = None) -> dict:
+    """Every grid point over ``problems``; stops early (keeping what it has) when ``cancel`` is set."""
+    points = grid(axes)
+    settings = [apply(base, p) for p in points]  # validate every point before spending time
+    rows = []
+    for i, (point, s) in enumerate(zip(points, settings)):
+        if cancel is not None and cancel.is_set():
+            break
+        row = {"point": point, **run_strategy(handle, problems, s, guider)}
+        rows.append(row)
+        if on_point:
+            on_point(SweepProgress(i + 1, len(points), point, row))
+    front = set(pareto(rows))
+    for i, row in enumerate(rows):
+        row["pareto"] = i in front
+    return {"axes": axes, "base_settings": base.to_dict(), "problems": len(problems), "rows": rows,
+            "cancelled": len(rows) < len(points)}
+
+
+def format_sweep(report: dict) -> str:
+    axes = list(report["axes"])
+    head = " ".join(f"{a:>11}" for a in axes) + f" {'acc':>7} {'tok/s':>8} {'NFE':>6} {'tau':>6}  pareto"
+    lines = [head, "-" * len(head)]
+    for r in report["rows"]:
+        lines.append(" ".join(f"{r['point'][a]!s:>11}" for a in axes)
+                     + f" {r['accuracy']:>7.1%} {r['model_tok_s']:>8.1f} {r['nfe']:>6.1f} {r['tau']:>6.2f}  "
+                     + ("*" if r["pareto"] else ""))
+    if report["cancelled"]:
+        lines.append("(cancelled: partial grid)")
+    return "\n".join(lines)

@@ -1,0 +1,127 @@
+"""Benchmarks, sweeps and the tau/G cost model."""
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from dllm_local.bench import SCORERS, Strategy, format_table, jsonl_problems, run_bench, task_problems
+from dllm_local.costmodel import DEVICES, cost_rows, crossover_positions, reuse_beats_recompute, step_floor_s
+from dllm_local.errors import DllmError, SettingsError
+from dllm_local.settings import Settings
+from dllm_local.sweep import apply, grid, pareto, run_sweep
+
+
+def test_cost_model_reproduces_seed_002_table():
+    h100 = DEVICES["H100"]
+    assert (h100.bandwidth, h100.flops) == (3.352e12, 989.4e12)
+    weights, params = 1.4e10, 7e9  # 7B in bf16
+    assert step_floor_s(weights, params, 1, h100) * 1e3 == pytest.approx(4.18, abs=0.005)
+    per_position_ms = 2 * params / h100.flops * 1e3
+    assert per_position_ms == pytest.approx(0.01415, abs=1e-5)
+    assert crossover_positions(weights, params, h100) == pytest.approx(295, abs=1)
+    # Past the crossover the arithmetic bound takes over.
+    assert step_floor_s(weights, params, 600, h100) == pytest.approx(600 * per_position_ms / 1e3)
+
+
+def test_cost_rows_classify_the_bound_and_predict_speedups():
+    rows = cost_rows(1.4e10, 7e9, [
+        {"name": "dual", "g": 32, "tau": 3.25, "measured_step_s": 0.006},
+        {"name": "none", "g": 512, "tau": 1.0},
+    ], DEVICES["H100"])
+    assert rows[0]["bound"] == "bandwidth" and rows[1]["bound"] == "compute"
+    assert rows[0]["floor_ms"] == pytest.approx(4.18, abs=0.005) and rows[0]["measured_ms"] == pytest.approx(6.0)
+    assert rows[0]["speedup_low_batch"] == 3.25 and rows[0]["ratio_compute_bound"] == pytest.approx(3.25 / 32)
+    assert rows[1]["floor_ms"] == pytest.approx(512 * 2 * 7e9 / 989.4e12 * 1e3)
+
+
+def test_reusing_kv_beats_recomputing_on_every_listed_gpu_for_an_8b_model():
+    kv_bytes = 2 * 32 * 4096 * 2  # K and V, 32 layers, 4096 wide, bf16
+    assert all(reuse_beats_recompute(kv_bytes, 8e9, d) for d in DEVICES.values())
+
+
+def test_pareto_front_matches_hand_computed_case():
+    pts = [
+        {"model_tok_s": 10, "accuracy": 0.90},  # 0: most accurate
+        {"model_tok_s": 20, "accuracy": 0.85},  # 1: front
+        {"model_tok_s": 15, "accuracy": 0.80},  # 2: beaten by 1
+        {"model_tok_s": 30, "accuracy": 0.60},  # 3: fastest
+        {"model_tok_s": 30, "accuracy": 0.50},  # 4: beaten by 3 (tie on speed)
+        {"model_tok_s": 10, "accuracy": 0.90},  # 5: duplicate of 0: neither beats the other
+    ]
+    assert pareto(pts) == [0, 1, 3, 5]
+
+
+def test_sweep_points_set_the_right_knobs_and_reject_unknown_ones():
+    base = Settings(gen_length=64, block_size=32, cache="dual", unmask="threshold")
+    s = apply(base, {"threshold": 0.7, "block_size": 16, "refresh_every": 4})
+    assert s.unmask_params["threshold"] == 0.7 and s.block_size == 16 and s.cache_params == {"refresh_every": 4}
+    assert base.unmask_params == {}  # the base is untouched
+    assert len(grid({"threshold": [0.5, 0.9], "block_size": [8, 16, 32]})) == 6
+    with pytest.raises(SettingsError, match="cannot sweep 'colour'"):
+        apply(base, {"colour": 1})
+    with pytest.raises(SettingsError, match="block_size 24 does not divide"):
+        apply(base, {"block_size": 24})
+
+
+def test_sweep_on_the_tiny_model_marks_a_front_and_can_be_cancelled(tiny):
+    problems = task_problems("arithmetic", 4, 1000)
+    base = Settings(gen_length=32, block_size=32, cache="dual", unmask="threshold")
+    report = run_sweep(tiny, problems, base, {"threshold": [0.5, 1.0], "block_size": [16, 32]})
+    rows = report["rows"]
+    assert len(rows) == 4 and any(r["pareto"] for r in rows) and not report["cancelled"]
+    one_per_step = [r for r in rows if r["point"]["threshold"] == 1.0]
+    assert all(r["nfe"] == 32 for r in one_per_step)
+    assert all(r["nfe"] < 32 for r in rows if r["point"]["threshold"] == 0.5)
+    cancel = threading.Event()
+    seen = []
+
+    def stop_after_first(p):
+        seen.append(p)
+        cancel.set()
+
+    partial = run_sweep(tiny, problems, base, {"threshold": [0.5, 0.9, 1.0]}, cancel=cancel, on_point=stop_after_first)
+    assert len(partial["rows"]) == 1 and partial["cancelled"] and seen[0].total == 3
+
+
+def test_bench_table_reports_speedup_against_the_first_row(tiny):
+    problems = task_problems("arithmetic", 3, 1000)
+    report = run_bench(tiny, problems, [Strategy("none 1/step", {"cache": "none"}),
+                                        Strategy("dual 0.9", {"cache": "dual", "unmask": "threshold"})],
+                       Settings(gen_length=32, block_size=32), progress=False)
+    first, second = report["rows"]
+    assert first["speedup"] == 1.0 and first["nfe"] == 32 and second["nfe"] < 32
+    assert second["speedup"] == pytest.approx(first["wall_s"] / second["wall_s"])
+    table = format_table(report)
+    assert "machine:" in table and "dual 0.9" in table
+
+
+def test_user_jsonl_sets_and_scorers(tmp_path):
+    f = tmp_path / "set.jsonl"
+    f.write_text(json.dumps({"prompt": "2+2?", "answer": "4"}) + "\n\n" + json.dumps({"prompt": "Capital?", "answer": "Paris"}) + "\n")
+    probs = jsonl_problems(f, "contains")
+    assert len(probs) == 2 and probs[1].is_correct("It is paris.") and not probs[1].is_correct("Rome")
+    assert SCORERS["exact_number"]("so the total is 1,204.", "1204") and not SCORERS["exact_number"]("12", "4")
+    assert SCORERS["exact_string"](" Paris ", "Paris")
+    f.write_text('{"prompt": "x"}\n')
+    with pytest.raises(DllmError, match="line 1"):
+        jsonl_problems(f, "contains")
+    with pytest.raises(DllmError, match="scorer must be one of"):
+        jsonl_problems(f, "fuzzy")
+
+
+def test_gpu_check_script_runs_its_cpu_smoke_shape(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_check", path)
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    assert gpu_check.main(["--tiny", "--device", "cpu", "--lengths", "64", "--prompt", "16", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith("float32")]
+    assert [r[2] for r in rows] == ["refresh", "none", "prefix", "dual", "freecache"]
+    g = {r[2]: int(r[3]) for r in rows}
+    assert g["none"] == g["refresh"] == 80 and g["dual"] == 32
