@@ -93,8 +93,15 @@ def _generate(args: argparse.Namespace) -> None:
 
 
 def _eval(args: argparse.Namespace) -> None:
-    from .evaluate import evaluate, format_report
-    from .loader import load
+    from .evaluate import evaluate, evaluate_guider, format_report
+    from .loader import load, load_guider
+
+    if args.autoregressive:
+        report = evaluate_guider(load_guider(args.model, device=args.device), args.task, args.n, args.seed_data)
+        print(json.dumps(report, indent=2) if args.json else
+              f"task {args.task} (n={args.n}) | {args.model} alone, greedy | score {report['score']:.1%} | "
+              f"{report['wall_s_per_answer'] * 1e3:.1f} ms per answer")
+        return
 
     settings = settings_from_args(args)
     handle = load(args.model, device=args.device, quantization=args.quantize)
@@ -182,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--n", type=int, default=200)
     ev.add_argument("--seed-data", type=int, default=1000, help="problem set seed (training uses others)")
     ev.add_argument("--json", action="store_true")
+    ev.add_argument("--autoregressive", action="store_true", help="--model is a causal LM (the guider): decode it greedily")
     add_settings_args(ev)
     ev.set_defaults(run=_eval)
 

@@ -35,9 +35,16 @@ def evaluate(handle: ModelHandle, task: str, n: int, seed: int, settings: Settin
         "content_tokens_per_forward": statistics.mean(s.content_tokens_per_forward for s in stats),
         "mean_g": statistics.mean(s.mean_g for s in stats),
         "model_s_per_answer": statistics.mean(s.model_s for s in stats),
+        # An answer ends cleanly when everything after its content is EOS/EOT padding.
+        "clean_end": sum(_ends_cleanly(handle, r) for _, r, _ in rows) / n,
         "wall_s_per_answer": wall / n,
         "examples": [{"prompt": ex.prompt, "output": r.text, "correct": ok} for ex, r, ok in rows[:5]],
     }
+
+
+def _ends_cleanly(handle: ModelHandle, result) -> bool:
+    cut = result.stats.content_tokens
+    return cut > 0 and all(t in handle.stop_ids for t in result.token_ids[cut:])
 
 
 def format_report(rep: dict) -> str:
@@ -47,8 +54,32 @@ def format_report(rep: dict) -> str:
         f"{s['unmask_params'] or ''} | gen {s['gen_length']} block {s['block_size']}",
         f"score {rep['score']:.1%}  " + "  ".join(f"{k} {v:.1%}" for k, v in rep["by_kind"].items()),
         f"NFE {rep['nfe']:.1f} | tokens/forward {rep['tokens_per_forward']:.2f} (content {rep['content_tokens_per_forward']:.2f}) "
-        f"| G {rep['mean_g']:.1f} | {rep['model_s_per_answer'] * 1e3:.1f} ms model, {rep['wall_s_per_answer'] * 1e3:.1f} ms wall per answer",
+        f"| G {rep['mean_g']:.1f} | {rep['model_s_per_answer'] * 1e3:.1f} ms model, {rep['wall_s_per_answer'] * 1e3:.1f} ms wall per answer"
+        f" | ends cleanly {rep['clean_end']:.0%}",
     ]
     for e in rep["examples"][:3]:
         lines.append(f"  {'ok ' if e['correct'] else 'BAD'} {e['prompt'][:60]!r} -> {e['output'][:70]!r}")
     return "\n".join(lines)
+
+
+def evaluate_guider(guider: GuiderHandle, task: str, n: int, seed: int, max_new_tokens: int = 64) -> dict:
+    """The autoregressive guider alone, greedy: how good a judge it can be."""
+    import torch
+
+    tok, model = guider.tokenizer, guider.model
+    stop = [tok.eos_token_id, tok.convert_tokens_to_ids("<|eot_id|>")]
+    correct, start = 0, time.perf_counter()
+    examples = []
+    for ex in make_problems(task, n, seed):
+        text = tok.apply_chat_template([{"role": "user", "content": ex.prompt}], add_generation_prompt=True, tokenize=False)
+        ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]], device=model.device)
+        with torch.inference_mode():
+            out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=stop,
+                                 pad_token_id=tok.eos_token_id)
+        answer = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        ok = score(ex, answer)
+        correct += ok
+        if len(examples) < 5:
+            examples.append({"prompt": ex.prompt, "output": answer, "correct": ok})
+    return {"task": task, "n": n, "seed": seed, "model": guider.name, "score": correct / n,
+            "wall_s_per_answer": (time.perf_counter() - start) / n, "examples": examples}

@@ -83,13 +83,12 @@ class Run:
         self._stop.set()
 
     def __iter__(self) -> Iterator[StepRecord]:
-        with torch.inference_mode():
-            yield from self._decode()
+        return self._decode()
 
-    # ---------------------------------------------------------------- the loop
-    def _decode(self) -> Iterator[StepRecord]:
+    @torch.inference_mode()
+    def _setup(self) -> tuple:
+        """Sequence, state, caches and trace for a new generation."""
         s, h = self.settings, self.handle
-        wall0 = time.perf_counter()
         device = h.device
         P, L = len(self.prompt_ids), len(self.prompt_ids) + s.gen_length
         x = torch.full((1, L), h.mask_id, dtype=torch.long, device=device)
@@ -102,7 +101,7 @@ class Run:
         self.cache = cache
         self.cache_policy.reset(state, cache, h.model)
         self.gen = torch.Generator(device=device).manual_seed(s.seed)
-        self.trace = trace = Trace(settings=s.to_dict(), model=h.summary(), prompt_ids=list(self.prompt_ids),
+        self.trace = Trace(settings=s.to_dict(), model=h.summary(), prompt_ids=list(self.prompt_ids),
                                    gen_length=s.gen_length, mask_id=h.mask_id)
         self._guider_cache = None
         self._guider_tokens: list[int] = []
@@ -110,6 +109,14 @@ class Run:
         shadow = h.model.new_cache(1, L) if s.exact_drift else None
         if shadow is not None:
             shadow.seq_len, shadow.track_drift = L, True
+        return state, shadow
+
+    # ---------------------------------------------------------------- the loop
+    def _decode(self) -> Iterator[StepRecord]:
+        wall0 = time.perf_counter()
+        s = self.settings
+        state, shadow = self._setup()
+        trace = self.trace
         finished = False
         paused = 0.0
         for block in range(s.num_blocks):
@@ -120,7 +127,8 @@ class Run:
                     trace.stats.stopped = True
                     finished = True
                     break
-                record = self._step(state, shadow)
+                with torch.inference_mode():  # per step: never left on while the consumer runs
+                    record = self._step(state, shadow)
                 if s.trace != "off":
                     trace.steps.append(record)
                 self._count(record)
@@ -130,7 +138,8 @@ class Run:
                 paused += time.perf_counter() - t_yield
                 state.step += 1
                 state.step_in_block += 1
-                finished = s.early_stop and self._early_stop(state)
+                with torch.inference_mode():
+                    finished = s.early_stop and self._early_stop(state)
             if finished:
                 break
         self._finish(state, time.perf_counter() - wall0 - paused)
@@ -147,19 +156,19 @@ class Run:
         forwards, self._extra_forwards, self._extra_model_s = 1, 0, 0.0
         logits = logits[0]
         masked_here = state.masked[positions]
-        # Confidence of every still-masked position this forward scored (for the heatmap).
-        probs_masked = F.softmax(logits[masked_here].double(), dim=-1)
         masked_positions = positions[masked_here]
-        if getattr(self.cache_policy, "name", "") == "adaptive":
+        masked_logits = logits[masked_here]
+        entropy = None
+        if self.cache_policy.needs_entropy:
             logp = F.log_softmax(logits.float(), dim=-1)
             entropy = -(logp.exp() * logp).sum(-1)
-            self.cache_policy.observe(state, cache, positions, entropy)
-        # Candidates: the block's masked positions with draft tokens and their confidence.
+        self.cache_policy.observe(state, cache, positions, entropy)
+        # Candidates: the block's masked positions with draft tokens and their confidence, in
+        # float64 so that a threshold near 1 is not decided by float32 rounding.
         in_block = (masked_positions >= state.block_start) & (masked_positions < state.block_end)
-        cand_probs = probs_masked[in_block]
-        cand_logits = logits[masked_here][in_block]
+        cand_logits = masked_logits[in_block]
         draft = self._draft(cand_logits)
-        conf = cand_probs.gather(-1, draft[:, None]).squeeze(-1)
+        conf = F.softmax(cand_logits.double(), dim=-1).gather(-1, draft[:, None]).squeeze(-1)
         rank = conf if s.remasking == "low_confidence" else torch.rand(conf.shape, generator=self.gen, device=conf.device, dtype=conf.dtype)
         cand = Candidates(masked_positions[in_block], draft, conf, rank)
         t_exact = time.perf_counter()
@@ -181,7 +190,8 @@ class Run:
         )
         if s.trace != "off":
             record.masked_positions = masked_positions.tolist()
-            record.masked_confidence = _round(probs_masked.max(-1).values.tolist(), 6)
+            # Confidence (max softmax probability) of every still-masked position this forward scored.
+            record.masked_confidence = _round(F.softmax(masked_logits.float(), dim=-1).amax(-1).tolist(), 6)
             record.kv = self._kv_record(cache.drift_cosines())
             if s.trace == "full":
                 record.recomputed = positions.tolist()
@@ -234,15 +244,18 @@ class Run:
         keep = min(keep, int(positions.min()) - 1)
         if self._guider_cache is None:
             self._guider_cache = DynamicCache(config=model.config)
-        self._guider_cache.crop(keep)
+        # Reuse the guider's K/V for the prefix it has already read; drop the rest.
+        surplus = self._guider_cache.get_seq_length() - keep
+        if surplus > 0:
+            self._guider_cache.crop(-surplus)
         device = self.handle.device
         _sync(device)
         t = time.perf_counter()
-        out = model(input_ids=sequence[keep:end][None].to(model.device), past_key_values=self._guider_cache, use_cache=True)
+        out = model(input_ids=sequence[keep:end][None].to(model.device), cache=self._guider_cache, use_cache=True)
         _sync(device)
         self._extra_model_s += time.perf_counter() - t
         self.trace.stats.guider_forwards += 1
-        self._guider_cache = out.past_key_values
+        self._guider_cache = out.cache
         self._guider_tokens = tokens
         return out.logits[0, positions - 1 - keep].to(device)
 

@@ -37,14 +37,14 @@ def _arithmetic(rng: random.Random) -> Example:
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
     kind = rng.choices(["add", "sub", "mul", "add_sub", "mul_add"], weights=[2, 2, 1.5, 2.5, 2])[0]
     if kind == "add":
-        a, b = rng.randint(1, 12), rng.randint(1, 12)
+        a, b = rng.randint(1, 10), rng.randint(1, 10)
         prompt = rng.choice([
             f"{name} has {a} {item}. {name} gets {b} more. How many {item} does {name} have now?",
             f"A box has {a} {item} and a bag has {b}. How many {item} in all?",
         ])
         work, result = f"{a} + {b} = {a + b}.", a + b
     elif kind == "sub":
-        a = rng.randint(2, 24)
+        a = rng.randint(2, 20)
         b = rng.randint(1, a)
         prompt = rng.choice([
             f"{name} has {a} {item} and gives away {b}. How many {item} are left?",
@@ -59,12 +59,12 @@ def _arithmetic(rng: random.Random) -> Example:
         ])
         work, result = f"{a} * {b} = {a * b}.", a * b
     elif kind == "add_sub":
-        a, b = rng.randint(1, 12), rng.randint(1, 12)
+        a, b = rng.randint(1, 10), rng.randint(1, 10)
         c = rng.randint(1, a + b)
         prompt = f"{name} has {a} {item}, finds {b} more, then gives away {c}. How many now?"
         work, result = f"{a} + {b} = {a + b}. {a + b} - {c} = {a + b - c}.", a + b - c
     else:
-        a, b, c = rng.randint(2, 9), rng.randint(2, 9), rng.randint(1, 12)
+        a, b, c = rng.randint(2, 5), rng.randint(2, 5), rng.randint(1, 10)
         prompt = f"{name} has {a} boxes of {b} {item} and {c} loose {item}. How many in all?"
         work, result = f"{a} * {b} = {a * b}. {a * b} + {c} = {a * b + c}.", a * b + c
     return Example("arithmetic", kind, prompt, f"{work} The answer is {result}.", {"result": result})

@@ -244,3 +244,68 @@ def test_guider_with_a_different_tokenizer_is_refused(tiny, tmp_path):
     other = dllm_local.load_guider(str(tmp_path))
     with pytest.raises(SettingsError, match="tokenizer differs"):
         dllm_local.generate(tiny, PROMPT, Settings(unmask="guided"), other)
+
+
+def test_dream_family_decodes_through_the_same_cache_mechanism(dream_dir):
+    dream = dllm_local.load(str(dream_dir))
+    base = Settings(gen_length=16, block_size=8, unmask="threshold", unmask_params={"threshold": 0.5})
+    plain = dllm_local.generate(dream, "hi", base)
+    refreshed = dllm_local.generate(dream, "hi", base.with_(cache="dual", cache_params={"refresh_every": 1}))
+    assert refreshed.token_ids == plain.token_ids and dream.mask_id not in plain.token_ids
+    dual = dllm_local.generate(dream, "hi", base.with_(cache="dual"))
+    # Dream's shift: the block's first position needs the hidden state before it, recomputed too.
+    assert all(s.g == 9 for s in dual.trace.steps if not s.full_refresh)
+
+
+# ---------------------------------------------------------------- phenomena on the trained tiny model
+
+def _invalid_rate(handle, problems, settings, guider=None) -> float:
+    from dllm_local.tasks import score
+
+    return sum(not score(ex, dllm_local.generate(handle, ex.prompt, settings, guider).text) for ex in problems) / len(problems)
+
+
+def test_parallel_commits_write_invalid_pairs_and_self_verify_sends_them_back(tiny):
+    poker = problems("poker", 30, 77)
+    base = Settings(gen_length=32, block_size=32, cache="dual")
+    one_at_a_time = _invalid_rate(tiny, poker, base.with_(unmask="fixed"))
+    parallel = _invalid_rate(tiny, poker, base.with_(unmask="threshold", unmask_params={"threshold": 0.2}))
+    verified = _invalid_rate(tiny, poker, base.with_(unmask="self_verify", unmask_params={"threshold": 0.2}))
+    assert one_at_a_time <= 0.05
+    assert parallel >= 0.3, "low tau should commit incompatible halves (e.g. 'high house')"
+    assert verified <= parallel / 2
+
+
+def test_guided_keeps_accuracy_with_fewer_forwards(tiny, tiny_guider):
+    from dllm_local.tasks import score
+
+    arithmetic = problems("arithmetic", 50, 303)
+    base = Settings(gen_length=32, block_size=32)
+
+    def run(settings, guider=None):
+        results = [dllm_local.generate(tiny, ex.prompt, settings, guider) for ex in arithmetic]
+        return sum(score(ex, r.text) for ex, r in zip(arithmetic, results)) / len(arithmetic), sum(r.stats.nfe for r in results)
+
+    acc_one, nfe_one = run(base)
+    acc_guided, nfe_guided = run(base.with_(unmask="guided"), tiny_guider)
+    assert acc_guided >= acc_one - 0.02
+    assert nfe_guided < nfe_one
+
+
+@torch.no_grad()
+def test_guider_cache_reuse_matches_a_fresh_guider_forward(tiny, tiny_guider):
+    from dllm_local.sampler import Run
+
+    run = Run(tiny, PROMPT, Settings(gen_length=32, block_size=32, unmask="guided"), tiny_guider)
+    run._setup()
+    P = len(run.prompt_ids)
+    seq = torch.tensor(run.prompt_ids + list(range(100, 132)))
+    first = torch.arange(P, P + 20)
+    run.guider_logits(seq, first)
+    seq2 = seq.clone()
+    seq2[P + 5 :] += 1  # the first five answer tokens stay: their guider K/V are reused
+    later = torch.arange(P + 5, P + 25)
+    got = run.guider_logits(seq2, later)
+    fresh = tiny_guider.model(seq2[None, : P + 25]).logits[0, later - 1]
+    torch.testing.assert_close(got, fresh, atol=1e-4, rtol=1e-4)
+    assert run._guider_cache.get_seq_length() == P + 24

@@ -28,6 +28,25 @@ CSS = """
 """
 
 
+def throttled(events, every: float = REDRAW_EVERY_S):
+    """Fold session events into a growing trace; yield ``(trace, done)`` at most every ``every``
+    seconds, and always the final state."""
+    live: dict = {}
+    last = 0.0
+    for event in events:
+        if "start" in event:
+            live = event["start"]
+        elif "step" in event:
+            live["steps"].append(event["step"])
+            live["vocab"].update(event["vocab"])
+        else:
+            live = event["trace"]
+        done = "trace" in event
+        if done or time.perf_counter() - last >= every:
+            last = time.perf_counter()
+            yield live, done
+
+
 def _views(trace: dict, step: int | None, color_by: str, layer: int, which: str, kv_view: str) -> tuple:
     """Everything drawn from a trace at one step: the only way views are produced."""
     steps = len(trace.get("steps", []))
@@ -183,29 +202,17 @@ def build(session, presets: dict, preset_problems: list[str], default_preset: st
                 return
             clicked = time.perf_counter()
             live: dict = {}
-            last_draw = 0.0
             first_paint = None
             try:
-                for event in session.run(prompt_text, settings):
-                    if "start" in event:
-                        live = event["start"]
-                    elif "step" in event:
-                        live["steps"].append(event["step"])
-                        live["vocab"].update(event["vocab"])
-                    else:
-                        live = event["trace"]
-                    now = time.perf_counter()
-                    if "trace" in event or now - last_draw >= REDRAW_EVERY_S:
-                        last_draw = now
-                        n = len(live["steps"])
-                        if first_paint is None and n:
-                            first_paint = now - clicked
-                        done = "trace" in event
-                        msg = _run_status(live, notice, first_paint, done=done)
-                        yield (live, *_views(live, None, color, lay, wh, view),
-                               gr.update(maximum=max(1, n - 1), value=max(0, n - 1)), msg,
-                               gr.update(value=int(settings["gen_length"])),
-                               _export_file(live) if done else gr.update())
+                for live, done in throttled(session.run(prompt_text, settings)):
+                    n = len(live["steps"])
+                    if first_paint is None and n:
+                        first_paint = time.perf_counter() - clicked
+                    msg = _run_status(live, notice, first_paint, done=done)
+                    yield (live, *_views(live, None, color, lay, wh, view),
+                           gr.update(maximum=max(1, n - 1), value=max(0, n - 1)), msg,
+                           gr.update(value=int(settings["gen_length"])),
+                           _export_file(live) if done else gr.update())
             except Exception as exc:  # noqa: BLE001 - every failure becomes a message; the page stays up
                 yield _status_only(f"⚠ {_message(exc)}", live or trace)
 
@@ -263,20 +270,9 @@ def build(session, presets: dict, preset_problems: list[str], default_preset: st
             for key, name in (("a", name_a), ("b", name_b)):
                 settings = dict(presets[name]["settings"], seed=0)
                 try:
-                    live: dict = {}
-                    last = 0.0
-                    for event in session.run(prompt_text, settings):
-                        if "start" in event:
-                            live = event["start"]
-                        elif "step" in event:
-                            live["steps"].append(event["step"])
-                            live["vocab"].update(event["vocab"])
-                        else:
-                            live = event["trace"]
-                        if "trace" in event or time.perf_counter() - last >= REDRAW_EVERY_S:
-                            last = time.perf_counter()
-                            grids[key] = plots.token_grid_html(live, len(live["steps"]) - 1)
-                            yield grids["a"], grids["b"], "", f"Running {key.upper()}: {name}…"
+                    for live, _ in throttled(session.run(prompt_text, settings)):
+                        grids[key] = plots.token_grid_html(live, len(live["steps"]) - 1)
+                        yield grids["a"], grids["b"], "", f"Running {key.upper()}: {name}…"
                     results[key] = live
                 except Exception as exc:  # noqa: BLE001
                     yield grids["a"], grids["b"], "", f"⚠ {_message(exc)}"

@@ -22,14 +22,16 @@ class Plan:
 
 
 class CachePolicy(Policy):
+    needs_entropy = False  # whether observe() wants the entropy of each recomputed position
+
     def reset(self, state: DecodeState, cache: KVCache, model) -> None:
         """A new generation starts."""
 
     def plan(self, state: DecodeState, cache: KVCache) -> Plan:
         raise NotImplementedError
 
-    def observe(self, state: DecodeState, cache: KVCache, positions: torch.Tensor, entropy: torch.Tensor) -> None:
-        """After the forward: ``entropy`` of the prediction at each recomputed position."""
+    def observe(self, state: DecodeState, cache: KVCache, positions: torch.Tensor, entropy: torch.Tensor | None) -> None:
+        """After the forward; ``entropy`` of each recomputed position's prediction if ``needs_entropy``."""
 
     def info(self) -> dict:
         """Policy-specific numbers for the trace (empty for most)."""
@@ -119,6 +121,7 @@ class AdaptiveCache(CachePolicy):
     """
 
     name = "adaptive"
+    needs_entropy = True
     alpha: float = 0.7
     beta: float = 0.3
     lam: float | None = None  # decay per step; None: 3 / T with T the generation's step budget

@@ -28,7 +28,7 @@ from .tokenizer import EOT, build_tokenizer
 REFERENCE_CONFIG = Path(__file__).resolve().parents[2] / "assets" / "reference" / "llada-8b-instruct" / "config.json"
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "assets" / "models"
 # Answer-region lengths seen in training, so the model learns to end anywhere from 32 to 256.
-REGION_LENGTHS = {32: 0.6, 64: 0.2, 128: 0.12, 256: 0.08}
+REGION_LENGTHS = {32: 0.7, 64: 0.15, 128: 0.1, 256: 0.05}
 
 
 def diffusion_config(vocab: int, tokenizer) -> LLaDAConfig:
@@ -165,8 +165,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--which", choices=["both", "diffusion", "guider"], default="both")
-    ap.add_argument("--steps", type=int, default=3600, help="diffusion model optimiser steps")
-    ap.add_argument("--guider-steps", type=int, default=1200)
+    ap.add_argument("--steps", type=int, default=3800, help="diffusion model optimiser steps")
+    ap.add_argument("--guider-steps", type=int, default=800)
     ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--token-budget", type=int, default=6144, help="tokens per diffusion batch")
     ap.add_argument("--save-every", type=int, default=0, help="also save every N steps (0: only at the end)")

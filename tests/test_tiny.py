@@ -1,0 +1,77 @@
+"""The shipped tiny models and their task suite."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import dllm_local
+from dllm_local import Settings
+from dllm_local.loader import TINY_GUIDER, TINY_MODEL
+from dllm_local.tasks import POKER_HANDS, TASKS, generate, score, training_mix
+
+QUICK = 30  # held-out problems per task in the guard below
+# (task, settings, bar): the issue's quality bars minus a margin for a 30-problem sample.
+GUARDS = [
+    ("arithmetic", Settings(gen_length=64, block_size=64), 0.70),
+    ("poker", Settings(gen_length=32, block_size=32), 0.93),
+    ("records", Settings(gen_length=64, block_size=64), 0.80),
+]
+
+
+def test_shipped_files_are_in_the_real_formats_and_small():
+    cfg = json.loads((TINY_MODEL / "config.json").read_text())
+    assert cfg["model_type"] == "llada" and cfg["architectures"] == ["LLaDAModelLM"]
+    assert (TINY_MODEL / "model.safetensors").stat().st_size <= 20 * 2**20
+    assert (TINY_GUIDER / "model.safetensors").stat().st_size <= 10 * 2**20
+    tok_cfg = json.loads((TINY_MODEL / "tokenizer_config.json").read_text())
+    assert tok_cfg.get("mask_token") == "<|mdm_mask|>"
+
+
+def test_shipped_models_load(tiny, tiny_guider):
+    assert tiny.family == "llada" and tiny.mask_id == tiny.tokenizer.mask_token_id
+    assert tiny.tokenizer.convert_tokens_to_ids("<|eot_id|>") in tiny.stop_ids
+    guider = AutoModelForCausalLM.from_pretrained(TINY_GUIDER)
+    assert guider.config.model_type == "llama"
+    assert tiny_guider.tokenizer.get_vocab() == tiny.tokenizer.get_vocab()
+
+
+def test_tokenizer_round_trips_and_splits_digits():
+    tok = AutoTokenizer.from_pretrained(TINY_MODEL)
+    for ex in generate("records", 5, 3) + generate("arithmetic", 5, 3):
+        for text in (ex.prompt, ex.answer):
+            assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
+    pieces = tok.tokenize(" 1234 apples")
+    assert [p.strip("Ġ") for p in pieces[:4]] == ["1", "2", "3", "4"]
+    assert "Ġapples" in pieces  # whole words stay whole
+
+
+def test_task_generators_are_deterministic_and_scored():
+    for task in TASKS:
+        a, b = generate(task, 20, 11), generate(task, 20, 11)
+        assert a == b and a != generate(task, 20, 12)
+        assert all(score(ex, ex.answer) for ex in a)
+    assert training_mix(50, 1) == training_mix(50, 1)
+    poker = generate("poker", 1, 0)[0]
+    assert score(poker, "full house") and not score(poker, "high house")
+    sums = generate("sums", 1, 0)[0]
+    assert not score(sums, "0 and 0")
+
+
+@pytest.mark.parametrize("task,settings,bar", GUARDS, ids=[g[0] for g in GUARDS])
+def test_quick_held_out_eval_stays_above_the_bar(tiny, task, settings, bar):
+    problems = generate(task, QUICK, 2024)
+    correct = sum(score(ex, dllm_local.generate(tiny, ex.prompt, settings).text) for ex in problems)
+    assert correct / QUICK >= bar, f"{task}: {correct}/{QUICK}"
+
+
+def test_answers_end_cleanly_at_every_generation_length(tiny):
+    ex = generate("arithmetic", 1, 5)[0]
+    for length in (32, 64, 128, 256):
+        r = dllm_local.generate(tiny, ex.prompt, Settings(gen_length=length, block_size=32, unmask="threshold", cache="dual"))
+        assert r.text.startswith(ex.answer.split(" = ")[0]) or "The answer is" in r.text
+        cut = r.stats.content_tokens
+        tail = r.token_ids[cut:]
+        assert tail and all(t in tiny.stop_ids for t in tail), f"length {length}: {r.text!r}"
