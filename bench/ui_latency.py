@@ -31,6 +31,7 @@ def main() -> int:
     from dllm_local.settings import Settings
     from playwright.sync_api import sync_playwright
 
+    from ui.controls import controls_from_settings, settings_from_controls
     from ui.page import CSS
 
     t0 = time.perf_counter()
@@ -51,7 +52,8 @@ def main() -> int:
         page.goto(url)
         page.wait_for_selector("#run-btn")
         for _ in range(args.repeats):
-            page.evaluate("() => { const g = document.querySelector('#token-grid'); if (g) g.innerHTML = ''; }")
+            page.evaluate("() => { document.querySelector('#token-grid').innerHTML = '';"
+                          " document.querySelector('#status').innerText = ''; }")
             t = time.perf_counter()
             page.click("#run-btn")
             page.wait_for_selector("#token-grid .dl-tok:not(.dl-masked)", timeout=60_000)
@@ -61,7 +63,8 @@ def main() -> int:
             page.wait_for_timeout(300)
         browser.close()
     page_app.close()
-    settings = Settings.from_dict(preset["settings"])
+    # The page runs a preset through its controls (full trace); time the engine on exactly that.
+    settings = Settings.from_dict(settings_from_controls(controls_from_settings(preset["settings"]))[0])
     engine = []
     for _ in range(args.repeats):
         t = time.perf_counter()

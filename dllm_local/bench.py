@@ -102,6 +102,7 @@ def run_strategy(handle: ModelHandle, problems: list[Problem], settings: Setting
                  guider: GuiderHandle | None = None, repeats: int = 1, progress: str | None = None) -> dict:
     """One row of the table: per-answer means, and the median over repeats of the times."""
     walls, models = [], []
+    generate(handle, problems[0].prompt, settings, guider)  # warm-up: start-up costs stay out of the table
     for rep in range(repeats):
         stats, correct = [], []
         t0 = time.perf_counter()

@@ -49,8 +49,10 @@ def encode_prompt(handle: ModelHandle, prompt: Prompt) -> list[int]:
 
 
 def _sync(device: torch.device) -> None:
+    # Every GPU: a model spread over several by device_map finishes on the last one.
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        for index in range(torch.cuda.device_count()):
+            torch.cuda.synchronize(index)
 
 
 def _round(values, digits: int = 5) -> list:
@@ -82,6 +84,10 @@ class Run:
     def stop(self) -> None:
         self._stop.set()
 
+    def release(self) -> None:
+        """Drop the run's device tensors (its KV caches); the result and trace stay."""
+        self.cache = self._guider_cache = None
+
     def __iter__(self) -> Iterator[StepRecord]:
         return self._decode()
 
@@ -97,7 +103,6 @@ class Run:
         state = DecodeState(x, P, s.gen_length, s.block_size, h.mask_id, steps_per_block)
         cache = h.model.new_cache(1, L)
         cache.seq_len = L
-        cache.track_drift = s.trace != "off"
         self.cache = cache
         self.cache_policy.reset(state, cache, h.model)
         self.gen = torch.Generator(device=device).manual_seed(s.seed)
@@ -105,10 +110,10 @@ class Run:
                                    gen_length=s.gen_length, mask_id=h.mask_id)
         self._guider_cache = None
         self._guider_tokens: list[int] = []
-        self._g_total = self._reads_total = self._main_forwards = 0
+        self._g_total = self._reads_total = self._main_forwards = self._committed_total = 0
         shadow = h.model.new_cache(1, L) if s.exact_drift else None
         if shadow is not None:
-            shadow.seq_len, shadow.track_drift = L, True
+            shadow.seq_len = L
         return state, shadow
 
     # ---------------------------------------------------------------- the loop
@@ -151,6 +156,10 @@ class Run:
         block_masked = state.block_masked_positions()
         positions = torch.unique(torch.cat([plan.positions, block_masked]))  # sorted
         self._positions = positions
+        recomputed = h.model.run_positions(positions)  # what the forward really recomputes (Dream: + predecessors)
+        if s.trace != "off":
+            cache.snapshot(recomputed)  # for the KV drift, outside the timed forward
+        cache.tokens[:, : state.total_len] = state.x  # a family's implicit recomputes read the current tokens
         logits, model_s = self._forward(state.x[:, positions], positions)
         stats = cache.last_stats
         forwards, self._extra_forwards, self._extra_model_s = 1, 0, 0.0
@@ -174,6 +183,7 @@ class Run:
         t_exact = time.perf_counter()
         exact = self._exact_drift(state, shadow, cand) if shadow is not None else None
         exact_s = time.perf_counter() - t_exact
+
         selection = self.unmask_policy.select(state, cand, self)
         chosen = selection.positions
         chosen_index = torch.searchsorted(cand.positions, chosen)
@@ -194,7 +204,8 @@ class Run:
             record.masked_confidence = _round(F.softmax(masked_logits.float(), dim=-1).amax(-1).tolist(), 6)
             record.kv = self._kv_record(cache.drift_cosines())
             if s.trace == "full":
-                record.recomputed = positions.tolist()
+                record.recomputed = recomputed.tolist()
+        self.cache_policy.end_step(state, cache)
         total_s = time.perf_counter() - t_start
         record.other_ms = round(max(0.0, total_s - model_s - exact_s) * 1e3, 4)
         return record
@@ -217,18 +228,19 @@ class Run:
         return (logits.exp() / (-torch.log(noise)) ** t).argmax(-1)
 
     # ---------------------------------------------------------------- engine for policies
-    def verify(self, rows: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
-        """Read-only forward of variant sequences; probabilities ``[k, len(at), vocab]`` at ``at``."""
+    def verify(self, rows: torch.Tensor, at: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Read-only forward of ``k`` variant sequences: for row r, the probability of
+        ``tokens[r]`` at position ``at[r]`` (``[k]``, float64)."""
         cache, positions = self.cache, self._positions
-        cache.read_only, tracking = True, cache.track_drift
-        cache.track_drift = False
+        cache.read_only = True
         try:
             logits, seconds = self._forward(rows[:, positions], positions)
         finally:
-            cache.read_only, cache.track_drift = False, tracking
+            cache.read_only = False
         self._extra_forwards += 1
         self._extra_model_s += seconds
-        return F.softmax(logits[:, torch.searchsorted(positions, at)].double(), dim=-1)
+        picked = logits[torch.arange(rows.shape[0], device=logits.device), torch.searchsorted(positions, at)]
+        return F.log_softmax(picked.double(), dim=-1).gather(-1, tokens[:, None]).squeeze(-1).exp()
 
     def guider_logits(self, sequence: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         from transformers import DynamicCache
@@ -264,7 +276,9 @@ class Run:
         """A full uncached forward: the true KV drift and the error the cache introduced."""
         self.trace.stats.exact_forwards += 1
         L = state.total_len
-        exact_logits = self.handle.model(state.x, torch.arange(L, device=state.x.device), shadow).logits[0]
+        everything = torch.arange(L, device=state.x.device)
+        shadow.snapshot(everything)
+        exact_logits = self.handle.model(state.x, everything, shadow).logits[0]
         exact_p = F.softmax(exact_logits[cand.positions].double(), dim=-1)
         cached_p = cand.confidence
         err = (exact_p.gather(-1, cand.tokens[:, None]).squeeze(-1) - cached_p).abs()
@@ -308,6 +322,7 @@ class Run:
         st.model_s += record.model_ms / 1e3
         st.other_s += record.other_ms / 1e3
         st.exact_s += record.exact_ms / 1e3
+        self._committed_total += len(record.committed)
         self._g_total += record.g
         self._reads_total += record.reads
         self._main_forwards += 1
@@ -334,14 +349,17 @@ class Run:
         st.gen_length = self.settings.gen_length
         st.content_tokens = cut
         forwards = max(1, st.nfe)
-        st.tokens_per_forward = round(self.settings.gen_length / forwards, 4)
-        st.content_tokens_per_forward = round(cut / forwards, 4)
+        # Tokens the forwards committed (not EOS filled in by an early stop, nor masks left by Stop).
+        committed = self._committed_total
+        content = min(cut, committed)
+        st.tokens_per_forward = round(committed / forwards, 4)
+        st.content_tokens_per_forward = round(content / forwards, 4)
         g, reads = self._g_total, self._reads_total
         st.mean_g = round(g / max(1, self._main_forwards), 2)
         st.cache_hit_rate = round(reads / max(1, g + reads), 4)
         st.wall_s = wall_s
-        st.tokens_per_s = round(self.settings.gen_length / st.model_s, 2) if st.model_s else 0.0
-        st.content_tokens_per_s = round(cut / st.model_s, 2) if st.model_s else 0.0
+        st.tokens_per_s = round(committed / st.model_s, 2) if st.model_s else 0.0
+        st.content_tokens_per_s = round(content / st.model_s, 2) if st.model_s else 0.0
         self.result = Result(text=trace.text, token_ids=answer, trace=trace)
 
 

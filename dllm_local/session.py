@@ -117,7 +117,6 @@ class Session:
             return {str(i): tok.decode([i]) for i in new}
 
         def work(events: queue.Queue) -> None:
-            self._run = run
             events.put({"start": {"prompt_ids": run.prompt_ids, "gen_length": settings.gen_length,
                                   "mask_id": self.handle.mask_id, "settings": settings.to_dict(),
                                   "model": self.handle.summary(),
@@ -127,7 +126,7 @@ class Session:
                 events.put({"step": asdict(record), "vocab": texts(t for _, t, _ in record.committed)})
             events.put({"trace": run.result.trace.to_dict()})
 
-        return self._in_thread(work, on_exit=run.stop)
+        return self._in_thread(work, on_exit=run.stop, run=run)
 
     def stop(self) -> bool:
         """Stop the run or sweep in progress (within one step / one grid point)."""
@@ -189,22 +188,29 @@ class Session:
             row["speedup_low_batch"] = row["ratio_compute_bound"] = None
         return rows
 
-    def _in_thread(self, work, on_exit=None) -> Iterator[dict]:
+    def _in_thread(self, work, on_exit=None, run: Run | None = None) -> Iterator[dict]:
         """Run ``work(events)`` in the engine thread under the session lock; yield its events."""
         if not self._lock.acquire(blocking=False):
             raise BusyError("a run is already going; wait for it or press Stop")
+        self._run = run  # before the thread starts, so that an early Stop is not lost
         events: queue.Queue = queue.Queue()
 
         def target() -> None:
+            out_of_memory = False
             try:
                 work(events)
             except torch.cuda.OutOfMemoryError:
-                _free_device_memory()
-                events.put(OutOfMemory(OOM_ADVICE))
+                out_of_memory = True
             except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
                 events.put(exc)
             finally:
+                if run is not None:
+                    run.release()
                 self._run = None
+                if out_of_memory:
+                    # Outside the except block: the traceback no longer holds the run's tensors.
+                    _free_device_memory()
+                    events.put(OutOfMemory(OOM_ADVICE))
                 self._lock.release()
                 events.put(_DONE)
 

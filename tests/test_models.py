@@ -1,6 +1,7 @@
 """The model families: on-disk formats, the position-indexed cache, and an independent reference."""
 from __future__ import annotations
 
+import copy
 import json
 import math
 
@@ -191,8 +192,8 @@ def test_cache_counts_reads_and_hands_back_fresh_kv_and_drift():
     assert (cache.last_stats.recomputed, cache.last_stats.reads) == (32, 0)
     changed = ids.clone()
     changed[0, 10:14] = 5
-    cache.track_drift = True
     block = torch.arange(8, 16)
+    cache.snapshot(block)
     model(changed[:, block], block, cache)
     assert (cache.last_stats.recomputed, cache.last_stats.reads) == (8, 24)
     k, v = cache.fresh_kv(0)
@@ -203,6 +204,34 @@ def test_cache_counts_reads_and_hands_back_fresh_kv_and_drift():
     cos0 = cos_k[0]
     assert torch.allclose(cos0[[0, 1, 6, 7]], torch.ones(4), atol=1e-5)
     assert (cos0[2:6] < 0.999).all()
+
+
+@torch.no_grad()
+def test_read_only_forward_sees_its_fresh_kv_but_leaves_the_cache_untouched():
+    model = _random_model("llada")
+    ids = torch.randint(0, 700, (1, 24))
+    cache = model.new_cache(batch=1, max_len=24)
+    model(ids, torch.arange(24), cache)
+    block = torch.arange(8, 16)
+    cache.snapshot(block)
+    model(ids[:, block], block, cache)
+    before = ([k.clone() for k in cache.k], [v.clone() for v in cache.v], cache.valid.clone(), cache.tokens.clone(),
+              cache.last_stats, cache.drift_cosines())
+    variants = ids.repeat(3, 1)
+    variants[:, 10] = torch.tensor([1, 2, 3])
+    cache.read_only = True
+    got = model(variants[:, block], block, cache).logits
+    cache.read_only = False
+    for a, b in zip(before[0] + before[1], cache.k + cache.v):
+        assert torch.equal(a, b)
+    assert torch.equal(before[2], cache.valid) and torch.equal(before[3], cache.tokens)
+    assert cache.last_stats == before[4]
+    torch.testing.assert_close(cache.drift_cosines(), before[5], equal_nan=True)
+    # Each variant row is what an ordinary (writing) forward of that variant would give.
+    for r in range(3):
+        scratch = copy.deepcopy(cache)
+        expected = model(variants[r : r + 1, block], block, scratch).logits[0]
+        torch.testing.assert_close(got[r], expected, atol=1e-5, rtol=1e-4)
 
 
 @torch.no_grad()

@@ -83,6 +83,7 @@ def test_threshold_commits_several_tokens_per_forward(tiny):
 
 def test_factor_rule_matches_its_definition(tiny):
     r = dllm_local.generate(tiny, PROMPT, Settings(gen_length=64, block_size=32, unmask="factor", unmask_params={"factor": 1.0}))
+    assert r.stats.nfe < 64 and max(len(s.committed) for s in r.trace.steps) > 1
     for s in r.trace.steps:
         conf = sorted((c for _, _, c in s.committed), reverse=True)
         n = len(conf)
@@ -140,8 +141,12 @@ def test_freecache_window_shrinks_and_never_refreshes(tiny):
     assert sum(s.full_refresh for s in r.trace.steps) == 1
     by_block = {}
     for s in r.trace.steps[1:]:
-        by_block.setdefault(s.block, set()).add(s.g)
-    assert max(by_block[0]) > max(by_block[3]) == 32
+        if s.step_in_block > 0:
+            by_block.setdefault(s.block, set()).add(s.g)
+    assert max(by_block[0]) == 128
+    assert all(max(g) <= (4 - b) * 32 for b, g in by_block.items())  # the window shrinks
+    entering = [s for s in r.trace.steps if s.step_in_block == 0 and s.block > 0]
+    assert all(s.g == (4 - s.block) * 32 + 32 for s in entering)  # window + the block just finished
 
 
 def test_same_seed_same_tokens_with_sampling(tiny):
@@ -252,9 +257,19 @@ def test_dream_family_decodes_through_the_same_cache_mechanism(dream_dir):
     plain = dllm_local.generate(dream, "hi", base)
     refreshed = dllm_local.generate(dream, "hi", base.with_(cache="dual", cache_params={"refresh_every": 1}))
     assert refreshed.token_ids == plain.token_ids and dream.mask_id not in plain.token_ids
-    dual = dllm_local.generate(dream, "hi", base.with_(cache="dual"))
+    dual = dllm_local.generate(dream, "hi", base.with_(cache="dual", trace="full"))
     # Dream's shift: the block's first position needs the hidden state before it, recomputed too.
-    assert all(s.g == 9 for s in dual.trace.steps if not s.full_refresh)
+    for step in dual.trace.steps:
+        assert len(step.recomputed) == step.g == len(step.kv["0"]["k"])
+        if not step.full_refresh:
+            start = len(dual.trace.prompt_ids) + step.block * 8
+            assert step.g == 9 and step.recomputed[0] == start - 1
+    free = dllm_local.generate(dream, "hi", base.with_(cache="freecache", trace="full"))
+    assert dream.mask_id not in free.token_ids
+    second_block = [s for s in free.trace.steps if s.block == 1]
+    start = len(free.trace.prompt_ids) + 8
+    # Entering block 1 recomputes the finished block 0 once (its last commits), then freezes it.
+    assert second_block[0].recomputed[0] == start - 8 - 1 and all(s.recomputed[0] == start - 1 for s in second_block[1:])
 
 
 # ---------------------------------------------------------------- phenomena on the trained tiny model
@@ -274,6 +289,10 @@ def test_parallel_commits_write_invalid_pairs_and_self_verify_sends_them_back(ti
     assert one_at_a_time <= 0.05
     assert parallel >= 0.3, "low tau should commit incompatible halves (e.g. 'high house')"
     assert verified <= parallel / 2
+    run = dllm_local.generate(tiny, poker[0].prompt, base.with_(unmask="self_verify", trace="full",
+                                                                unmask_params={"threshold": 0.2}))
+    checked = [s for s in run.trace.steps if s.policy.get("verified")]
+    assert checked and all(s.forwards == 2 and s.kv for s in checked)
 
 
 def test_guided_keeps_accuracy_with_fewer_forwards(tiny, tiny_guider):

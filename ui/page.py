@@ -193,7 +193,7 @@ def build(session, presets: dict, preset_problems: list[str], default_preset: st
 
         preset.change(apply_preset, [preset], [preset_info, prompt] + control_widgets, queue=False)
 
-        def run(prompt_text, trace, color, lay, wh, view, *values):
+        def run(prompt_text, trace, following, color, lay, wh, view, *values):
             v = dict(zip(control_names, values))
             try:
                 settings, notice = settings_from_controls(v)
@@ -209,8 +209,12 @@ def build(session, presets: dict, preset_problems: list[str], default_preset: st
                     if first_paint is None and n:
                         first_paint = time.perf_counter() - clicked
                     msg = _run_status(live, notice, first_paint, done=done)
-                    yield (live, *_views(live, None, color, lay, wh, view),
-                           gr.update(maximum=max(1, n - 1), value=max(0, n - 1)), msg,
+                    if following:
+                        views = _views(live, None, color, lay, wh, view)
+                        scrubber = gr.update(maximum=max(1, n - 1), value=max(0, n - 1))
+                    else:  # the user is looking at an earlier step: keep it, let the slider reach further
+                        views, scrubber = [gr.update()] * 5, gr.update(maximum=max(1, n - 1))
+                    yield (live, *views, scrubber, msg,
                            gr.update(value=int(settings["gen_length"])),
                            _export_file(live) if done else gr.update())
             except Exception as exc:  # noqa: BLE001 - every failure becomes a message; the page stays up
@@ -220,11 +224,11 @@ def build(session, presets: dict, preset_problems: list[str], default_preset: st
             return (trace, *[gr.update()] * 5, gr.update(), msg, gr.update(), gr.update())
 
         run_event = run_btn.click(
-            run, [prompt, trace_state, *view_inputs, *control_widgets],
+            run, [prompt, trace_state, follow, *view_inputs, *control_widgets],
             [trace_state, *view_outputs, scrub, status, gen_length, export_btn],
             concurrency_limit=1, concurrency_id="model", api_name="run",
         )
-        prompt.submit(run, [prompt, trace_state, *view_inputs, *control_widgets],
+        submit_event = prompt.submit(run, [prompt, trace_state, follow, *view_inputs, *control_widgets],
                       [trace_state, *view_outputs, scrub, status, gen_length, export_btn], concurrency_limit=1,
                       concurrency_id="model", api_visibility="private")
 
@@ -247,7 +251,7 @@ def build(session, presets: dict, preset_problems: list[str], default_preset: st
                 trace = json.loads(Path(file if isinstance(file, str) else file.name).read_text())
                 plots.check_trace(trace)
             except (ValueError, KeyError, TypeError, OSError) as exc:
-                return ({}, *[gr.update()] * 5, gr.update(), f"⚠ could not import that file: {exc}", gr.update())
+                return (gr.update(), *[gr.update()] * 5, gr.update(), f"⚠ could not import that file: {exc}", gr.update())
             n = len(trace["steps"])
             return (trace, *_views(trace, None, color, lay, wh, view), gr.update(maximum=max(1, n - 1), value=n - 1),
                     f"Replaying an imported trace: {n} steps, {trace['settings']['cache']} + {trace['settings']['unmask']}. "
@@ -259,10 +263,11 @@ def build(session, presets: dict, preset_problems: list[str], default_preset: st
             try:
                 info = session.switch_model(name, q)
             except Exception as exc:  # noqa: BLE001
-                return gr.update(), f"⚠ {_message(exc)}"
-            return _model_line(info), f"Loaded {info['name']}."
+                return gr.update(), f"⚠ {_message(exc)}", gr.update()
+            return _model_line(info), f"Loaded {info['name']}.", gr.update(maximum=max(0, info["layers"] - 1), value=0)
 
-        load_btn.click(load_model, [model_pick, quant], [model_line, status], concurrency_limit=1, concurrency_id="model")
+        load_btn.click(load_model, [model_pick, quant], [model_line, status, layer], concurrency_limit=1,
+                       concurrency_id="model")
 
         def run_compare(name_a, name_b, prompt_text):
             results = {}
@@ -290,7 +295,8 @@ def build(session, presets: dict, preset_problems: list[str], default_preset: st
                 return f"⚠ {_message(exc)}"
 
         cost_device.change(show_cost, [trace_state, cost_device], [cost_html], queue=False)
-        run_event.then(show_cost, [trace_state, cost_device], [cost_html])
+        for event in (run_event, submit_event):
+            event.then(show_cost, [trace_state, cost_device], [cost_html])
 
         def run_sweep(preset_name, task, n, thresholds, blocks, gen, progress=gr.Progress()):
             try:

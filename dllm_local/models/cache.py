@@ -36,18 +36,15 @@ class KVCache:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.valid = torch.zeros(max_len, dtype=torch.bool, device=device)
-        # The token each valid entry was computed from (Dream recomputes predecessors from it).
+        # The tokens of the sequence: a family that must recompute a position the caller did not
+        # name (Dream's predecessors) takes its token from here. Forwards write the tokens they
+        # compute from; a sampler keeps it in step with the sequence it decodes.
         self.tokens = torch.zeros(batch, max_len, dtype=torch.long, device=device)
         self.max_len = max_len
         self.seq_len = max_len
-        # When on, every update keeps the entries it overwrites, so that drift_cosines() can give
-        # per recomputed position the cosine between the entry the cache held (its previous fresh
-        # value) and the fresh one: the KV drift the page shows, without a second forward.
-        self.track_drift = False
-        self._overwritten: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.last_positions: torch.Tensor | None = None
         self.last_stats = ForwardStats()
-        self._previously_valid: torch.Tensor | None = None
+        self._snapshot: tuple | None = None
         # A read-only forward (self-verification) sees its fresh K/V but leaves the cache as it was.
         self.read_only = False
 
@@ -59,26 +56,23 @@ class KVCache:
         """Called by the model before layer 0: fixes which entries this forward reads."""
         if positions.numel() and int(positions.max()) >= self.max_len:
             raise ValueError(f"position {int(positions.max())} is beyond the cache length {self.max_len}")
-        self._previously_valid = self.valid.clone()
-        recomputed = positions.numel()
         valid_after = self.valid.clone()
         valid_after[positions] = True
-        # Reads count the entries attended to that this forward did not recompute.
-        self.last_stats = ForwardStats(recomputed=recomputed, reads=int(valid_after[: self.seq_len].sum()) - recomputed)
-        if not self.read_only:
-            self.valid = valid_after
-            self.tokens[:, positions] = input_ids[: self.tokens.shape[0]]
         self._live = valid_after[: self.seq_len]
+        if self.read_only:
+            return  # leaves the cache, its counts and its drift snapshot as they were
+        recomputed = positions.numel()
+        # Reads count the entries attended to that this forward did not recompute.
+        self.last_stats = ForwardStats(recomputed=recomputed, reads=int(self._live.sum()) - recomputed)
+        self.valid = valid_after
+        self.tokens[:, positions] = input_ids[: self.tokens.shape[0]]
         self.last_positions = positions
-        self._overwritten = {}
 
     def update(
         self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Write fresh K/V at ``positions``; return all keys, values and the key mask to attend."""
         k_cache, v_cache = self.k[layer], self.v[layer]
-        if self.track_drift and not self.read_only:
-            self._overwritten[layer] = (k_cache[:, :, positions], v_cache[:, :, positions])
         live = self._live
         if self.read_only:
             batch = k.shape[0]
@@ -92,21 +86,28 @@ class KVCache:
             return keys, values, None
         return keys, values, live.view(1, 1, 1, -1)
 
-    def drift_cosines(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Cosine of each recomputed entry with the value it replaced: ``[layers, n]`` for K and V.
+    def snapshot(self, positions: torch.Tensor) -> None:
+        """Keep the entries at ``positions`` before a forward overwrites them (for drift_cosines).
 
-        NaN where the cache held nothing before. Computed after the forward, all layers at once,
-        so that the bookkeeping never counts as model time.
+        Taken by the caller outside the timed forward, so that the bookkeeping never counts as
+        model time.
         """
-        if not self._overwritten:
+        self._snapshot = (
+            positions, self.valid[positions].clone(),
+            torch.stack([k[:, :, positions] for k in self.k]), torch.stack([v[:, :, positions] for v in self.v]),
+        )
+
+    def drift_cosines(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Per snapshot position, the cosine of its entry now with the entry it held at the snapshot
+        (its previous fresh value): the KV drift, measured without a second forward.
+
+        ``[layers, n]`` for K and for V; NaN where the cache held nothing before.
+        """
+        if self._snapshot is None:
             return None
-        layers = sorted(self._overwritten)
-        pos = self.last_positions
-        old_k = torch.stack([self._overwritten[l][0] for l in layers])
-        old_v = torch.stack([self._overwritten[l][1] for l in layers])
-        new_k = torch.stack([self.k[l][:, :, pos] for l in layers])
-        new_v = torch.stack([self.v[l][:, :, pos] for l in layers])
-        was_valid = self._previously_valid[pos]
+        pos, was_valid, old_k, old_v = self._snapshot
+        new_k = torch.stack([k[:, :, pos] for k in self.k])
+        new_v = torch.stack([v[:, :, pos] for v in self.v])
         nan = torch.tensor(float("nan"), device=was_valid.device)
         cos_k = torch.where(was_valid, position_cosine(old_k, new_k), nan)
         cos_v = torch.where(was_valid, position_cosine(old_v, new_v), nan)
@@ -131,7 +132,6 @@ class KVCache:
     def bytes_per_position(self) -> int:
         k = self.k[0]
         return 2 * len(self.k) * k.shape[0] * k.shape[1] * k.shape[3] * k.element_size()
-
 
 
 def position_cosine(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:

@@ -145,6 +145,10 @@ class DreamModel(PreTrainedModel):
         max_len = max_len or c.max_position_embeddings
         return KVCache(c.num_hidden_layers, batch, c.num_key_value_heads, max_len, c.head_dim, ref.dtype, ref.device)
 
+    def run_positions(self, positions: torch.Tensor) -> torch.Tensor:
+        """The positions a cached forward for ``positions`` recomputes: each one's predecessor too."""
+        return torch.unique(torch.cat([positions, _missing_predecessors(positions)]))
+
     def forward(
         self,
         input_ids: torch.Tensor,

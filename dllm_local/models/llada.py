@@ -150,6 +150,10 @@ class LLaDAModelLM(PreTrainedModel):
         dtype = ref.dtype if ref.is_floating_point() else torch.bfloat16
         return KVCache(c.n_layers, batch, c.n_kv_heads, max_len or c.max_sequence_length, c.head_dim, dtype, ref.device)
 
+    def run_positions(self, positions: torch.Tensor) -> torch.Tensor:
+        """The positions a cached forward for ``positions`` recomputes: exactly those."""
+        return positions
+
     def forward(
         self,
         input_ids: torch.Tensor,

@@ -33,6 +33,9 @@ class CachePolicy(Policy):
     def observe(self, state: DecodeState, cache: KVCache, positions: torch.Tensor, entropy: torch.Tensor | None) -> None:
         """After the forward; ``entropy`` of each recomputed position's prediction if ``needs_entropy``."""
 
+    def end_step(self, state: DecodeState, cache: KVCache) -> None:
+        """The step is recorded: the policy may now drop entries (never before the bookkeeping)."""
+
     def info(self) -> dict:
         """Policy-specific numbers for the trace (empty for most)."""
         return {}
@@ -93,7 +96,8 @@ class FreeCache(CachePolicy):
     """FlashDLM FreeCache: one full forward, then finished blocks and the prompt stay frozen.
 
     Each step recomputes the current block and every later block that still holds a mask, so
-    the active window shrinks as blocks finish. No refresh ever.
+    the active window shrinks as blocks finish; a block that just finished is recomputed once
+    more (its last commits) on entering the next block, then frozen. No refresh ever.
     """
 
     name = "freecache"
@@ -105,6 +109,9 @@ class FreeCache(CachePolicy):
         starts = range(state.block_start, state.total_len, state.block_size)
         active = [torch.arange(s, s + state.block_size, device=state.x.device) for i, s in enumerate(starts)
                   if i == 0 or bool(masked[s : s + state.block_size].any())]
+        if state.step_in_block == 0 and state.block > 0:
+            # The block that just finished is recomputed once, with its last commits, then frozen.
+            active.insert(0, torch.arange(state.block_start - state.block_size, state.block_start, device=state.x.device))
         return Plan(torch.cat(active), False)
 
 
@@ -177,6 +184,9 @@ class AdaptiveCache(CachePolicy):
         s["t_write"][positions] = float(state.step)
         known = ~state.masked[positions]
         s["entropy"][positions] = torch.where(known, torch.zeros_like(entropy), entropy.to(s["entropy"].dtype))
+
+    def end_step(self, state, cache):
+        s = self._state
         budget = s["budget"]
         if budget is not None and cache.num_cached() > budget:
             L = state.total_len

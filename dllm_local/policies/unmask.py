@@ -26,8 +26,8 @@ class Candidates:
 class Engine(Protocol):
     """What the sampler offers policies that need more than one forward's logits."""
 
-    def verify(self, rows: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
-        """Probabilities ``[k, len(at), vocab]`` at positions ``at`` for ``k`` variant sequences."""
+    def verify(self, rows: torch.Tensor, at: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """For ``k`` variant sequences, the probability of ``tokens[r]`` at position ``at[r]`` in row r."""
 
     def guider_logits(self, sequence: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The guider's next-token logits predicting each of ``positions`` (``[m, vocab]``)."""
@@ -210,8 +210,7 @@ class SelfVerify(UnmaskPolicy):
             others = [picked[k] for k in range(len(picked)) if k != j]
             rows[r, cand.positions[others]] = cand.tokens[others]
         index = torch.tensor([picked[j] for j in check], device=rows.device)
-        probs = engine.verify(rows, cand.positions)  # [k, m, vocab]
-        p_given = probs[torch.arange(len(check)), index, cand.tokens[index]]
+        p_given = engine.verify(rows, cand.positions[index], cand.tokens[index])
         score = p_given / cand.confidence[index].to(p_given.dtype)
         rejected = {picked[j] for j, s in zip(check, score.tolist()) if s < self.rho}
         keep = [i for i in picked if i not in rejected]
