@@ -27,7 +27,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=20)
-    ap.add_argument("--d-model", type=int, default=512)
+    ap.add_argument("--d-model", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
     args = ap.parse_args()
     raw = json.loads(REFERENCE_CONFIG.read_text())

@@ -52,13 +52,16 @@ def main() -> int:
         page.goto(url)
         page.wait_for_selector("#run-btn")
         for _ in range(args.repeats):
-            page.evaluate("() => { document.querySelector('#token-grid').innerHTML = '';"
-                          " document.querySelector('#status').innerText = ''; }")
+            grid_before = page.inner_html("#token-grid")
+            status_before = page.inner_text("#status")
             t = time.perf_counter()
             page.click("#run-btn")
-            page.wait_for_selector("#token-grid .dl-tok:not(.dl-masked)", timeout=60_000)
+            page.wait_for_function("(prev) => { const g = document.querySelector('#token-grid');"
+                                   " return g.innerHTML !== prev && g.querySelector('.dl-tok:not(.dl-masked)'); }",
+                                   arg=grid_before, timeout=60_000)
             first.append(time.perf_counter() - t)
-            page.wait_for_function("document.querySelector('#status').innerText.includes('Done')", timeout=120_000)
+            page.wait_for_function("(prev) => { const s = document.querySelector('#status').innerText;"
+                                   " return s !== prev && s.includes('Done'); }", arg=status_before, timeout=120_000)
             total.append(time.perf_counter() - t)
             page.wait_for_timeout(300)
         browser.close()
