@@ -111,6 +111,7 @@ class Run:
         self._guider_cache = None
         self._guider_tokens: list[int] = []
         self._g_total = self._reads_total = self._main_forwards = self._committed_total = 0
+        self._extra_forwards, self._extra_model_s = 0, 0.0
         shadow = h.model.new_cache(1, L) if s.exact_drift else None
         if shadow is not None:
             shadow.seq_len = L
