@@ -1,10 +1,10 @@
 """Page latency, measured in a real browser against the engine alone.
 
-    python bench/ui_latency.py [--repeats 3]
+    python bench/ui_latency.py [--repeats 3] [--preset "LLaDA baseline"]
 
 Starts the app in-process on a free port, opens it in headless Debian chromium (Playwright),
-clicks Run on the default preset and measures (a) click -> first painted step (a committed token
-in the grid) and (b) click -> final state drawn; then times the same generation with the engine
+clicks Run on a preset (default: the page's default) and measures (a) click -> first painted step (the grid drawn
+after the first forward) and (b) click -> final state drawn; then times the same generation with the engine
 alone (no page). Prints medians and the ratio streamed / engine-only.
 """
 from __future__ import annotations
@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--preset", default=None, help="preset name (default: the page's default preset)")
     args = ap.parse_args()
     import app
     import dllm_local
@@ -34,15 +35,21 @@ def main() -> int:
     from ui.controls import controls_from_settings, settings_from_controls
     from ui.page import CSS
 
+    from dllm_local.session import load_presets
+
+    presets = load_presets()[0]
+    name = args.preset or next(iter(presets))
+    if name not in presets:
+        ap.error(f"no preset {name!r}; choose one of: {', '.join(presets)}")
+    preset = presets[name]
     t0 = time.perf_counter()
-    page_app, session = app.create(app.parse_args([]))
+    page_app, session = app.create(app.parse_args(["--preset", name]))
     page_app.queue(default_concurrency_limit=1)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     _, url, _ = page_app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, css=CSS)
     ready = time.perf_counter() - t0
-    preset = next(p for p in __import__("dllm_local.session", fromlist=["load_presets"]).load_presets()[0].values())
     prompt = preset["prompt"]
     first, total = [], []
     with sync_playwright() as p:
@@ -52,16 +59,17 @@ def main() -> int:
         page.goto(url)
         page.wait_for_selector("#run-btn")
         for _ in range(args.repeats):
-            grid_before = page.inner_html("#token-grid")
-            status_before = page.inner_text("#status")
+            # The live grid carries its run number, the steps drawn and whether the run ended.
+            previous = page.evaluate("() => document.querySelector('#token-grid .dl-run')?.dataset.run ?? ''")
             t = time.perf_counter()
             page.click("#run-btn")
-            page.wait_for_function("(prev) => { const g = document.querySelector('#token-grid');"
-                                   " return g.innerHTML !== prev && g.querySelector('.dl-tok:not(.dl-masked)'); }",
-                                   arg=grid_before, timeout=60_000)
+            page.wait_for_function("(prev) => { const r = document.querySelector('#token-grid .dl-run');"
+                                   " return r && r.dataset.run !== prev && Number(r.dataset.steps) >= 1; }",
+                                   arg=previous, timeout=60_000)
             first.append(time.perf_counter() - t)
-            page.wait_for_function("(prev) => { const s = document.querySelector('#status').innerText;"
-                                   " return s !== prev && s.includes('Done'); }", arg=status_before, timeout=120_000)
+            page.wait_for_function("(prev) => { const r = document.querySelector('#token-grid .dl-run');"
+                                   " return r && r.dataset.run !== prev && r.dataset.done === '1'; }",
+                                   arg=previous, timeout=120_000)
             total.append(time.perf_counter() - t)
             page.wait_for_timeout(300)
         browser.close()

@@ -49,6 +49,22 @@ def test_controls_show_only_the_chosen_policies_knobs_and_fit_the_block():
     assert (length, block) == (128, 32) and "adjusted from 100 to 128" in notice
 
 
+def test_throttled_redraws_keep_the_first_step_and_the_final_state():
+    from ui.page import throttled
+
+    def events():
+        steps = [{"step": i} for i in range(5)]
+        yield {"start": {"steps": [], "vocab": {}}}
+        for i, step in enumerate(steps):
+            yield {"step": step, "vocab": {str(i): "x"}}
+        yield {"trace": {"steps": steps, "vocab": {}, "text": "x"}}
+
+    drawn = [(len(trace["steps"]), done) for trace, done in throttled(events(), every=3600.0)]
+    # Within one throttle interval only the empty grid, the first step and the end are drawn.
+    assert drawn == [(0, False), (1, False), (5, True)]
+    assert [len(trace["steps"]) for trace, _ in throttled(events(), every=0.0)] == [0, 1, 2, 3, 4, 5, 5]
+
+
 @pytest.fixture(scope="module")
 def session():
     return Session("tiny")
@@ -122,13 +138,36 @@ def page(browser, server):
 
 
 def _status(pg, selector="#status") -> str:
-    return pg.inner_text(selector)
+    """The status text itself, without Gradio's progress tracker ("processing | 0.3s")."""
+    return pg.inner_text(f"{selector} [data-testid=markdown]")
 
 
 def _wait_done(pg, selector="#status", word="Done", timeout=90_000):
     pg.wait_for_function(f"(() => {{ const s = document.querySelector('{selector}').innerText;"
                          f" return s.includes('{word}') && !s.includes('processing'); }})()", timeout=timeout)
     return _status(pg, selector)
+
+
+def _shown_run(pg) -> str:
+    """The run number the live grid was last drawn for ('' before any run in this tab)."""
+    marker = pg.locator("#token-grid .dl-run")
+    return marker.get_attribute("data-run") if marker.count() else ""
+
+
+def _wait_run_ended(pg, previous_run: str, timeout=120_000) -> str:
+    """Wait until the grid shows the final state of a run newer than ``previous_run`` and the
+    status says how it ended; return the status."""
+    pg.wait_for_function("(prev) => { const r = document.querySelector('#token-grid .dl-run');"
+                         " return r && r.dataset.run !== prev && r.dataset.done === '1'; }",
+                         arg=previous_run, timeout=timeout)
+    pg.wait_for_function("() => /^(Done|Stopped)/.test(document.querySelector("
+                         "'#status [data-testid=markdown]').innerText.trim())", timeout=timeout)
+    return _status(pg)
+
+
+def _choose(pg, dropdown: str, option: str) -> None:
+    pg.click(f"{dropdown} input")
+    pg.get_by_role("option", name=option, exact=True).click()
 
 
 def test_browser_runs_the_default_preset_and_draws_every_view(page):
@@ -142,6 +181,53 @@ def test_browser_runs_the_default_preset_and_draws_every_view(page):
         assert page.locator(f"{plot} .js-plotly-plot .main-svg").count() > 0, plot
     assert "NFE" in page.inner_text("#numbers")
     page.screenshot(path=str(OUT / "run-default.png"), full_page=True)
+
+
+def test_browser_threshold_slider_then_run_again(page, tiny):
+    import dllm_local
+
+    before = _shown_run(page)
+    page.click("#run-btn")
+    assert "threshold 0.9" in _wait_run_ended(page, before)
+    page.locator("#threshold input[type=range]").fill("0.3")
+    page.wait_for_function("() => document.querySelector('#threshold input[type=number]').value === '0.3'")
+    run = _shown_run(page)
+    page.click("#run-btn")
+    second = _wait_run_ended(page, run)
+    assert second.startswith("Done") and "threshold 0.3" in second  # the server ran what the slider says
+
+    presets, _ = load_presets()
+    preset = presets["Fast-dLLM DualCache (paper default)"]
+    settings = Settings.from_dict(dict(preset["settings"], unmask_params={"threshold": 0.3}))
+    expected = dllm_local.generate(tiny, preset["prompt"], settings)
+    assert f"Done in {expected.stats.nfe} steps" in second
+    assert f"Answer: {expected.text}" in second
+    page.screenshot(path=str(OUT / "threshold-0.3.png"), full_page=True)
+
+
+def test_browser_stop_mid_run_leaves_the_page_usable(page):
+    _choose(page, "#preset", "LLaDA baseline")  # 128 full forwards: long enough to stop
+    page.wait_for_function("() => document.querySelector('#unmask input').value === 'fixed'")
+    run = _shown_run(page)
+    page.click("#run-btn")
+    page.wait_for_function("(prev) => { const r = document.querySelector('#token-grid .dl-run');"
+                           " return r && r.dataset.run !== prev && Number(r.dataset.steps) >= 3; }", arg=run,
+                           timeout=60_000)
+    page.click("#stop-btn")
+    status = _wait_run_ended(page, run)
+    assert status.startswith("Stopped")
+    steps = int(page.get_attribute("#token-grid .dl-run", "data-steps"))
+    assert 3 <= steps < 128
+    assert page.locator("#token-grid .dl-masked").count() > 0  # the answer was left unfinished
+    page.screenshot(path=str(OUT / "stopped.png"), full_page=True)
+
+    _choose(page, "#preset", "Fast-dLLM DualCache (paper default)")
+    page.wait_for_function("() => document.querySelector('#unmask input').value === 'threshold'")
+    stopped_run = _shown_run(page)
+    page.click("#run-btn")
+    again = _wait_run_ended(page, stopped_run)
+    assert again.startswith("Done") and "dual + threshold" in again
+    assert page.locator("#token-grid .dl-masked").count() == 0
 
 
 def test_browser_compare_mode(page):

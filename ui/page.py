@@ -1,6 +1,7 @@
 """The playground page: Gradio Blocks over a ``dllm_local.session.Session``. No torch here."""
 from __future__ import annotations
 
+import itertools
 import json
 import tempfile
 import time
@@ -30,7 +31,7 @@ CSS = """
 
 def throttled(events, every: float = REDRAW_EVERY_S):
     """Fold session events into a growing trace; yield ``(trace, done)`` at most every ``every``
-    seconds, and always the final state."""
+    seconds, and always the first step (it sets the click-to-paint latency) and the final state."""
     live: dict = {}
     last = 0.0
     for event in events:
@@ -42,7 +43,8 @@ def throttled(events, every: float = REDRAW_EVERY_S):
         else:
             live = event["trace"]
         done = "trace" in event
-        if done or time.perf_counter() - last >= every:
+        first_step = "step" in event and len(live["steps"]) == 1
+        if done or first_step or time.perf_counter() - last >= every:
             last = time.perf_counter()
             yield live, done
 
@@ -193,6 +195,8 @@ def build(session, presets: dict, preset_problems: list[str], default_preset: st
 
         preset.change(apply_preset, [preset], [preset_info, prompt] + control_widgets, queue=False)
 
+        run_numbers = itertools.count(1)  # tags the live grid so a browser can tell runs apart
+
         def run(prompt_text, trace, following, color, lay, wh, view, *values):
             v = dict(zip(control_names, values))
             try:
@@ -201,6 +205,7 @@ def build(session, presets: dict, preset_problems: list[str], default_preset: st
                 yield _status_only(f"⚠ {exc}", trace)
                 return
             clicked = time.perf_counter()
+            run_no = next(run_numbers)
             live: dict = {}
             first_paint = None
             try:
@@ -210,7 +215,8 @@ def build(session, presets: dict, preset_problems: list[str], default_preset: st
                         first_paint = time.perf_counter() - clicked
                     msg = _run_status(live, notice, first_paint, done=done)
                     if following:
-                        views = _views(live, None, color, lay, wh, view)
+                        grid_html, *plots_now = _views(live, None, color, lay, wh, view)
+                        views = (_mark_run(grid_html, run_no, n, done), *plots_now)
                         scrubber = gr.update(maximum=max(1, n - 1), value=max(0, n - 1))
                     else:  # the user is looking at an earlier step: keep it, let the slider reach further
                         views, scrubber = [gr.update()] * 5, gr.update(maximum=max(1, n - 1))
@@ -359,13 +365,26 @@ def _model_line(info: dict) -> str:
             f"{info['device']} · {info['dtype']} · quantization {info['quantization']} · {info['memory_mb']} MB")
 
 
+def _mark_run(grid_html: str, run_no: int, steps: int, done: bool) -> str:
+    """The live grid tagged with its run number, steps drawn and whether the run ended, so a
+    browser (tests, ``bench/ui_latency.py``) can tell a new run's state from the previous one's."""
+    return f'<div class="dl-run" data-run="{run_no}" data-steps="{steps}" data-done="{int(done)}">{grid_html}</div>'
+
+
+def _settings_line(settings: dict) -> str:
+    params = ", ".join(f"{k} {v}" for k, v in sorted(settings.get("unmask_params", {}).items()))
+    unmask = f"{settings['unmask']} ({params})" if params else settings["unmask"]
+    return f"{settings['cache']} + {unmask} · block {settings['block_size']} · length {settings['gen_length']} · seed {settings['seed']}"
+
+
 def _run_status(trace: dict, notice: str, first_paint: float | None, done: bool) -> str:
     n = len(trace.get("steps", []))
     parts = [notice] if notice else []
     if done:
         st = trace.get("stats", {})
         answer = trace.get("text", "")
-        parts.append(("Stopped" if st.get("stopped") else "Done") + f" in {n} steps. **Answer:** {answer}")
+        parts.append(("Stopped" if st.get("stopped") else "Done") + f" in {n} steps ({_settings_line(trace['settings'])})."
+                     f" **Answer:** {answer}")
     else:
         parts.append(f"Running… step {n}")
     if first_paint is not None:
