@@ -43,6 +43,7 @@ def main() -> int:
         ap.error(f"no preset {name!r}; choose one of: {', '.join(presets)}")
     preset = presets[name]
     t0 = time.perf_counter()
+    app.share_the_cpu()  # as `python app.py` does
     page_app, session = app.create(app.parse_args(["--preset", name]))
     page_app.queue(default_concurrency_limit=1)
     with socket.socket() as s:

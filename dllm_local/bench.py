@@ -106,8 +106,9 @@ def run_strategy(handle: ModelHandle, problems: list[Problem], settings: Setting
     for rep in range(repeats):
         stats, correct = [], []
         t0 = time.perf_counter()
-        for p in tqdm(problems, desc=progress, disable=progress is None or rep > 0, leave=False, mininterval=2):
-            r = generate(handle, p.prompt, settings, guider)
+        for i, p in enumerate(tqdm(problems, desc=progress, disable=progress is None or rep > 0, leave=False,
+                                   mininterval=2)):
+            r = generate(handle, p.prompt, settings.for_problem(i), guider)
             stats.append(r.stats)
             correct.append(p.is_correct(r.text))
         walls.append((time.perf_counter() - t0) / len(problems))

@@ -18,8 +18,8 @@ def evaluate(handle: ModelHandle, task: str, n: int, seed: int, settings: Settin
     problems = make_problems(task, n, seed)
     rows = []
     start = time.perf_counter()
-    for ex in tqdm(problems, desc=f"{task}", disable=not progress, mininterval=2):
-        r = generate(handle, ex.prompt, settings, guider)
+    for i, ex in enumerate(tqdm(problems, desc=f"{task}", disable=not progress, mininterval=2)):
+        r = generate(handle, ex.prompt, settings.for_problem(i), guider)
         rows.append((ex, r, score(ex, r.text)))
     wall = time.perf_counter() - start
     by_kind: dict[str, list[bool]] = {}

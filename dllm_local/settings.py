@@ -78,6 +78,11 @@ class Settings:
     def with_(self, **changes) -> "Settings":
         return replace(self, **changes)
 
+    def for_problem(self, index: int) -> "Settings":
+        """The settings for the ``index``-th problem of a set: its own seed (seed + index), so
+        sampled answers are independent across problems and the whole set still reproduces."""
+        return replace(self, seed=self.seed + index)
+
 
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]

@@ -166,10 +166,10 @@ def test_kv_refresh_rows_marked_and_upto(trace):
 
 def test_kv_exact_views(trace):
     P, n, steps = len(trace["prompt_ids"]), trace["gen_length"], trace["steps"]
-    true = _trace_named(plots.kv_heatmap(trace, view="true_drift"), "true_drift").z
+    true = _trace_named(plots.kv_heatmap(trace, view="true_drift"), "true_drift").z.tolist()
     assert all(_nan(v) for v in true[0])  # no previous exact K at the first step
     assert true[1] == steps[1]["exact"]["true_drift"]["0"]["k"][P:P + n]
-    err = _trace_named(plots.kv_heatmap(trace, layer=1, which="v", view="cache_error"), "cache_error").z
+    err = _trace_named(plots.kv_heatmap(trace, layer=1, which="v", view="cache_error"), "cache_error").z.tolist()
     assert err[5] == steps[5]["exact"]["cache_vs_exact"]["1"]["v"][P:P + n]
     no_exact = copy.deepcopy(trace)
     for s in no_exact["steps"]:
@@ -258,7 +258,7 @@ def test_empty_trace_does_not_crash(trace):
 
 def test_figures_styled(trace):
     for fig in (plots.confidence_heatmap(trace), plots.kv_heatmap(trace), plots.cache_panel(trace)):
-        assert fig.layout.template.layout.plot_bgcolor == "white"  # plotly_white, not the default template
+        assert fig.layout.plot_bgcolor == "white" and fig.layout.xaxis.gridcolor  # a light style, not plotly's grey default
         assert 300 <= fig.layout.height <= 360
     assert set(plots.CAPTIONS) >= {"token_grid", "confidence", "kv", "cache"}
 

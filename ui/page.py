@@ -15,13 +15,14 @@ from .controls import ALL_KNOBS, controls_from_settings, settings_from_controls,
 CACHES = ["none", "prefix", "dual", "freecache", "adaptive"]
 UNMASKS = ["fixed", "threshold", "factor", "guided", "self_verify"]
 TINY_EXAMPLES = [
-    "Mia has 7 boxes of 6 shells and 5 loose shells. How many in all?",
-    "Ben has 9 coins, finds 8 more, then gives away 5. How many now?",
+    "Mia has 4 boxes of 5 shells and 3 loose shells. How many in all?",
+    "Ben has 9 coins, finds 8 more, then gives away 9. How many now?",
     "Kate is playing cards. Name a poker hand Kate could hold.",
     "Give two numbers whose sum is 9.",
     "Make a record from these facts. Leo lives in Oslo. Leo is 42 years old. Leo works as a pilot.",
 ]
 REDRAW_EVERY_S = 0.1  # throttle: the browser keeps up; the final state is always drawn
+PAGE_SHARE = 0.2  # at most this share of a run's time goes to drawing it
 CSS = """
 .tok-grid {line-height: 2.1em}
 #status {min-height: 1.5em}
@@ -29,11 +30,16 @@ CSS = """
 """
 
 
-def throttled(events, every: float = REDRAW_EVERY_S):
+def throttled(events, every: float = REDRAW_EVERY_S, page_share: float = PAGE_SHARE):
     """Fold session events into a growing trace; yield ``(trace, done)`` at most every ``every``
-    seconds, and always the first step (it sets the click-to-paint latency) and the final state."""
+    seconds, and always the first step (it sets the click-to-paint latency) and the final state.
+
+    The gap between redraws also grows with what a redraw costs (the time the consumer takes
+    before asking for more), so drawing takes at most ``page_share`` of the run: the page works
+    in the engine's process, and a page that redraws non-stop starves the engine thread.
+    """
     live: dict = {}
-    last = 0.0
+    last, gap = 0.0, every
     for event in events:
         if "start" in event:
             live = event["start"]
@@ -44,23 +50,27 @@ def throttled(events, every: float = REDRAW_EVERY_S):
             live = event["trace"]
         done = "trace" in event
         first_step = "step" in event and len(live["steps"]) == 1
-        if done or first_step or time.perf_counter() - last >= every:
-            last = time.perf_counter()
+        if done or first_step or time.perf_counter() - last >= gap:
+            yielded = time.perf_counter()
             yield live, done
+            last = time.perf_counter()
+            gap = max(every, (last - yielded) * (1 - page_share) / page_share)
 
 
-def _views(trace: dict, step: int | None, color_by: str, layer: int, which: str, kv_view: str) -> tuple:
-    """Everything drawn from a trace at one step: the only way views are produced."""
+def _views(trace: dict, step: int | None, color_by: str, layer: int, which: str, kv_view: str,
+           with_plots: bool = True) -> tuple:
+    """Everything drawn from a trace at one step: the only way views are produced.
+    ``with_plots=False`` leaves the three plots as they are (grid and numbers only)."""
     steps = len(trace.get("steps", []))
     at = steps - 1 if step is None else min(int(step), steps - 1)
     upto = at if steps else None
-    return (
-        plots.token_grid_html(trace, at, color_by=color_by),
-        plots.numbers_html(plots.numbers(trace, upto)),
-        plots.confidence_heatmap(trace, upto),
-        plots.kv_heatmap(trace, layer=int(layer), which=which, upto_step=upto, view=kv_view),
-        plots.cache_panel(trace, upto),
-    )
+    if not with_plots:
+        figures = [gr.update()] * 3
+    else:
+        figures = [plots.confidence_heatmap(trace, upto),
+                   plots.kv_heatmap(trace, layer=int(layer), which=which, upto_step=upto, view=kv_view),
+                   plots.cache_panel(trace, upto)]
+    return (plots.token_grid_html(trace, at, color_by=color_by), plots.numbers_html(plots.numbers(trace, upto)), *figures)
 
 
 def build(session, presets: dict, preset_problems: list[str], default_preset: str | None = None) -> gr.Blocks:
@@ -96,7 +106,7 @@ def build(session, presets: dict, preset_problems: list[str], default_preset: st
                         threshold = gr.Slider(0.05, 1.0, start["threshold"], step=0.05, label="Threshold τ", elem_id="threshold")
                         block_size = gr.Slider(4, 128, start["block_size"], step=4, label="Block size", elem_id="block-size")
                         gen_length = gr.Slider(16, 512, start["gen_length"], step=16, label="Generation length", elem_id="gen-length")
-                        steps = gr.Slider(1, 512, start["steps"], step=1, label="Steps (fixed schedule)")
+                        steps = gr.Slider(1, 512, start["steps"], step=1, label="Steps (fixed schedule)", elem_id="steps")
                         factor = gr.Slider(0.1, 4.0, start["factor"], step=0.1, label="Factor f")
                         refresh_every = gr.Slider(0, 32, start["refresh_every"], step=1, label="Refresh every N steps (0: block starts only)")
                         floor = gr.Slider(0.0, 1.0, start["floor"], step=0.05, label="Adaptive: confidence floor")
@@ -215,8 +225,9 @@ def build(session, presets: dict, preset_problems: list[str], default_preset: st
                         first_paint = time.perf_counter() - clicked
                     msg = _run_status(live, notice, first_paint, done=done)
                     if following:
-                        grid_html, *plots_now = _views(live, None, color, lay, wh, view)
-                        views = (_mark_run(grid_html, run_no, n, done), *plots_now)
+                        # The grid first: the plots cost the server and the browser far more to draw.
+                        grid_html, *others = _views(live, None, color, lay, wh, view, with_plots=done or n > 1)
+                        views = (_mark_run(grid_html, run_no, n, done), *others)
                         scrubber = gr.update(maximum=max(1, n - 1), value=max(0, n - 1))
                     else:  # the user is looking at an earlier step: keep it, let the slider reach further
                         views, scrubber = [gr.update()] * 5, gr.update(maximum=max(1, n - 1))

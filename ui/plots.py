@@ -13,6 +13,7 @@ import math
 import re
 from typing import Any
 
+import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -67,8 +68,12 @@ def _finite(values) -> list[float]:
 
 
 def _style(fig: go.Figure, title: str, height: int = HEIGHT) -> go.Figure:
+    # A white style set directly: applying a named template costs ~20 ms per figure per redraw.
+    fig.update_xaxes(gridcolor="#ebebeb", linecolor="#cccccc")
+    fig.update_yaxes(gridcolor="#ebebeb", linecolor="#cccccc")
     fig.update_layout(
-        template="plotly_white", height=height, title={"text": title, "font": {"size": 14}, "x": 0.01},
+        template=None, plot_bgcolor="white", paper_bgcolor="white", font={"color": "#2a3f5f"},
+        height=height, title={"text": title, "font": {"size": 14}, "x": 0.01},
         margin={"l": 55, "r": 20, "t": 40, "b": 40},
         legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0},
     )
@@ -227,13 +232,14 @@ def confidence_heatmap(trace: Trace, upto_step: int | None = None) -> go.Figure:
     if not steps:
         return _message_figure(EMPTY_MESSAGE, title)
     P, n = _prompt_len(trace), _gen_length(trace)
-    z = [[NAN] * n for _ in steps]
+    # numpy grids: plotly validates them in one pass, lists cell by cell (the redraw's main cost)
+    z = np.full((len(steps), n), NAN)
     cx, cy, ctext = [], [], []
     for i, record in enumerate(steps):
         for position, conf in zip(record.get("masked_positions") or [], record.get("masked_confidence") or []):
             p = int(position) - P
             if 0 <= p < n:
-                z[i][p] = _num(conf)
+                z[i, p] = _num(conf)
         for position, token, conf in record.get("committed") or []:
             cx.append(int(position) - P)
             cy.append(i)
@@ -259,8 +265,8 @@ def confidence_heatmap(trace: Trace, upto_step: int | None = None) -> go.Figure:
 def _kv_rows(trace: Trace, steps: list[dict], layer: str, which: str, view: str):
     """Per-step rows of the chosen view plus, for "drift", the rows of reused (cached) cells."""
     P, n = _prompt_len(trace), _gen_length(trace)
-    values = [[NAN] * n for _ in steps]
-    cached = [[NAN] * n for _ in steps]
+    values = np.full((len(steps), n), NAN)
+    cached = np.full((len(steps), n), NAN)
     for i, record in enumerate(steps):
         if view == "drift":
             recomputed = record.get("recomputed") or []
@@ -270,17 +276,15 @@ def _kv_rows(trace: Trace, steps: list[dict], layer: str, which: str, view: str)
                 p = int(position) - P
                 if 0 <= p < n:
                     # null or absent (kv == {}): the cache held nothing there yet
-                    values[i][p] = _num(cos[j] if j < len(cos) else None)
+                    values[i, p] = _num(cos[j] if j < len(cos) else None)
                     fresh.add(p)
-            for p in range(n):
-                if p not in fresh:
-                    cached[i][p] = 1.0
+            cached[i, [p for p in range(n) if p not in fresh]] = 1.0
         else:
             exact = record.get("exact") or {}
             key = "true_drift" if view == "true_drift" else "cache_vs_exact"
             cos = ((exact.get(key) or {}).get(layer) or {}).get(which) or []
             for p, c in enumerate(cos[P:P + n]):
-                values[i][p] = _num(c)
+                values[i, p] = _num(c)
     return values, cached
 
 
@@ -313,9 +317,9 @@ def kv_heatmap(trace: Trace, layer: int | str = 0, which: str = "k", upto_step: 
         return _message_figure("exact-drift data needs the setting exact_drift on", title)
     n = _gen_length(trace)
     values, cached = _kv_rows(trace, steps, layer, which, view)
-    data = _finite(v for row in values for v in row)
+    data = values[np.isfinite(values)]
     # Cosines live near 1 and can dip below 0: start at 0.9 at most so small moves stay visible.
-    zmin = max(-1.0, min(0.9, min(data))) if data else 0.9
+    zmin = max(-1.0, min(0.9, float(data.min()))) if data.size else 0.9
     rows = list(range(len(steps)))
     gaps = {"xgap": 1 if n <= 64 else 0, "ygap": 1 if len(steps) <= 64 else 0}
     fig = go.Figure()

@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--which", choices=["both", "diffusion", "guider"], default="both")
-    ap.add_argument("--steps", type=int, default=3800, help="diffusion model optimiser steps")
+    ap.add_argument("--steps", type=int, default=4000, help="diffusion model optimiser steps")
     ap.add_argument("--guider-steps", type=int, default=800)
     ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--token-budget", type=int, default=6144, help="tokens per diffusion batch")
