@@ -52,7 +52,7 @@ def main() -> int:
     _, url, _ = page_app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, css=CSS)
     ready = time.perf_counter() - t0
     prompt = preset["prompt"]
-    first, total = [], []
+    first, total, inside = [], [], []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
                                     args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
@@ -72,6 +72,9 @@ def main() -> int:
                                    " return r && r.dataset.run !== prev && r.dataset.done === '1'; }",
                                    arg=previous, timeout=120_000)
             total.append(time.perf_counter() - t)
+            # The run's own numbers as the page shows them (engine wall and model time, measured
+            # in the engine thread while the page drew).
+            inside.append(page.inner_text("#numbers").replace("\n", " "))
             page.wait_for_timeout(300)
         browser.close()
     page_app.close()
@@ -89,6 +92,7 @@ def main() -> int:
     print(f"click -> final state drawn:          {tt:.3f} s")
     print(f"engine alone, same settings:         {e:.3f} s")
     print(f"streamed / engine-only:              {tt / e:.2f}x")
+    print(f"the last run's numbers in the page:  {inside[-1]}")
     return 0
 
 
