@@ -29,21 +29,20 @@ def main() -> int:
     import app
     import dllm_local
     from dllm_local.costmodel import machine_name
+    from dllm_local.session import load_presets
     from dllm_local.settings import Settings
     from playwright.sync_api import sync_playwright
 
     from ui.controls import controls_from_settings, settings_from_controls
     from ui.page import CSS
 
-    from dllm_local.session import load_presets
-
     presets = load_presets()[0]
     name = args.preset or next(iter(presets))
     if name not in presets:
         ap.error(f"no preset {name!r}; choose one of: {', '.join(presets)}")
     preset = presets[name]
-    t0 = time.perf_counter()
     app.share_the_cpu()  # as `python app.py` does
+    t0 = time.perf_counter()
     page_app, session = app.create(app.parse_args(["--preset", name]))
     page_app.queue(default_concurrency_limit=1)
     with socket.socket() as s:

@@ -9,7 +9,6 @@ so a live page can redraw the same trace as it grows.
 from __future__ import annotations
 
 import html
-import math
 import re
 from typing import Any
 
@@ -61,10 +60,6 @@ def _gen_length(trace: Trace) -> int:
 def _num(value: Any) -> float:
     """None (JSON null: nothing recorded) becomes NaN so plotly leaves a gap."""
     return NAN if value is None else float(value)
-
-
-def _finite(values) -> list[float]:
-    return [v for v in values if v is not None and not math.isnan(v)]
 
 
 def _style(fig: go.Figure, title: str, height: int = HEIGHT) -> go.Figure:
@@ -271,14 +266,13 @@ def _kv_rows(trace: Trace, steps: list[dict], layer: str, which: str, view: str)
         if view == "drift":
             recomputed = record.get("recomputed") or []
             cos = ((record.get("kv") or {}).get(layer) or {}).get(which) or []
-            fresh = set()
+            cached[i] = 1.0  # reused, except where this step recomputed
             for j, position in enumerate(recomputed):
                 p = int(position) - P
                 if 0 <= p < n:
                     # null or absent (kv == {}): the cache held nothing there yet
                     values[i, p] = _num(cos[j] if j < len(cos) else None)
-                    fresh.add(p)
-            cached[i, [p for p in range(n) if p not in fresh]] = 1.0
+                    cached[i, p] = NAN
         else:
             exact = record.get("exact") or {}
             key = "true_drift" if view == "true_drift" else "cache_vs_exact"
