@@ -15,3 +15,15 @@ class SettingsError(DllmError, ValueError):
 
 class SequenceTooLongError(DllmError, ValueError):
     """Prompt plus generation would exceed the model's maximum sequence length."""
+
+
+class BusyError(DllmError):
+    """A run is already going; runs are never mixed."""
+
+
+class OutOfMemory(DllmError):
+    """The device ran out of memory; the cache was freed."""
+
+
+class EngineError(DllmError):
+    """The engine process ended unexpectedly (it is started again on the next request)."""

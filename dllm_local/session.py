@@ -1,40 +1,28 @@
 """The page's view of the engine: one loaded model, one run at a time, plain-dict records.
 
-The UI never touches torch; it talks to a ``Session``, which loads models, validates settings,
-streams step records as dicts, stops runs and turns device failures into messages.
+The model lives in an engine process (``dllm_local.engine``); a ``Session`` starts it, sends it
+requests and streams its answers back. No model work happens in the page process, so its Python
+work (figures, Gradio) never holds the engine's GIL, slows a run or leaks into its timings. Runs
+are never mixed: a second request while one is going raises ``BusyError``; ``stop()`` ends a run
+or sweep within one step.
 """
 from __future__ import annotations
 
+import itertools
 import json
+import multiprocessing
 import queue
 import threading
-from dataclasses import asdict
+import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
-import torch
-
-from .errors import DllmError, SettingsError
-from .loader import GuiderHandle, ModelHandle, load, load_guider
-from .sampler import Run
+from .errors import BusyError, DllmError, EngineError, OutOfMemory  # noqa: F401 - the page catches these
 from .settings import Settings
-from .trace import SCHEMA_VERSION
 
 PRESETS_DIR = Path(__file__).resolve().parents[1] / "presets"
 MODEL_CHOICES = ["tiny", "llada-8b-instruct", "llada-1.5", "dream-7b"]
-
-
-_DONE = object()
-OOM_ADVICE = ("the GPU ran out of memory; the cache was freed. Try 4-bit quantization, "
-              "a shorter generation length or a smaller block size.")
-
-
-class BusyError(DllmError):
-    """A run is already going; runs are never mixed."""
-
-
-class OutOfMemory(DllmError):
-    """The device ran out of memory; the cache was freed."""
+_ENDS = {"end", "result", "error", "dead"}
 
 
 def load_presets(directory: Path = PRESETS_DIR) -> tuple[dict[str, dict], list[str]]:
@@ -53,15 +41,103 @@ def load_presets(directory: Path = PRESETS_DIR) -> tuple[dict[str, dict], list[s
 
 
 class Session:
+    """Starts the engine process with ``model`` loaded (raises its load error, e.g. an unknown
+    model) and talks to it. ``threads``: torch threads for a CPU model, 0 = all cores but one.
+    ``lazy``: return at once and wait for the model (and raise its error) on first use."""
+
     def __init__(self, model: str = "tiny", device: str = "auto", quantization: str | None = None,
-                 guider: str | None = "tiny-guider") -> None:
-        self.device = device
-        self.handle: ModelHandle = load(model, device=device, quantization=quantization)
-        self.guider_name = guider
-        self._guider: GuiderHandle | None = None
+                 guider: str | None = "tiny-guider", threads: int = 0, lazy: bool = False) -> None:
+        self._spec = {"model": model, "device": device, "quantization": quantization, "guider": guider,
+                      "threads": threads}
         self._lock = threading.Lock()
-        self._run: Run | None = None
-        self._sweep_cancel: threading.Event | None = None
+        self._start()
+        if not lazy:
+            self._described  # noqa: B018 - raises the engine's load error (an unknown model) here
+
+    # ---------------------------------------------------------------- the engine process
+    def _start(self) -> None:
+        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked torch or OpenMP state
+        self._conn, child_conn = ctx.Pipe()
+        self._stop = ctx.Event()
+        self._process = ctx.Process(target=_serve, args=(child_conn, self._stop, dict(self._spec)),
+                                    name="dllm-engine", daemon=True)
+        self._process.start()
+        child_conn.close()
+        # A reader thread drains the pipe at once, so the engine never waits on a page that is drawing.
+        self._inbox: queue.Queue = queue.Queue()
+        threading.Thread(target=_read, args=(self._conn, self._process, self._inbox), daemon=True).start()
+        self._ready: dict | None = None
+        self._failure: BaseException | None = None
+
+    @property
+    def _described(self) -> dict:
+        """The engine's ``ready`` message, waited for on first use: the page process imports its
+        UI while the engine loads the model. A failed start raises its error (every time, until a
+        request starts the engine again)."""
+        if self._ready is None and self._failure is None:
+            kind, payload = self._inbox.get()
+            if kind == "ready":
+                self._ready = payload
+            else:
+                self._process.join(5)
+                self._failure = payload if kind == "error" else EngineError(
+                    f"the engine process could not start ({payload})")
+        if self._failure is not None:
+            raise self._failure
+        return self._ready
+
+    def _request(self, method: str, on_wait: Callable[[float], None] | None = None, **kwargs) -> Iterator:
+        """Send one request under the session lock; yield its streamed items (or its one result).
+        A consumer that leaves early stops the work and waits for the engine to finish it."""
+        if not self._lock.acquire(blocking=False):
+            raise BusyError("a run is already going; wait for it or press Stop")
+        answer = self._exchange(method, on_wait, kwargs)
+        # Started at once: errors are raised here, and a dropped iterator still runs its clean-up.
+        first = next(answer)
+        return itertools.chain([first], answer)
+
+    def _exchange(self, method: str, on_wait, kwargs: dict) -> Iterator:
+        kind = "end"
+        try:
+            if not self._process.is_alive():
+                self._start()
+            self._described  # noqa: B018 - the engine has loaded its model
+            self._stop.clear()
+            self._conn.send((method, kwargs))
+            kind = "sent"
+            started = time.perf_counter()
+            while True:
+                try:
+                    kind, payload = self._inbox.get(timeout=None if on_wait is None else 0.5)
+                except queue.Empty:
+                    on_wait(time.perf_counter() - started)
+                    continue
+                if kind in ("event", "result"):
+                    yield payload
+                elif kind == "error":
+                    raise payload
+                elif kind == "dead":
+                    raise EngineError(f"the engine process ended unexpectedly ({payload}); "
+                                      "it starts again with the next request")
+                if kind in _ENDS:
+                    return
+        finally:
+            if kind not in _ENDS:  # left early: stop the work and drain its answer
+                self._stop.set()
+                while kind not in _ENDS:
+                    kind, _ = self._inbox.get()
+            self._lock.release()
+
+    def close(self) -> None:
+        """End the engine process (it also ends with this one), stopping any run first."""
+        self._stop.set()
+        try:
+            self._conn.send(("close", {}))  # taken once the current request, if any, has ended
+        except OSError:
+            pass
+        self._process.join(10)
+        if self._process.is_alive():
+            self._process.kill()
 
     # ---------------------------------------------------------------- models
     def model_options(self) -> list[tuple[str, bool, str]]:
@@ -69,183 +145,76 @@ class Session:
         return [(name, True, "") for name in MODEL_CHOICES]
 
     def quantization_options(self) -> list[tuple[str, bool, str]]:
-        cuda = torch.cuda.is_available()
-        reason = "" if cuda else "needs a CUDA GPU (bitsandbytes)"
-        return [("none", True, ""), ("8bit", cuda, reason), ("4bit", cuda, reason)]
-
-    def switch_model(self, name: str, quantization: str | None = None) -> dict:
-        with self._hold():
-            handle = load(name, device=self.device, quantization=None if quantization in (None, "none") else quantization)
-            old, self.handle = self.handle, handle
-            del old
-            self._guider = None
-            _free_device_memory()
-            return handle.summary()
-
-    def guider(self) -> GuiderHandle:
-        if self._guider is None:
-            if not self.guider_name:
-                raise SettingsError("no guider model is configured; start the app with --guider")
-            self._guider = load_guider(self.guider_name, device=self.handle.device)
-        return self._guider
+        return [tuple(option) for option in self._described["quantization"]]
 
     def info(self) -> dict:
-        return self.handle.summary()
+        return self._described["info"]
+
+    def switch_model(self, name: str, quantization: str | None = None,
+                     on_wait: Callable[[float], None] | None = None) -> dict:
+        """Load another model in place of the current one; ``on_wait(seconds)`` is called about
+        twice a second while it loads."""
+        self._ready = next(self._request("switch_model", on_wait, name=name, quantization=quantization))
+        self._spec.update(model=name, quantization=None if quantization in (None, "none") else quantization)
+        return self.info()
 
     # ---------------------------------------------------------------- runs
-    @property
-    def busy(self) -> bool:
-        return self._lock.locked()
-
     def run(self, prompt, settings: dict | Settings) -> Iterator[dict]:
         """Stream one generation as plain dicts.
 
         First ``{"start": header}`` (prompt ids, lengths, settings: enough to draw the empty grid),
         then ``{"step": record, "vocab": {id: text}}`` per forward (texts of newly seen tokens),
-        then ``{"trace": the full trace}``. The engine runs in its own thread and never waits for
-        the consumer, so drawing the page cannot slow the run or leak into its timings.
+        then ``{"trace": the full trace}``. Bad settings raise here, before anything streams.
         """
         settings = settings if isinstance(settings, Settings) else Settings.from_dict(settings)
-        guider = self.guider() if settings.unmask == "guided" else None
-        run = Run(self.handle, prompt, settings, guider)  # validation errors surface here, in the caller
-        tok = self.handle.tokenizer
-        seen: set[int] = set()
+        events = self._request("run", prompt=prompt, settings=settings)  # validation errors raise here
+        return self._assemble(next(events), events)
 
-        def texts(ids) -> dict:
-            new = {int(i) for i in ids} - seen
-            seen.update(new)
-            return {str(i): tok.decode([i]) for i in new}
-
-        def work(events: queue.Queue) -> None:
-            events.put({"start": {"prompt_ids": run.prompt_ids, "gen_length": settings.gen_length,
-                                  "mask_id": self.handle.mask_id, "settings": settings.to_dict(),
-                                  "model": self.handle.summary(),
-                                  "vocab": texts(run.prompt_ids + [self.handle.mask_id]),
-                                  "schema_version": SCHEMA_VERSION, "steps": [], "final_ids": [], "stats": {}, "text": ""}})
-            for record in run:
-                events.put({"step": asdict(record), "vocab": texts(t for _, t, _ in record.committed)})
-            events.put({"trace": run.result.trace.to_dict()})
-
-        return self._in_thread(work, on_exit=run.stop, run=run)
+    @staticmethod
+    def _assemble(start: dict, events: Iterator[dict]) -> Iterator[dict]:
+        """The streamed items, the last one completed into the whole trace from the steps seen."""
+        yield start
+        steps = []
+        for event in events:
+            if "end" in event:
+                yield {"trace": {**start["start"], **event["end"], "steps": steps}}
+            else:
+                steps.append(event["step"])
+                yield event
 
     def stop(self) -> bool:
         """Stop the run or sweep in progress (within one step / one grid point)."""
-        stopped = False
-        if self._run is not None:
-            self._run.stop()
-            stopped = True
-        if self._sweep_cancel is not None:
-            self._sweep_cancel.set()
-            stopped = True
-        return stopped
+        if not self._lock.locked():
+            return False
+        self._stop.set()
+        return True
 
     def sweep(self, task: str, n: int, base: dict, axes: dict[str, list], seed: int = 1000) -> Iterator[dict]:
         """Stream a sweep: ``{"progress": {done, total, point, row}}`` per grid point, then ``{"report": ...}``."""
-        from .bench import task_problems
-        from .sweep import run_sweep
+        return self._request("sweep", task=task, n=n, base=base, axes=axes, seed=seed)
 
-        base_settings = Settings.from_dict(base)
-        problems = task_problems(task, int(n), seed)
-        guider = self.guider() if base_settings.unmask == "guided" else None
-        cancel = threading.Event()
-
-        def work(events: queue.Queue) -> None:
-            self._sweep_cancel = cancel
-            try:
-                report = run_sweep(self.handle, problems, base_settings, axes, guider, cancel,
-                                   on_point=lambda p: events.put({"progress": {"done": p.done, "total": p.total,
-                                                                               "point": p.point, "row": p.row}}))
-                events.put({"report": report})
-            finally:
-                self._sweep_cancel = None
-
-        return self._in_thread(work, on_exit=cancel.set)
-
-    @staticmethod
-    def cost_devices() -> list[str]:
-        from .costmodel import DEVICES
-
-        return [*DEVICES, "this machine"]
+    def cost_devices(self) -> list[str]:
+        return list(self._described["cost_devices"])
 
     def cost_model(self, trace: dict, device: str) -> list[dict]:
         """The cost-model panel for a finished run: step floors per strategy on ``device``."""
-        from .costmodel import DEVICES, cost_rows, measure_device
+        return next(self._request("cost_model", settings=trace["settings"], stats=trace["stats"],
+                                  prompt_len=len(trace["prompt_ids"]), device=device))
 
-        profile = measure_device(self.handle.device) if device == "this machine" else DEVICES[device]
-        s, st = trace["settings"], trace["stats"]
-        P, gen, bs = len(trace["prompt_ids"]), s["gen_length"], s["block_size"]
-        blocks = range(gen // bs)
-        window = [gen - b * bs for b in blocks]  # positions from the block start to the end
-        geometry = {"none": P + gen, "prefix": sum(window) / len(window), "dual": bs, "freecache": sum(window) / len(window)}
-        strategies = [{"name": f"this run ({s['cache']} + {s['unmask']})", "g": st["mean_g"], "tau": st["tokens_per_forward"],
-                       "measured_step_s": st["model_s"] / max(1, st["nfe"])}]
-        strategies += [{"name": f"{name} (typical step)", "g": g, "tau": 1.0} for name, g in geometry.items()]
-        params = self.handle.num_parameters
-        weight_bytes = self.handle.memory_bytes
-        rows = cost_rows(weight_bytes, params, strategies, profile)
-        for row in rows[1:]:
-            row["tau"] = None  # the other strategies' tau is only known once they run
-            row["speedup_low_batch"] = row["ratio_compute_bound"] = None
-        return rows
 
-    def _in_thread(self, work, on_exit=None, run: Run | None = None) -> Iterator[dict]:
-        """Run ``work(events)`` in the engine thread under the session lock; yield its events."""
-        if not self._lock.acquire(blocking=False):
-            raise BusyError("a run is already going; wait for it or press Stop")
-        self._run = run  # before the thread starts, so that an early Stop is not lost
-        events: queue.Queue = queue.Queue()
-
-        def target() -> None:
-            out_of_memory = False
-            try:
-                work(events)
-            except torch.cuda.OutOfMemoryError:
-                out_of_memory = True
-            except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
-                events.put(exc)
-            finally:
-                if run is not None:
-                    run.release()
-                self._run = None
-                if out_of_memory:
-                    # Outside the except block: the traceback no longer holds the run's tensors.
-                    _free_device_memory()
-                    events.put(OutOfMemory(OOM_ADVICE))
-                self._lock.release()
-                events.put(_DONE)
-
-        threading.Thread(target=target, daemon=True).start()
-        return self._drain(events, on_exit)
-
-    @staticmethod
-    def _drain(events: queue.Queue, on_exit) -> Iterator[dict]:
+def _read(conn, process, inbox: queue.Queue) -> None:
+    """Move the engine's messages into ``inbox`` as they come; say when the engine is gone."""
+    while True:
         try:
-            while True:
-                item = events.get()
-                if item is _DONE:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            if on_exit is not None:
-                on_exit()  # the consumer went away (or finished): never leave work going
-
-    def _hold(self):
-        session = self
-
-        class _Holder:
-            def __enter__(self):
-                if not session._lock.acquire(blocking=False):
-                    raise BusyError("a run is already going; wait for it or press Stop")
-
-            def __exit__(self, *exc):
-                session._lock.release()
-
-        return _Holder()
+            inbox.put(conn.recv())
+        except (EOFError, OSError):
+            process.join(1)
+            inbox.put(("dead", f"exit code {process.exitcode}"))
+            return
 
 
-def _free_device_memory() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+def _serve(*args) -> None:
+    """The engine process's entry point (the engine module and the model code load there)."""
+    from .engine import serve
 
+    serve(*args)

@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 from pathlib import Path
 
 import pytest
 
+import dllm_local
+from dllm_local.errors import EngineError, ModelLoadError, SequenceTooLongError, SettingsError
 from dllm_local.session import BusyError, Session, load_presets
 from dllm_local.settings import Settings
 from ui.controls import controls_from_settings, fit_block, settings_from_controls, visible_knobs
@@ -77,7 +81,9 @@ def test_throttled_redraws_keep_the_first_step_and_the_final_state():
 
 @pytest.fixture(scope="module")
 def session():
-    return Session("tiny")
+    s = Session("tiny")
+    yield s
+    s.close()
 
 
 def test_session_refuses_a_second_run_while_one_is_going(session):
@@ -91,6 +97,56 @@ def test_session_refuses_a_second_run_while_one_is_going(session):
     assert "trace" in list(session.run(ARITHMETIC, {"gen_length": 32, "block_size": 32}))[-1]  # usable again
 
 
+def test_session_streams_the_engine_trace_from_its_own_process(session, tiny):
+    """The trace assembled in the page process from the streamed steps is the engine's trace."""
+    settings = {"gen_length": 64, "block_size": 32, "cache": "dual", "unmask": "threshold",
+                "unmask_params": {"threshold": 0.9}, "trace": "full"}
+    events = list(session.run(ARITHMETIC, settings))
+    streamed = events[-1]["trace"]
+    assert [e["step"] for e in events[1:-1]] == streamed["steps"]  # every step was streamed before the end
+    direct = dllm_local.generate(tiny, ARITHMETIC, Settings.from_dict(settings)).trace.to_dict()
+    assert session.info()["name"] == direct["model"]["name"] and streamed["prompt_ids"] == direct["prompt_ids"]
+    assert (streamed["final_ids"], streamed["text"]) == (direct["final_ids"], direct["text"])
+    assert [s["committed"] for s in streamed["steps"]] == [s["committed"] for s in direct["steps"]]
+    assert streamed["stats"]["nfe"] == direct["stats"]["nfe"] and not streamed["stats"]["stopped"]
+    json.dumps(streamed)  # exportable as it is
+
+
+def test_a_consumer_that_leaves_early_stops_the_run_and_frees_the_session(session):
+    events = session.run(ARITHMETIC, {"gen_length": 256, "block_size": 32})
+    next(events), next(events)
+    events.close()  # e.g. the browser tab went away
+    assert not session.stop()  # nothing is running any more
+    assert "trace" in list(session.run(ARITHMETIC, {"gen_length": 32, "block_size": 32}))[-1]
+
+
+def test_engine_process_death_is_reported_and_the_next_run_starts_a_new_one(session):
+    before = list(session.run(ARITHMETIC, {"gen_length": 32, "block_size": 32}))[-1]["trace"]
+    events = session.run(ARITHMETIC, {"gen_length": 256, "block_size": 32})
+    next(events)
+    os.kill(session._process.pid, signal.SIGKILL)  # e.g. the OS ended it for memory
+    with pytest.raises(EngineError, match="ended unexpectedly"):
+        list(events)
+    after = list(session.run(ARITHMETIC, {"gen_length": 32, "block_size": 32}))[-1]["trace"]
+    assert after["final_ids"] == before["final_ids"]
+
+
+def test_bad_settings_raise_in_the_caller_and_leave_the_session_free(session):
+    with pytest.raises(SettingsError, match="does not divide"):
+        session.run(ARITHMETIC, {"gen_length": 33, "block_size": 32})
+    with pytest.raises(SequenceTooLongError):  # checked by the engine, raised here
+        session.run("word " * 2000, {"gen_length": 32, "block_size": 32})
+    assert "trace" in list(session.run(ARITHMETIC, {"gen_length": 32, "block_size": 32}))[-1]
+
+
+def test_a_failed_model_switch_keeps_the_loaded_model(session):
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        session.switch_model("no-such-model")
+    assert session.info()["name"] == "tiny"
+    assert list(session.run(ARITHMETIC, {"gen_length": 32, "block_size": 32}))[-1]["trace"]["text"]
+    assert session.switch_model("tiny", "none", on_wait=lambda seconds: None)["name"] == "tiny"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -101,12 +157,13 @@ def _free_port() -> int:
 def server():
     import app
 
-    page, _ = app.create(app.parse_args([]))
+    page, session = app.create(app.parse_args([]))
     page.queue(default_concurrency_limit=1)
     _, url, _ = page.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True, quiet=True,
                             css=__import__("ui.page", fromlist=["CSS"]).CSS)
     yield url
     page.close()
+    session.close()
 
 
 def test_gradio_client_run_streams_updates_and_ends_with_the_answer(server, tiny):

@@ -21,7 +21,10 @@ TINY_EXAMPLES = [
     "Give two numbers whose sum is 9.",
     "Make a record from these facts. Leo lives in Oslo. Leo is 42 years old. Leo works as a pilot.",
 ]
-REDRAW_EVERY_S = 0.1  # throttle: the browser keeps up; the final state is always drawn
+REDRAW_EVERY_S = 0.2  # throttle: the browser keeps up; the first step and the final state are always drawn
+# Mid-run plot redraws at most this often (and none in a shorter run): redrawing the three plots
+# costs a browser about half a second of CPU, taken from the engine on a small machine.
+PLOTS_EVERY_S = 1.0
 PAGE_SHARE = 0.2  # at most this share of a run's time goes to drawing it
 CSS = """
 .tok-grid {line-height: 2.1em}
@@ -35,8 +38,8 @@ def throttled(events, every: float = REDRAW_EVERY_S, page_share: float = PAGE_SH
     seconds, and always the first step (it sets the click-to-paint latency) and the final state.
 
     The gap between redraws also grows with what a redraw costs (the time the consumer takes
-    before asking for more), so drawing takes at most ``page_share`` of the run: the page works
-    in the engine's process, and a page that redraws non-stop starves the engine thread.
+    before asking for more), so drawing takes at most ``page_share`` of the run: the engine has
+    a process of its own, but on a small machine the page and the browser share its cores.
     """
     live: dict = {}
     last, gap = 0.0, every
@@ -139,15 +142,17 @@ def build(session, presets: dict, preset_problems: list[str], default_preset: st
                         with gr.Accordion("Cost model (seed 002): predicted step floor vs measured", open=False):
                             cost_device = gr.Dropdown(session.cost_devices(), value="H100", label="GPU for the prediction")
                             cost_html = gr.HTML(elem_id="cost-model")
-                        conf_plot = gr.Plot(label="Confidence", elem_id="conf-plot")
+                        # Each plot starts with its empty figure: the browser loads the plotting
+                        # library with the page, not on the first run's first step.
+                        conf_plot = gr.Plot(plots.confidence_heatmap({}), label="Confidence", elem_id="conf-plot")
                         gr.Markdown(plots.CAPTIONS["confidence"], elem_classes="caption")
                         with gr.Row():
                             layer = gr.Slider(0, max(0, n_layers - 1), 0, step=1, label="Layer")
                             which = gr.Radio(["k", "v"], value="v", label="K or V")
                             kv_view = gr.Radio(["drift", "true_drift", "cache_error"], value="drift", label="KV view")
-                        kv_plot = gr.Plot(label="KV cosine similarity", elem_id="kv-plot")
+                        kv_plot = gr.Plot(plots.kv_heatmap({}, which="v"), label="KV cosine similarity", elem_id="kv-plot")
                         gr.Markdown(plots.CAPTIONS["kv"], elem_classes="caption")
-                        cache_plot = gr.Plot(label="Cache", elem_id="cache-plot")
+                        cache_plot = gr.Plot(plots.cache_panel({}), label="Cache", elem_id="cache-plot")
                         gr.Markdown(plots.CAPTIONS["cache"], elem_classes="caption")
             with gr.Tab("Compare", id="compare"):
                 gr.Markdown("Two settings on the same prompt and seed, run one after the other so each run's time is its own.")
@@ -217,7 +222,7 @@ def build(session, presets: dict, preset_problems: list[str], default_preset: st
             clicked = time.perf_counter()
             run_no = next(run_numbers)
             live: dict = {}
-            first_paint = None
+            first_paint, plots_drawn = None, clicked
             try:
                 for live, done in throttled(session.run(prompt_text, settings)):
                     n = len(live["steps"])
@@ -225,29 +230,29 @@ def build(session, presets: dict, preset_problems: list[str], default_preset: st
                         first_paint = time.perf_counter() - clicked
                     msg = _run_status(live, notice, first_paint, done=done)
                     if following:
-                        # The grid first: the plots cost the server and the browser far more to draw.
-                        grid_html, *others = _views(live, None, color, lay, wh, view, with_plots=done or n > 1)
+                        # The grid at every redraw; the plots, far dearer to draw, less often.
+                        with_plots = done or time.perf_counter() - plots_drawn >= PLOTS_EVERY_S
+                        plots_drawn = time.perf_counter() if with_plots else plots_drawn
+                        grid_html, *others = _views(live, None, color, lay, wh, view, with_plots=with_plots)
                         views = (_mark_run(grid_html, run_no, n, done), *others)
                         scrubber = gr.update(maximum=max(1, n - 1), value=max(0, n - 1))
                     else:  # the user is looking at an earlier step: keep it, let the slider reach further
                         views, scrubber = [gr.update()] * 5, gr.update(maximum=max(1, n - 1))
-                    yield (live, *views, scrubber, msg,
-                           gr.update(value=int(settings["gen_length"])),
-                           _export_file(live) if done else gr.update())
+                    yield (live, *views, scrubber, msg, gr.update(value=int(settings["gen_length"])))
             except Exception as exc:  # noqa: BLE001 - every failure becomes a message; the page stays up
                 yield _status_only(f"⚠ {_message(exc)}", live or trace)
 
         def _status_only(msg, trace):
-            return (trace, *[gr.update()] * 5, gr.update(), msg, gr.update(), gr.update())
+            return (trace, *[gr.update()] * 5, gr.update(), msg, gr.update())
 
         run_event = run_btn.click(
             run, [prompt, trace_state, follow, *view_inputs, *control_widgets],
-            [trace_state, *view_outputs, scrub, status, gen_length, export_btn],
-            concurrency_limit=1, concurrency_id="model", api_name="run",
+            [trace_state, *view_outputs, scrub, status, gen_length],
+            concurrency_limit=1, concurrency_id="model", api_name="run", show_progress="hidden",
         )
         submit_event = prompt.submit(run, [prompt, trace_state, follow, *view_inputs, *control_widgets],
-                      [trace_state, *view_outputs, scrub, status, gen_length, export_btn], concurrency_limit=1,
-                      concurrency_id="model", api_visibility="private")
+                      [trace_state, *view_outputs, scrub, status, gen_length], concurrency_limit=1,
+                      concurrency_id="model", api_visibility="private", show_progress="hidden")
 
         def stop():
             return "Stopping after the current step…" if session.stop() else "Nothing is running."
@@ -276,9 +281,12 @@ def build(session, presets: dict, preset_problems: list[str], default_preset: st
 
         import_file.upload(import_trace, [import_file, *view_inputs], [trace_state, *view_outputs, scrub, status, export_btn])
 
-        def load_model(name, q, progress=gr.Progress(track_tqdm=True)):
+        def load_model(name, q, progress=gr.Progress()):
+            progress((0, None), desc=f"loading {name}", unit="s")
             try:
-                info = session.switch_model(name, q)
+                # The model loads in the engine process; the page shows the seconds it has taken.
+                info = session.switch_model(name, q, on_wait=lambda s: progress((int(s), None), desc=f"loading {name}",
+                                                                                unit="s"))
             except Exception as exc:  # noqa: BLE001
                 return gr.update(), f"⚠ {_message(exc)}", gr.update()
             return _model_line(info), f"Loaded {info['name']}.", gr.update(maximum=max(0, info["layers"] - 1), value=0)
@@ -312,8 +320,13 @@ def build(session, presets: dict, preset_problems: list[str], default_preset: st
                 return f"⚠ {_message(exc)}"
 
         cost_device.change(show_cost, [trace_state, cost_device], [cost_html], queue=False)
+
+        def export_ready(trace):
+            # After the final state is drawn: writing a long trace is not what the user waits to see.
+            return _export_file(trace) if trace.get("steps") else gr.update()
+
         for event in (run_event, submit_event):
-            event.then(show_cost, [trace_state, cost_device], [cost_html])
+            event.then(export_ready, [trace_state], [export_btn]).then(show_cost, [trace_state, cost_device], [cost_html])
 
         def run_sweep(preset_name, task, n, thresholds, blocks, gen, progress=gr.Progress()):
             try:

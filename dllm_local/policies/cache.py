@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..costmodel import DEVICES, measure_device, reuse_beats_recompute
-from ..models.cache import KVCache
 from .base import DecodeState, Policy
+
+if TYPE_CHECKING:  # the page process validates settings with these classes and never loads a model
+    from ..models.cache import KVCache
 
 
 @dataclass

@@ -1,0 +1,193 @@
+"""The engine process: owns the model and runs generations, sweeps and the cost model for the page.
+
+It runs in a process of its own (``serve``, started by ``dllm_local.session.Session``), so the
+page's Python work (building figures, Gradio's serialisation) never holds the engine's GIL: in one
+process every torch op waited for the page's thread, and a run took 1.4x longer while drawn.
+The engine's main thread does all torch work, so the OpenMP team is created once.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+import traceback
+from multiprocessing.connection import Connection
+from multiprocessing.synchronize import Event
+from typing import Callable
+
+import torch
+from tqdm import tqdm
+
+from .errors import DllmError, OutOfMemory, SettingsError
+from .loader import GuiderHandle, ModelHandle, load, load_guider
+from .sampler import Run
+from .settings import Settings
+from .trace import SCHEMA_VERSION
+
+Emit = Callable[[dict], None]
+OOM_ADVICE = ("the GPU ran out of memory; the cache was freed. Try 4-bit quantization, "
+              "a shorter generation length or a smaller block size.")
+
+
+def engine_threads(threads: int = 0) -> int:
+    """Torch threads for a model on the CPU: ``threads``, or all cores but one, left to the page
+    and the browser on the same machine (an OpenMP team that loses a core to them runs every step
+    several times slower)."""
+    threads = threads or max(1, (os.cpu_count() or 1) - 1)
+    torch.set_num_threads(threads)
+    return threads
+
+
+class Engine:
+    """One loaded model (and, on demand, the guider). ``stop`` ends the run or sweep in progress
+    between steps; the page process sets it."""
+
+    def __init__(self, stop: Event, model: str = "tiny", device: str = "auto", quantization: str | None = None,
+                 guider: str | None = "tiny-guider") -> None:
+        self.stop, self.device, self.guider_name = stop, device, guider
+        self.handle: ModelHandle = load(model, device=device, quantization=quantization)
+        self._guider: GuiderHandle | None = None
+
+    def describe(self) -> dict:
+        """What the page shows without asking again: the model and which quantizations can work."""
+        from .costmodel import DEVICES
+
+        cuda = torch.cuda.is_available()
+        reason = "" if cuda else "needs a CUDA GPU (bitsandbytes)"
+        return {"info": self.handle.summary(), "cost_devices": [*DEVICES, "this machine"],
+                "quantization": [("none", True, ""), ("8bit", cuda, reason), ("4bit", cuda, reason)]}
+
+    def switch_model(self, name: str, quantization: str | None = None) -> dict:
+        handle = load(name, device=self.device, quantization=None if quantization in (None, "none") else quantization)
+        self.handle = handle  # the old model is freed once the new one is in place
+        self._guider = None
+        free_device_memory()
+        return self.describe()
+
+    def guider(self) -> GuiderHandle:
+        if self._guider is None:
+            if not self.guider_name:
+                raise SettingsError("no guider model is configured; start the app with --guider")
+            self._guider = load_guider(self.guider_name, device=self.handle.device)
+        return self._guider
+
+    def run(self, prompt, settings: dict | Settings, emit: Emit) -> None:
+        """Emit ``{"start": header}``, ``{"step": record, "vocab": {id: text}}`` per forward (texts
+        of newly seen tokens), then ``{"end": the trace without its steps}``."""
+        settings = settings if isinstance(settings, Settings) else Settings.from_dict(settings)
+        guider = self.guider() if settings.unmask == "guided" else None
+        run = Run(self.handle, prompt, settings, guider)
+        tok = self.handle.tokenizer
+        seen: set[int] = set()
+
+        def texts(ids) -> dict:
+            new = {int(i) for i in ids} - seen
+            seen.update(new)
+            return {str(i): tok.decode([i]) for i in new}
+
+        emit({"start": {"prompt_ids": run.prompt_ids, "gen_length": settings.gen_length,
+                         "mask_id": self.handle.mask_id, "settings": settings.to_dict(),
+                         "model": self.handle.summary(), "vocab": texts(run.prompt_ids + [self.handle.mask_id]),
+                         "schema_version": SCHEMA_VERSION, "steps": [], "final_ids": [], "stats": {}, "text": ""}})
+        try:
+            for record in run:
+                emit({"step": record.to_dict(), "vocab": texts(t for _, t, _ in record.committed)})
+                if self.stop.is_set():
+                    run.stop()
+        finally:
+            run.release()
+        emit({"end": {k: v for k, v in run.result.trace.to_dict().items() if k != "steps"}})
+
+    def sweep(self, task: str, n: int, base: dict, axes: dict[str, list], emit: Emit, seed: int = 1000) -> None:
+        """Emit ``{"progress": {done, total, point, row}}`` per grid point, then ``{"report": ...}``."""
+        from .bench import task_problems
+        from .sweep import run_sweep
+
+        base_settings = Settings.from_dict(base)
+        problems = task_problems(task, int(n), seed)
+        guider = self.guider() if base_settings.unmask == "guided" else None
+        report = run_sweep(self.handle, problems, base_settings, axes, guider, self.stop,
+                           on_point=lambda p: emit({"progress": {"done": p.done, "total": p.total,
+                                                                 "point": p.point, "row": p.row}}))
+        emit({"report": report})
+
+    def cost_model(self, settings: dict, stats: dict, prompt_len: int, device: str) -> list[dict]:
+        """The cost-model panel for a finished run: step floors per strategy on ``device``."""
+        from .costmodel import DEVICES, cost_rows, measure_device
+
+        profile = measure_device(self.handle.device) if device == "this machine" else DEVICES[device]
+        gen, bs = settings["gen_length"], settings["block_size"]
+        window = [gen - b * bs for b in range(gen // bs)]  # positions from the block start to the end
+        geometry = {"none": prompt_len + gen, "prefix": sum(window) / len(window), "dual": bs,
+                    "freecache": sum(window) / len(window)}
+        strategies = [{"name": f"this run ({settings['cache']} + {settings['unmask']})", "g": stats["mean_g"],
+                       "tau": stats["tokens_per_forward"], "measured_step_s": stats["model_s"] / max(1, stats["nfe"])}]
+        strategies += [{"name": f"{name} (typical step)", "g": g, "tau": 1.0} for name, g in geometry.items()]
+        rows = cost_rows(self.handle.memory_bytes, self.handle.num_parameters, strategies, profile)
+        for row in rows[1:]:
+            row["tau"] = None  # the other strategies' tau is only known once they run
+            row["speedup_low_batch"] = row["ratio_compute_bound"] = None
+        return rows
+
+
+def free_device_memory() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+STREAMED = {"run", "sweep"}  # these emit items as they go; the others return one value
+REQUESTS = STREAMED | {"switch_model", "cost_model"}
+
+
+def serve(conn: Connection, stop: Event, spec: dict) -> None:
+    """The engine process's loop: load the model, say ``ready``, then answer one request at a time.
+
+    A request is ``(method, kwargs)``; the answer is ``("event", item)`` per streamed item and then
+    ``("end", None)``, or one ``("result", value)``, or ``("error", exception)``.
+    """
+    engine_threads(spec.pop("threads", 0))
+    # Progress bars (model loading) lock with a thread lock, not tqdm's default cross-process
+    # semaphore, which this process would leave behind when the page process ends it.
+    tqdm.set_lock(threading.RLock())
+    try:
+        engine = Engine(stop, **spec)
+    except BaseException as exc:  # noqa: BLE001 - the page process raises it
+        conn.send(("error", _portable(exc)))
+        return
+    conn.send(("ready", engine.describe()))
+    while True:
+        try:
+            method, kwargs = conn.recv()
+        except (EOFError, OSError):  # the page process went away
+            return
+        if method == "close":
+            return
+        if method not in REQUESTS:
+            conn.send(("error", DllmError(f"the engine has no request {method!r}")))
+            continue
+        out_of_memory = False
+        try:
+            if method in STREAMED:
+                getattr(engine, method)(**kwargs, emit=lambda item: conn.send(("event", item)))
+                conn.send(("end", None))
+            else:
+                conn.send(("result", getattr(engine, method)(**kwargs)))
+        except torch.cuda.OutOfMemoryError:
+            out_of_memory = True
+        except Exception as exc:  # noqa: BLE001 - every failure goes back as a message; the engine keeps serving
+            conn.send(("error", _portable(exc)))
+        if out_of_memory:
+            # Outside the except block: the traceback no longer holds the run's tensors.
+            free_device_memory()
+            conn.send(("error", OutOfMemory(OOM_ADVICE)))
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """The exception itself when it survives pickling, else a DllmError naming it; unexpected
+    ones are also printed with their traceback here, for whoever reads the server's log."""
+    if not isinstance(exc, DllmError):
+        traceback.print_exception(exc)
+    try:
+        return pickle.loads(pickle.dumps(exc))
+    except Exception:  # noqa: BLE001
+        return DllmError(f"{type(exc).__name__}: {exc}")
