@@ -272,7 +272,7 @@ def test_browser_threshold_slider_then_run_again(page, tiny):
     page.screenshot(path=str(OUT / "threshold-0.3.png"), full_page=True)
 
 
-def test_browser_stop_mid_run_leaves_the_page_usable(page):
+def test_browser_stop_mid_run_leaves_the_page_usable_and_a_second_tab_waits_its_turn(page, browser, server):
     _choose(page, "#preset", "LLaDA baseline")
     page.wait_for_function("() => document.querySelector('#unmask input').value === 'fixed'")
     for slider in ("#gen-length", "#steps"):  # 512 full forwards: seconds even on a fast machine
@@ -283,9 +283,20 @@ def test_browser_stop_mid_run_leaves_the_page_usable(page):
     page.wait_for_function("(prev) => { const r = document.querySelector('#token-grid .dl-run');"
                            " return r && r.dataset.run !== prev && Number(r.dataset.steps) >= 3; }", arg=run,
                            timeout=60_000)
+    # Another tab's Run while this run goes: queued with a message, never mixed with this one.
+    other = browser.new_page(viewport={"width": 1500, "height": 2000})
+    other.goto(server)
+    other.wait_for_selector("#run-btn")
+    other_run = _shown_run(other)
+    other.click("#run-btn")
+    other.wait_for_function("() => document.querySelector('#status').innerText.includes('queue')", timeout=20_000)
+    assert int(page.get_attribute("#token-grid .dl-run", "data-done")) == 0  # the first run is still going
     page.click("#stop-btn")
     status = _wait_run_ended(page, run)
     assert status.startswith("Stopped")
+    other_status = _wait_run_ended(other, other_run)
+    assert other_status.startswith("Done") and "dual + threshold" in other_status and "length 128" in other_status
+    other.close()
     steps = int(page.get_attribute("#token-grid .dl-run", "data-steps"))
     assert 3 <= steps < 512 and "length 512" in status
     assert page.locator("#token-grid .dl-masked").count() > 0  # the answer was left unfinished

@@ -211,6 +211,9 @@ def build(session, presets: dict, preset_problems: list[str], default_preset: st
         preset.change(apply_preset, [preset], [preset_info, prompt] + control_widgets, queue=False)
 
         run_numbers = itertools.count(1)  # tags the live grid so a browser can tell runs apart
+        # Gradio's queue position and timer on the status line only: overlays on the grid and the
+        # plots would cover the live views and cost the browser CPU at every redraw.
+        RUN_PROGRESS = {"show_progress": "minimal", "show_progress_on": [status]}
 
         def run(prompt_text, trace, following, color, lay, wh, view, *values):
             v = dict(zip(control_names, values))
@@ -248,11 +251,11 @@ def build(session, presets: dict, preset_problems: list[str], default_preset: st
         run_event = run_btn.click(
             run, [prompt, trace_state, follow, *view_inputs, *control_widgets],
             [trace_state, *view_outputs, scrub, status, gen_length],
-            concurrency_limit=1, concurrency_id="model", api_name="run", show_progress="hidden",
+            concurrency_limit=1, concurrency_id="model", api_name="run", **RUN_PROGRESS,
         )
         submit_event = prompt.submit(run, [prompt, trace_state, follow, *view_inputs, *control_widgets],
                       [trace_state, *view_outputs, scrub, status, gen_length], concurrency_limit=1,
-                      concurrency_id="model", api_visibility="private", show_progress="hidden")
+                      concurrency_id="model", api_visibility="private", **RUN_PROGRESS)
 
         def stop():
             return "Stopping after the current step…" if session.stop() else "Nothing is running."
