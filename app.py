@@ -28,8 +28,8 @@ def create(args: argparse.Namespace):
     from dllm_local.session import Session, load_presets
 
     # The engine process loads the model while this one imports the page.
-    session = Session(args.model, device=args.device, quantization=None if args.quantize == "none" else args.quantize,
-                      guider=args.guider, threads=args.threads, lazy=True)
+    session = Session(args.model, device=args.device, quantization=args.quantize, guider=args.guider,
+                      threads=args.threads, lazy=True)
     from ui.page import build
 
     presets, problems = load_presets()

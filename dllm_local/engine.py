@@ -58,8 +58,7 @@ class Engine:
                 "quantization": [("none", True, ""), ("8bit", cuda, reason), ("4bit", cuda, reason)]}
 
     def switch_model(self, name: str, quantization: str | None = None) -> dict:
-        handle = load(name, device=self.device, quantization=None if quantization in (None, "none") else quantization)
-        self.handle = handle  # the old model is freed once the new one is in place
+        self.handle = load(name, device=self.device, quantization=quantization)  # the old model is freed then
         self._guider = None
         free_device_memory()
         return self.describe()

@@ -155,7 +155,7 @@ class Session:
         """Load another model in place of the current one; ``on_wait(seconds)`` is called about
         twice a second while it loads."""
         self._ready = next(self._request("switch_model", on_wait, name=name, quantization=quantization))
-        self._spec.update(model=name, quantization=None if quantization in (None, "none") else quantization)
+        self._spec.update(model=name, quantization=quantization)
         return self.info()
 
     # ---------------------------------------------------------------- runs
