@@ -1,0 +1,65 @@
+"""Golden traces: every cache x unmasking pair on three prompts, decoded by a frozen copy of the
+tiny models (tests/data/frozen, never replaced by a retraining), reduced to what must never
+change under a refactor: tokens, forwards, and per step G, reads and the commits.
+
+    python tests/golden.py          # re-record tests/data/golden_traces.json (only on purpose)
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+FROZEN = HERE / "data" / "frozen"
+GOLDEN = HERE / "data" / "golden_traces.json"
+
+CACHES = {
+    "none": {}, "prefix": {}, "dual": {}, "freecache": {},
+    "adaptive": {"budget": 48, "device_profile": "H100"},
+}
+UNMASKS = {
+    "fixed": {}, "threshold": {"threshold": 0.9}, "factor": {"factor": 1.0},
+    "guided": {"rule": "exact"}, "self_verify": {"threshold": 0.3},
+}
+# (prompt, temperature, seed, LLaDA remasking for the fixed schedule)
+PROMPTS = [
+    ("Tom has 3 bags of 4 apples and gives away 5 apples. How many apples are left?", 0.0, 0, "low_confidence"),
+    ("Name one poker hand that Ana might have.", 1.0, 3, "random"),
+    ("Give two numbers whose sum is 9.", 0.0, 1, "low_confidence"),
+]
+
+
+def golden_settings(cache: str, unmask: str, temperature: float, seed: int, remasking: str):
+    from dllm_local import Settings
+
+    unmask_params = dict(UNMASKS[unmask])
+    return Settings(gen_length=64, block_size=16, temperature=temperature, seed=seed, cache=cache, remasking=remasking,
+                    cache_params=dict(CACHES[cache]), unmask=unmask, unmask_params=unmask_params, trace="full")
+
+
+def record() -> dict:
+    import dllm_local
+
+    handle = dllm_local.load(str(FROZEN / "tiny-llada"), device="cpu")
+    guider = dllm_local.load_guider(str(FROZEN / "tiny-guider"), device="cpu")
+    out = {}
+    for p, (prompt, temperature, seed, remasking) in enumerate(PROMPTS):
+        for cache in CACHES:
+            for unmask in UNMASKS:
+                settings = golden_settings(cache, unmask, temperature, seed, remasking)
+                result = dllm_local.generate(handle, prompt, settings, guider)
+                st = result.stats
+                out[f"{p}/{cache}/{unmask}"] = {
+                    "tokens": result.token_ids, "nfe": st.nfe, "guider_forwards": st.guider_forwards,
+                    "steps": [{"g": s.g, "reads": s.reads, "forwards": s.forwards, "full_refresh": s.full_refresh,
+                               "committed": [[c[0], c[1], round(c[2], 4)] for c in s.committed]}
+                              for s in result.trace.steps],
+                }
+    return out
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(HERE.parent))
+    GOLDEN.write_text(json.dumps(record(), separators=(",", ":")) + "\n")
+    print(f"wrote {GOLDEN}")
