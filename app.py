@@ -25,7 +25,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def create(args: argparse.Namespace):
-    from dllm_local.session import Session, load_presets
+    from dllm_local.serving.session import Session, load_presets
 
     # The engine process loads the model while this one imports the page.
     session = Session(args.model, device=args.device, quantization=args.quantize, guider=args.guider,

@@ -21,8 +21,8 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from dllm_local.costmodel import DEVICES, machine_name, measure_device, step_floor_s  # noqa: E402
-from dllm_local.loader import ASSETS  # noqa: E402
+from dllm_local.experiments.costmodel import DEVICES, machine_name, measure_device, step_floor_s  # noqa: E402
+from dllm_local.models.loader import ASSETS  # noqa: E402
 from dllm_local.models import LLaDAConfig, LLaDAModelLM  # noqa: E402
 
 REFERENCE = ASSETS / "reference" / "llada-8b-instruct" / "config.json"

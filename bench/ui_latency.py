@@ -60,9 +60,9 @@ def main() -> int:
     args = ap.parse_args()
     import app
     import dllm_local
-    from dllm_local.costmodel import machine_name
-    from dllm_local.engine import engine_threads
-    from dllm_local.session import load_presets
+    from dllm_local.experiments.costmodel import machine_name
+    from dllm_local.serving.engine import engine_threads
+    from dllm_local.serving.session import load_presets
     from dllm_local.settings import Settings
     from playwright.sync_api import sync_playwright
 

@@ -7,7 +7,7 @@ from importlib import import_module
 
 _EXPORTS = {
     "DllmError": "errors", "ModelLoadError": "errors", "SequenceTooLongError": "errors", "SettingsError": "errors",
-    "ModelHandle": "loader", "GuiderHandle": "loader", "load": "loader", "load_guider": "loader",
+    "ModelHandle": "models.loader", "GuiderHandle": "models.loader", "load": "models.loader", "load_guider": "models.loader",
     "Settings": "settings", "Trace": "trace", "StepRecord": "trace",
     "generate": "sampler", "stream": "sampler", "Result": "sampler",
 }

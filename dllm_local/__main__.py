@@ -8,24 +8,38 @@ import sys
 from .errors import DllmError
 
 
+def _policy_help(kind: str) -> str:
+    from .policies import registry
+
+    table = registry.CACHE if kind == "cache" else registry.UNMASK
+    return "; ".join(f"{spec.name}: {spec.label}" + (f" [{', '.join(p.name for p in spec.params)}]" if spec.params else "")
+                     for spec in table.values())
+
+
 def add_settings_args(ap: argparse.ArgumentParser) -> None:
-    """The sampler knobs as flags (shared by generate, eval and bench)."""
+    """The sampler knobs as flags (shared by generate, eval, bench and sweep); the policy names and
+    their parameters come from the registry."""
+    from .policies import registry
+    from .settings import TRACE_LEVELS
+
     ap.add_argument("--gen-length", type=int, default=128)
     ap.add_argument("--block-size", type=int, default=32)
     ap.add_argument("--steps", type=int, default=None, help="forwards for the fixed schedule (default: one token per step)")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--remasking", choices=["low_confidence", "random"], default="low_confidence")
-    ap.add_argument("--cache", default="none", help="none, prefix, dual, freecache, adaptive")
+    ap.add_argument("--cache", default="none", choices=list(registry.CACHE), help=_policy_help("cache"))
     ap.add_argument("--cache-param", action="append", default=[], metavar="KEY=VALUE", help="e.g. refresh_every=4, floor=0.5")
-    ap.add_argument("--unmask", default="fixed", help="fixed, threshold, factor, guided, self_verify")
+    ap.add_argument("--unmask", default="fixed", choices=list(registry.UNMASK), help=_policy_help("unmask"))
     ap.add_argument("--unmask-param", action="append", default=[], metavar="KEY=VALUE", help="e.g. rho=0.5, rule=topk")
     ap.add_argument("--threshold", type=float, default=None, help="shorthand for --unmask-param threshold=...")
     ap.add_argument("--factor", type=float, default=None, help="shorthand for --unmask-param factor=...")
-    ap.add_argument("--trace", choices=["off", "summary", "full"], default="summary")
+    fixed = registry.UNMASK["fixed"].params[0]
+    ap.add_argument("--remasking", choices=list(fixed.choices), default=None,
+                    help="shorthand for --unmask-param remasking=... (the fixed schedule's order)")
+    ap.add_argument("--trace", choices=list(TRACE_LEVELS), default="summary")
     ap.add_argument("--exact-drift", action="store_true")
     ap.add_argument("--early-stop", action="store_true")
-    ap.add_argument("--guider", default=None, help="guider model for --unmask guided (default: tiny-guider)")
+    ap.add_argument("--guider", default=None, help="guider model for a policy that needs one (default: tiny-guider)")
 
 
 def _parse_params(pairs: list[str]) -> dict:
@@ -45,35 +59,37 @@ def settings_from_args(args: argparse.Namespace):
     from .settings import Settings
 
     unmask_params = _parse_params(args.unmask_param)
-    if args.threshold is not None:
-        unmask_params["threshold"] = args.threshold
-    if args.factor is not None:
-        unmask_params["factor"] = args.factor
+    for shorthand in ("threshold", "factor", "remasking"):
+        if getattr(args, shorthand) is not None:
+            unmask_params[shorthand] = getattr(args, shorthand)
     return Settings(
         gen_length=args.gen_length, block_size=args.block_size, steps=args.steps, temperature=args.temperature,
-        seed=args.seed, remasking=args.remasking, cache=args.cache, cache_params=_parse_params(args.cache_param),
+        seed=args.seed, cache=args.cache, cache_params=_parse_params(args.cache_param),
         unmask=args.unmask, unmask_params=unmask_params, trace=args.trace, exact_drift=args.exact_drift,
         early_stop=args.early_stop,
     )
 
 
-def guider_for(args: argparse.Namespace, handle):
-    if args.unmask != "guided":
+def guider_for(args: argparse.Namespace, handle, needed: bool | None = None):
+    """The guider model when the policy (or ``needed``) asks for one."""
+    from .policies import registry
+
+    if not (needed if needed is not None else registry.get("unmask", args.unmask).needs_guider):
         return None
-    from .loader import load_guider
+    from .models.loader import load_guider
 
     return load_guider(args.guider or "tiny-guider", device=handle.device)
 
 
 def _info(args: argparse.Namespace) -> None:
-    from .loader import load
+    from .models.loader import load
 
     handle = load(args.model, device=args.device, quantization=args.quantize)
     print(json.dumps(handle.summary(), indent=2))
 
 
 def _generate(args: argparse.Namespace) -> None:
-    from .loader import load
+    from .models.loader import load
     from .sampler import generate
 
     settings = settings_from_args(args)
@@ -93,8 +109,8 @@ def _generate(args: argparse.Namespace) -> None:
 
 
 def _eval(args: argparse.Namespace) -> None:
-    from .evaluate import evaluate, evaluate_guider, format_report
-    from .loader import load, load_guider
+    from .experiments.evaluate import evaluate, evaluate_guider, format_report
+    from .models.loader import load, load_guider
 
     if args.autoregressive:
         report = evaluate_guider(load_guider(args.model, device=args.device), args.task, args.n, args.seed_data)
@@ -112,8 +128,8 @@ def _eval(args: argparse.Namespace) -> None:
 def _bench(args: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from .bench import STRATEGY_SETS, format_table, jsonl_problems, run_bench, task_problems
-    from .loader import load
+    from .experiments.bench import STRATEGY_SETS, format_table, jsonl_problems, run_bench, task_problems
+    from .models.loader import load
 
     base = settings_from_args(args)
     handle = load(args.model, device=args.device, quantization=args.quantize)
@@ -121,9 +137,10 @@ def _bench(args: argparse.Namespace) -> None:
         problems = jsonl_problems(Path(args.jsonl), args.scorer, args.n)
     else:
         problems = task_problems(args.task, args.n, args.seed_data)
-    strategies = STRATEGY_SETS[args.set]
-    needs_guider = any(s.changes.get("unmask") == "guided" for s in strategies)
-    guider = guider_for(argparse.Namespace(unmask="guided", guider=args.guider), handle) if needs_guider else None
+    if args.set not in STRATEGY_SETS:
+        raise DllmError(f"--set must be one of {', '.join(STRATEGY_SETS)}, not {args.set!r}")
+    strategies = STRATEGY_SETS[args.set]()
+    guider = guider_for(args, handle, any(s.settings(base).unmask_spec.needs_guider for s in strategies))
     report = run_bench(handle, problems, strategies, base, guider, args.repeats, progress=True)
     print(format_table(report))
     if args.out:
@@ -138,9 +155,9 @@ def _number_list(text: str) -> list:
 def _sweep(args: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from .bench import task_problems
-    from .loader import load
-    from .sweep import format_sweep, run_sweep
+    from .experiments.bench import task_problems
+    from .models.loader import load
+    from .experiments.sweep import format_sweep, run_sweep
 
     base = settings_from_args(args)
     axes = {"threshold": _number_list(args.thresholds), "block_size": _number_list(args.block_sizes)}
@@ -210,7 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     model_args(sw)
     sw.add_argument("--thresholds", default="0.5,0.7,0.8,0.9")
     sw.add_argument("--block-sizes", default="8,16,32")
-    sw.add_argument("--axis", action="append", default=[], metavar="KNOB=V1,V2", help="another knob to vary")
+    from .experiments.sweep import sweepable
+
+    sw.add_argument("--axis", action="append", default=[], metavar="KNOB=V1,V2",
+                    help=f"another knob to vary: {', '.join(sweepable())}")
     sw.add_argument("--task", default="arithmetic")
     sw.add_argument("--n", type=int, default=50)
     sw.add_argument("--seed-data", type=int, default=1000)

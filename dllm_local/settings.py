@@ -6,9 +6,11 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from .errors import SettingsError
+from .policies import registry
+from .policies.registry import check_value
 
 TRACE_LEVELS = ("off", "summary", "full")
-REMASKING = ("low_confidence", "random")
+SEED_MAX = 2**63 - 1  # a torch generator's seed is an int64
 
 
 @dataclass(frozen=True)
@@ -19,7 +21,6 @@ class Settings:
     steps: int | None = None
     temperature: float = 0.0
     seed: int = 0
-    remasking: str = "low_confidence"
     cache: str = "none"
     cache_params: dict[str, Any] = field(default_factory=dict)
     unmask: str = "fixed"
@@ -29,33 +30,38 @@ class Settings:
     early_stop: bool = False
 
     def __post_init__(self) -> None:
-        from .policies import CACHE_POLICIES, UNMASK_POLICIES
+        def typed(knob: str, kind: type, rule: str, ok=lambda v: True) -> None:
+            object.__setattr__(self, knob, check_value(getattr(self, knob), kind, knob, rule, ok))
 
-        if not isinstance(self.gen_length, int) or self.gen_length < 1:
-            raise SettingsError(f"gen_length must be a positive integer, not {self.gen_length!r}")
-        if not isinstance(self.block_size, int) or self.block_size < 1:
-            raise SettingsError(f"block_size must be a positive integer, not {self.block_size!r}")
+        typed("gen_length", int, "a positive integer", lambda v: v >= 1)
+        typed("block_size", int, "a positive integer", lambda v: v >= 1)
         if self.gen_length % self.block_size:
             raise SettingsError(
                 f"block_size {self.block_size} does not divide gen_length {self.gen_length}; "
                 f"use a divisor such as {', '.join(map(str, divisors(self.gen_length)[-4:]))}"
             )
         if self.steps is not None:
-            if self.steps < self.num_blocks:
-                raise SettingsError(f"steps ({self.steps}) must be at least the number of blocks ({self.num_blocks})")
-        if self.temperature < 0:
-            raise SettingsError(f"temperature must be >= 0, not {self.temperature}")
-        if self.remasking not in REMASKING:
-            raise SettingsError(f"remasking must be one of {', '.join(REMASKING)}, not {self.remasking!r}")
-        if self.trace not in TRACE_LEVELS:
-            raise SettingsError(f"trace must be one of {', '.join(TRACE_LEVELS)}, not {self.trace!r}")
-        if self.cache not in CACHE_POLICIES:
-            raise SettingsError(f"cache policy must be one of {', '.join(CACHE_POLICIES)}, not {self.cache!r}")
-        if self.unmask not in UNMASK_POLICIES:
-            raise SettingsError(f"unmask policy must be one of {', '.join(UNMASK_POLICIES)}, not {self.unmask!r}")
-        # Building the policies validates their parameters; the messages name the knob.
-        CACHE_POLICIES[self.cache].from_params(self.cache_params)
-        UNMASK_POLICIES[self.unmask].from_params(self.unmask_params)
+            typed("steps", int, f"an integer >= the number of blocks ({self.num_blocks})", lambda v: v >= self.num_blocks)
+        typed("temperature", float, "a finite number >= 0", lambda v: v >= 0)
+        typed("seed", int, f"an integer in [0, {SEED_MAX}]", lambda v: 0 <= v <= SEED_MAX)
+        typed("trace", str, f"one of {', '.join(TRACE_LEVELS)}", lambda v: v in TRACE_LEVELS)
+        typed("exact_drift", bool, "true or false")
+        typed("early_stop", bool, "true or false")
+        for kind in ("cache", "unmask"):
+            typed(kind, str, "a policy name")
+            spec = registry.get(kind, getattr(self, kind))
+            given = getattr(self, f"{kind}_params")
+            valid = spec.validate(given)
+            # Keep only the parameters given (typed), so a saved setting stays as written.
+            object.__setattr__(self, f"{kind}_params", {k: valid[k] for k in given})
+
+    @property
+    def cache_spec(self) -> registry.PolicySpec:
+        return registry.get("cache", self.cache)
+
+    @property
+    def unmask_spec(self) -> registry.PolicySpec:
+        return registry.get("unmask", self.unmask)
 
     @property
     def num_blocks(self) -> int:
@@ -69,8 +75,14 @@ class Settings:
 
     @classmethod
     def from_dict(cls, data: dict) -> "Settings":
+        if not isinstance(data, dict):
+            raise SettingsError(f"settings must be a mapping of knob to value, not {type(data).__name__}")
+        data = dict(data)
+        remasking = data.pop("remasking", None)  # before it became a parameter of the fixed schedule
+        if remasking not in (None, "low_confidence") and data.get("unmask", "fixed") == "fixed":
+            data["unmask_params"] = {**(data.get("unmask_params") or {}), "remasking": remasking}
         known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
+        unknown = set(map(str, data)) - known
         if unknown:
             raise SettingsError(f"unknown setting(s): {', '.join(sorted(unknown))}")
         return cls(**data)

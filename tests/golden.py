@@ -34,7 +34,9 @@ def golden_settings(cache: str, unmask: str, temperature: float, seed: int, rema
     from dllm_local import Settings
 
     unmask_params = dict(UNMASKS[unmask])
-    return Settings(gen_length=64, block_size=16, temperature=temperature, seed=seed, cache=cache, remasking=remasking,
+    if unmask == "fixed":
+        unmask_params["remasking"] = remasking
+    return Settings(gen_length=64, block_size=16, temperature=temperature, seed=seed, cache=cache,
                     cache_params=dict(CACHES[cache]), unmask=unmask, unmask_params=unmask_params, trace="full")
 
 

@@ -177,27 +177,30 @@ def test_recomputing_any_subset_gives_the_full_forward_logits(kind):
     g = torch.Generator().manual_seed(1)
     for size in (1, 5, 17, 40):
         subset = torch.randperm(40, generator=g)[:size].sort().values
-        got = model(ids[:, subset], subset, cache).logits
+        got = model(ids[:, subset], subset, cache, sequence=ids).logits
         torch.testing.assert_close(got, full[:, subset], atol=1e-5, rtol=1e-4)
         assert cache.last_stats.reads + cache.last_stats.recomputed >= 40
         assert cache.last_stats.recomputed >= size
 
 
 @torch.no_grad()
-def test_cache_counts_reads_and_hands_back_fresh_kv_and_drift():
+def test_cache_counts_reads_and_measures_drift_as_it_writes():
     model = _random_model("llada")
     ids = torch.randint(0, 700, (1, 32))
     cache = model.new_cache(batch=1, max_len=32)
     model(ids, torch.arange(32), cache)
     assert (cache.last_stats.recomputed, cache.last_stats.reads) == (32, 0)
+    assert cache.drift_cosines() is None  # not tracked unless asked
     changed = ids.clone()
     changed[0, 10:14] = 5
     block = torch.arange(8, 16)
-    cache.snapshot(block)
+    before = cache.k[0][:, :, block].clone()
+    cache.track_drift = True
     model(changed[:, block], block, cache)
     assert (cache.last_stats.recomputed, cache.last_stats.reads) == (8, 24)
-    k, v = cache.fresh_kv(0)
-    assert k.shape == (1, model.config.n_kv_heads, 8, model.config.head_dim)
+    assert torch.equal(cache.last_positions, block)
+    k = cache.k[0][:, :, block]
+    assert k.shape == (1, model.config.n_kv_heads, 8, model.config.head_dim) and not torch.equal(k, before)
     cos_k, cos_v = cache.drift_cosines()
     assert cos_k.shape == cos_v.shape == (model.config.n_layers, 8)
     # Layer 0's K/V depend only on the token: unchanged tokens keep cosine 1, changed ones do not.
@@ -207,30 +210,29 @@ def test_cache_counts_reads_and_hands_back_fresh_kv_and_drift():
 
 
 @torch.no_grad()
-def test_read_only_forward_sees_its_fresh_kv_but_leaves_the_cache_untouched():
-    model = _random_model("llada")
+@pytest.mark.parametrize("kind", ["llada", "dream"])
+def test_forked_forward_sees_its_fresh_kv_but_leaves_the_cache_untouched(kind):
+    model = _random_model(kind)
     ids = torch.randint(0, 700, (1, 24))
     cache = model.new_cache(batch=1, max_len=24)
     model(ids, torch.arange(24), cache)
     block = torch.arange(8, 16)
-    cache.snapshot(block)
-    model(ids[:, block], block, cache)
-    before = ([k.clone() for k in cache.k], [v.clone() for v in cache.v], cache.valid.clone(), cache.tokens.clone(),
+    cache.track_drift = True
+    model(ids[:, block], block, cache, sequence=ids)
+    before = ([k.clone() for k in cache.k], [v.clone() for v in cache.v], cache.valid.clone(),
               cache.last_stats, cache.drift_cosines())
     variants = ids.repeat(3, 1)
     variants[:, 10] = torch.tensor([1, 2, 3])
-    cache.read_only = True
-    got = model(variants[:, block], block, cache).logits
-    cache.read_only = False
+    got = model(variants[:, block], block, cache.fork(), sequence=variants).logits
     for a, b in zip(before[0] + before[1], cache.k + cache.v):
         assert torch.equal(a, b)
-    assert torch.equal(before[2], cache.valid) and torch.equal(before[3], cache.tokens)
-    assert cache.last_stats == before[4]
-    torch.testing.assert_close(cache.drift_cosines(), before[5], equal_nan=True)
+    assert torch.equal(before[2], cache.valid)
+    assert cache.last_stats == before[3]
+    torch.testing.assert_close(cache.drift_cosines(), before[4], equal_nan=True)
     # Each variant row is what an ordinary (writing) forward of that variant would give.
     for r in range(3):
         scratch = copy.deepcopy(cache)
-        expected = model(variants[r : r + 1, block], block, scratch).logits[0]
+        expected = model(variants[r : r + 1, block], block, scratch, sequence=variants[r : r + 1]).logits[0]
         torch.testing.assert_close(got[r], expected, atol=1e-5, rtol=1e-4)
 
 

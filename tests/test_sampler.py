@@ -9,7 +9,7 @@ import torch.nn.functional as F
 import dllm_local
 from dllm_local import Settings, SettingsError
 from dllm_local.sampler import encode_prompt
-from dllm_local.tasks import generate as problems
+from dllm_local.tiny.tasks import make_problems as problems
 
 PROMPT = problems("arithmetic", 1, 7)[0].prompt
 
@@ -276,7 +276,7 @@ def test_dream_family_decodes_through_the_same_cache_mechanism(dream_dir):
 # ---------------------------------------------------------------- phenomena on the trained tiny model
 
 def _invalid_rate(handle, problems, settings, guider=None) -> float:
-    from dllm_local.tasks import score
+    from dllm_local.tiny.tasks import score
 
     return sum(not score(ex, dllm_local.generate(handle, ex.prompt, settings.for_problem(i), guider).text)
                for i, ex in enumerate(problems)) / len(problems)
@@ -300,7 +300,7 @@ def test_parallel_commits_write_invalid_pairs_and_self_verify_sends_them_back(ti
 
 
 def test_guided_keeps_accuracy_with_fewer_forwards(tiny, tiny_guider):
-    from dllm_local.tasks import score
+    from dllm_local.tiny.tasks import score
 
     arithmetic = problems("arithmetic", 50, 303)
     base = Settings(gen_length=32, block_size=32)
@@ -320,15 +320,17 @@ def test_guider_cache_reuse_matches_a_fresh_guider_forward(tiny, tiny_guider):
     from dllm_local.sampler import Run
 
     run = Run(tiny, PROMPT, Settings(gen_length=32, block_size=32, unmask="guided"), tiny_guider)
-    run._setup()
+    state = run._setup()
+    guided = run.unmask_policy
+    guided.start_block(state)
     P = len(run.prompt_ids)
     seq = torch.tensor(run.prompt_ids + list(range(100, 132)))
     first = torch.arange(P, P + 20)
-    run.guider_logits(seq, first)
+    guided.guider_logits(run, seq, first)
     seq2 = seq.clone()
     seq2[P + 5 :] += 1  # the first five answer tokens stay: their guider K/V are reused
     later = torch.arange(P + 5, P + 25)
-    got = run.guider_logits(seq2, later)
+    got = guided.guider_logits(run, seq2, later)
     fresh = tiny_guider.model(seq2[None, : P + 25]).logits[0, later - 1]
     torch.testing.assert_close(got, fresh, atol=1e-4, rtol=1e-4)
-    assert run._guider_cache.get_seq_length() == P + 24
+    assert guided._past.get_seq_length() == P + 24

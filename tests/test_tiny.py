@@ -9,8 +9,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import dllm_local
 from dllm_local import Settings
-from dllm_local.loader import TINY_GUIDER, TINY_MODEL
-from dllm_local.tasks import POKER_HANDS, TASKS, generate, score, training_mix
+from dllm_local.models.loader import TINY_GUIDER, TINY_MODEL
+from dllm_local.tiny.tasks import POKER_HANDS, TASKS, make_problems, score, training_mix
 
 QUICK = 30  # held-out problems per task in the guard below
 # (task, settings, floor): what the shipped checkpoint scores on held-out problems, minus a margin
@@ -42,7 +42,7 @@ def test_shipped_models_load(tiny, tiny_guider):
 
 def test_tokenizer_round_trips_and_splits_digits():
     tok = AutoTokenizer.from_pretrained(TINY_MODEL)
-    for ex in generate("records", 5, 3) + generate("arithmetic", 5, 3):
+    for ex in make_problems("records", 5, 3) + make_problems("arithmetic", 5, 3):
         for text in (ex.prompt, ex.answer):
             assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
     pieces = tok.tokenize(" 1234 apples")
@@ -52,25 +52,25 @@ def test_tokenizer_round_trips_and_splits_digits():
 
 def test_task_generators_are_deterministic_and_scored():
     for task in TASKS:
-        a, b = generate(task, 20, 11), generate(task, 20, 11)
-        assert a == b and a != generate(task, 20, 12)
+        a, b = make_problems(task, 20, 11), make_problems(task, 20, 11)
+        assert a == b and a != make_problems(task, 20, 12)
         assert all(score(ex, ex.answer) for ex in a)
     assert training_mix(50, 1) == training_mix(50, 1)
-    poker = generate("poker", 1, 0)[0]
+    poker = make_problems("poker", 1, 0)[0]
     assert score(poker, "full house") and not score(poker, "high house")
-    sums = generate("sums", 1, 0)[0]
+    sums = make_problems("sums", 1, 0)[0]
     assert not score(sums, "0 and 0")
 
 
 @pytest.mark.parametrize("task,settings,bar", GUARDS, ids=[g[0] for g in GUARDS])
 def test_quick_held_out_eval_stays_above_the_bar(tiny, task, settings, bar):
-    problems = generate(task, QUICK, 2024)
+    problems = make_problems(task, QUICK, 2024)
     correct = sum(score(ex, dllm_local.generate(tiny, ex.prompt, settings).text) for ex in problems)
     assert correct / QUICK >= bar, f"{task}: {correct}/{QUICK}"
 
 
 def test_answers_end_cleanly_at_every_generation_length(tiny):
-    ex = generate("arithmetic", 1, 5)[0]
+    ex = make_problems("arithmetic", 1, 5)[0]
     for length in (32, 64, 128, 256):
         # One token per step: what the model learned about where answers end. (With threshold
         # decoding a fully masked block after a finished one can also commit stray tokens after

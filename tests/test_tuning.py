@@ -6,11 +6,11 @@ import threading
 
 import pytest
 
-from dllm_local.bench import SCORERS, Strategy, format_table, jsonl_problems, run_bench, task_problems
-from dllm_local.costmodel import DEVICES, cost_rows, crossover_positions, reuse_beats_recompute, step_floor_s
+from dllm_local.experiments.bench import SCORERS, Strategy, format_table, jsonl_problems, run_bench, task_problems
+from dllm_local.experiments.costmodel import DEVICES, cost_rows, crossover_positions, reuse_beats_recompute, step_floor_s
 from dllm_local.errors import DllmError, SettingsError
 from dllm_local.settings import Settings
-from dllm_local.sweep import apply, grid, pareto, run_sweep
+from dllm_local.experiments.sweep import apply, grid, pareto, run_sweep
 
 
 def test_cost_model_reproduces_seed_002_table():
@@ -87,14 +87,14 @@ def test_sweep_on_the_tiny_model_marks_a_front_and_can_be_cancelled(tiny):
 
 def test_bench_table_reports_speedup_against_the_first_row(tiny):
     problems = task_problems("arithmetic", 3, 1000)
-    report = run_bench(tiny, problems, [Strategy("none 1/step", {"cache": "none"}),
-                                        Strategy("dual 0.9", {"cache": "dual", "unmask": "threshold"})],
+    report = run_bench(tiny, problems, [Strategy({"cache": "none"}),
+                                        Strategy({"cache": "dual", "unmask": "threshold"})],
                        Settings(gen_length=32, block_size=32), progress=False)
     first, second = report["rows"]
     assert first["speedup"] == 1.0 and first["nfe"] == 32 and second["nfe"] < 32
     assert second["speedup"] == pytest.approx(first["wall_s"] / second["wall_s"])
     table = format_table(report)
-    assert "machine:" in table and "dual 0.9" in table
+    assert "machine:" in table and "dual + threshold 0.9" in table
 
 
 def test_user_jsonl_sets_and_scorers(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 
 import dllm_local
 from dllm_local.errors import EngineError, ModelLoadError, SequenceTooLongError, SettingsError
-from dllm_local.session import BusyError, Session, load_presets
+from dllm_local.serving.session import BusyError, Session, load_presets
 from dllm_local.settings import Settings
 from ui.controls import controls_from_settings, fit_block, settings_from_controls, visible_knobs
 

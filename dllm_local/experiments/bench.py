@@ -17,40 +17,53 @@ from typing import Callable
 from tqdm import tqdm
 
 from .costmodel import machine_name
-from .errors import DllmError
-from .loader import GuiderHandle, ModelHandle
-from .sampler import generate
-from .settings import Settings
-from .tasks import generate as make_problems
-from .tasks import score as score_task
+from ..errors import DllmError
+from ..policies import registry
+from ..models.loader import GuiderHandle, ModelHandle
+from ..sampler import generate
+from ..settings import Settings
+from ..tiny.tasks import make_problems
+from ..tiny.tasks import score as score_task
 
 
 @dataclass(frozen=True)
 class Strategy:
-    name: str
     changes: dict = field(default_factory=dict)
+    note: str = ""  # what sets the row apart beyond its policies ("trace off")
 
     def settings(self, base: Settings) -> Settings:
         return base.with_(**self.changes)
 
+    def name(self, base: Settings) -> str:
+        """The policies with their headline knobs, from the specs: "dual + threshold 0.9"."""
+        s = self.settings(base)
+        unmask = s.unmask_spec.short(s.unmask_params)
+        if s.unmask_spec.uses_steps and s.steps is None:
+            unmask += " 1/step"
+        return f"{s.cache} + {unmask}" + (f", {self.note}" if self.note else "")
 
-ONE_PER_STEP = {"unmask": "fixed", "unmask_params": {}}
-THRESHOLD = {"unmask": "threshold", "unmask_params": {"threshold": 0.9}}
-FACTOR = {"unmask": "factor", "unmask_params": {"factor": 1.0}}
-CACHES = ("none", "prefix", "dual", "freecache", "adaptive")
 
-STRATEGY_SETS: dict[str, list[Strategy]] = {
-    "cache-x-unmask": [
-        Strategy(f"{cache} + {label}", {"cache": cache, **rule})
-        for cache in CACHES
-        for label, rule in (("fixed 1/step", ONE_PER_STEP), ("threshold 0.9", THRESHOLD), ("factor 1.0", FACTOR))
-    ],
-    "headline": [
-        Strategy("none + fixed 1/step", {"cache": "none", **ONE_PER_STEP}),
-        Strategy("dual + threshold 0.9", {"cache": "dual", **THRESHOLD}),
-        Strategy("freecache + threshold 0.9", {"cache": "freecache", **THRESHOLD}),
-        Strategy("adaptive + threshold 0.9", {"cache": "adaptive", **THRESHOLD}),
-        Strategy("dual + threshold 0.9, trace off", {"cache": "dual", "trace": "off", **THRESHOLD}),
+def _rule(unmask: str, **params) -> dict:
+    return {"unmask": unmask, "unmask_params": params}
+
+
+ONE_PER_STEP = _rule("fixed")
+THRESHOLD = _rule("threshold", threshold=0.9)
+
+
+def _cache_x_unmask() -> list[Strategy]:
+    rules = (ONE_PER_STEP, THRESHOLD, _rule("factor", factor=1.0))
+    return [Strategy({"cache": cache, **rule}) for cache in registry.CACHE for rule in rules]
+
+
+STRATEGY_SETS: dict[str, Callable[[], list[Strategy]]] = {
+    "cache-x-unmask": _cache_x_unmask,
+    "headline": lambda: [
+        Strategy({"cache": "none", **ONE_PER_STEP}),
+        Strategy({"cache": "dual", **THRESHOLD}),
+        Strategy({"cache": "freecache", **THRESHOLD}),
+        Strategy({"cache": "adaptive", **THRESHOLD}),
+        Strategy({"cache": "dual", "trace": "off", **THRESHOLD}, note="trace off"),
     ],
 }
 
@@ -133,8 +146,9 @@ def run_bench(handle: ModelHandle, problems: list[Problem], strategies: list[Str
               guider: GuiderHandle | None = None, repeats: int = 1, progress: bool = True) -> dict:
     rows = []
     for strat in strategies:
-        row = run_strategy(handle, problems, strat.settings(base), guider, repeats, strat.name if progress else None)
-        rows.append({"strategy": strat.name, **row})
+        name = strat.name(base)
+        row = run_strategy(handle, problems, strat.settings(base), guider, repeats, name if progress else None)
+        rows.append({"strategy": name, **row})
     base_wall = rows[0]["wall_s"]
     for row in rows:
         row["speedup"] = base_wall / row["wall_s"] if row["wall_s"] else 0.0

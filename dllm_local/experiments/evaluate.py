@@ -6,11 +6,11 @@ import time
 
 from tqdm import tqdm
 
-from .loader import GuiderHandle, ModelHandle
-from .sampler import generate
-from .settings import Settings
-from .tasks import generate as make_problems
-from .tasks import score
+from ..models.loader import GuiderHandle, ModelHandle
+from ..sampler import generate
+from ..settings import Settings
+from ..tiny.tasks import make_problems
+from ..tiny.tasks import score
 
 
 def evaluate(handle: ModelHandle, task: str, n: int, seed: int, settings: Settings,

@@ -10,31 +10,37 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .bench import Problem, run_strategy
-from .errors import SettingsError
-from .loader import GuiderHandle, ModelHandle
-from .settings import Settings
+from ..errors import SettingsError
+from ..policies import registry
+from ..models.loader import GuiderHandle, ModelHandle
+from ..settings import Settings
 
-# Knobs a sweep can vary, and where each lives in the settings.
-KNOBS = {
-    "threshold": ("unmask_params", "threshold"), "factor": ("unmask_params", "factor"),
-    "rho": ("unmask_params", "rho"), "window": ("unmask_params", "window"),
-    "block_size": (None, "block_size"), "gen_length": (None, "gen_length"), "steps": (None, "steps"),
-    "temperature": (None, "temperature"), "refresh_every": ("cache_params", "refresh_every"),
-    "floor": ("cache_params", "floor"),
-}
+# Settings knobs any sweep can vary; besides them, every numeric parameter of the policies swept.
+SETTINGS_KNOBS = ("block_size", "gen_length", "steps", "temperature")
+
+
+def sweepable(base: Settings | None = None) -> list[str]:
+    """The knobs a sweep can vary: of ``base``'s two policies, or of every registered policy."""
+    specs = [base.cache_spec, base.unmask_spec] if base else [*registry.CACHE.values(), *registry.UNMASK.values()]
+    params = [p.name for spec in specs for p in spec.params if p.type in (int, float)]
+    return [*SETTINGS_KNOBS, *dict.fromkeys(params)]
 
 
 def apply(base: Settings, point: dict) -> Settings:
     """``base`` with the knob values of one grid point."""
     changes: dict = {}
     for knob, value in point.items():
-        if knob not in KNOBS:
-            raise SettingsError(f"cannot sweep {knob!r}; sweepable knobs: {', '.join(KNOBS)}")
-        group, key = KNOBS[knob]
-        if group is None:
-            changes[key] = value
+        if knob in SETTINGS_KNOBS:
+            changes[knob] = value
+            continue
+        for kind, spec in (("cache", base.cache_spec), ("unmask", base.unmask_spec)):
+            if knob in spec.defaults:
+                group = f"{kind}_params"
+                changes.setdefault(group, dict(getattr(base, group)))[knob] = value
+                break
         else:
-            changes.setdefault(group, dict(getattr(base, group)))[key] = value
+            raise SettingsError(f"cannot sweep {knob!r} with {base.cache} + {base.unmask}; "
+                                f"sweepable knobs: {', '.join(sweepable(base))}")
     return base.with_(**changes)
 
 

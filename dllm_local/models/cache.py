@@ -22,6 +22,13 @@ class ForwardStats:
 
 
 class KVCache:
+    """K, V and validity per position, preallocated; ``seq_len`` is the part a forward attends over.
+
+    With ``track_drift`` each write also measures, per layer, the cosine between the fresh entry
+    and the one it replaces (the KV drift), reading the old entry just before it is overwritten:
+    no copy of the cache is kept.
+    """
+
     def __init__(
         self,
         n_layers: int,
@@ -36,87 +43,57 @@ class KVCache:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.valid = torch.zeros(max_len, dtype=torch.bool, device=device)
-        # The tokens of the sequence: a family that must recompute a position the caller did not
-        # name (Dream's predecessors) takes its token from here. Forwards write the tokens they
-        # compute from; a sampler keeps it in step with the sequence it decodes.
-        self.tokens = torch.zeros(batch, max_len, dtype=torch.long, device=device)
         self.max_len = max_len
         self.seq_len = max_len
+        self.track_drift = False
         self.last_positions: torch.Tensor | None = None
         self.last_stats = ForwardStats()
-        self._snapshot: tuple | None = None
-        # A read-only forward (self-verification) sees its fresh K/V but leaves the cache as it was.
-        self.read_only = False
+        self._drift: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._was_valid: torch.Tensor | None = None
 
     @property
     def batch(self) -> int:
         return self.k[0].shape[0]
 
-    def begin_forward(self, positions: torch.Tensor, input_ids: torch.Tensor) -> None:
-        """Called by the model before layer 0: fixes which entries this forward reads."""
+    def begin_forward(self, positions: torch.Tensor) -> None:
+        """Called by the model before layer 0 with the positions it recomputes."""
         if positions.numel() and int(positions.max()) >= self.max_len:
             raise ValueError(f"position {int(positions.max())} is beyond the cache length {self.max_len}")
-        valid_after = self.valid.clone()
-        valid_after[positions] = True
-        self._live = valid_after[: self.seq_len]
-        if self.read_only:
-            return  # leaves the cache, its counts and its drift snapshot as they were
+        self._was_valid = self.valid[positions]
+        self.valid[positions] = True
+        live = self.valid[: self.seq_len]
+        self._key_mask = _key_mask(live)
         recomputed = positions.numel()
         # Reads count the entries attended to that this forward did not recompute.
-        self.last_stats = ForwardStats(recomputed=recomputed, reads=int(self._live.sum()) - recomputed)
-        self.valid = valid_after
-        self.tokens[:, positions] = input_ids[: self.tokens.shape[0]]
+        self.last_stats = ForwardStats(recomputed=recomputed, reads=int(live.sum()) - recomputed)
         self.last_positions = positions
+        self._drift = []
 
     def update(
         self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Write fresh K/V at ``positions``; return all keys, values and the key mask to attend."""
         k_cache, v_cache = self.k[layer], self.v[layer]
-        live = self._live
-        if self.read_only:
-            batch = k.shape[0]
-            keys = k_cache[:, :, : self.seq_len].expand(batch, -1, -1, -1).index_copy(2, positions, k.to(k_cache.dtype))
-            values = v_cache[:, :, : self.seq_len].expand(batch, -1, -1, -1).index_copy(2, positions, v.to(v_cache.dtype))
-        else:
-            k_cache[:, :, positions] = k.to(k_cache.dtype)
-            v_cache[:, :, positions] = v.to(v_cache.dtype)
-            keys, values = k_cache[:, :, : self.seq_len], v_cache[:, :, : self.seq_len]
-        if bool(live.all()):
-            return keys, values, None
-        return keys, values, live.view(1, 1, 1, -1)
-
-    def snapshot(self, positions: torch.Tensor) -> None:
-        """Keep the entries at ``positions`` before a forward overwrites them (for drift_cosines).
-
-        Taken by the caller outside the timed forward, so that the bookkeeping never counts as
-        model time.
-        """
-        self._snapshot = (
-            positions, self.valid[positions].clone(),
-            torch.stack([k[:, :, positions] for k in self.k]), torch.stack([v[:, :, positions] for v in self.v]),
-        )
+        k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
+        if self.track_drift:
+            nan = torch.tensor(float("nan"), device=k.device)
+            self._drift.append((torch.where(self._was_valid, position_cosine(k_cache[:, :, positions], k), nan),
+                                torch.where(self._was_valid, position_cosine(v_cache[:, :, positions], v), nan)))
+        k_cache[:, :, positions] = k
+        v_cache[:, :, positions] = v
+        return k_cache[:, :, : self.seq_len], v_cache[:, :, : self.seq_len], self._key_mask
 
     def drift_cosines(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Per snapshot position, the cosine of its entry now with the entry it held at the snapshot
-        (its previous fresh value): the KV drift, measured without a second forward.
-
-        ``[layers, n]`` for K and for V; NaN where the cache held nothing before.
-        """
-        if self._snapshot is None:
+        """The last forward's KV drift: ``[layers, n]`` for K and for V over its recomputed
+        positions, NaN where the cache held nothing before. None unless ``track_drift``."""
+        if not self._drift:
             return None
-        pos, was_valid, old_k, old_v = self._snapshot
-        new_k = torch.stack([k[:, :, pos] for k in self.k])
-        new_v = torch.stack([v[:, :, pos] for v in self.v])
-        nan = torch.tensor(float("nan"), device=was_valid.device)
-        cos_k = torch.where(was_valid, position_cosine(old_k, new_k), nan)
-        cos_v = torch.where(was_valid, position_cosine(old_v, new_v), nan)
-        return cos_k, cos_v
+        return torch.stack([k for k, _ in self._drift]), torch.stack([v for _, v in self._drift])
 
-    def fresh_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K/V of the positions the last forward recomputed (``[batch, kv_heads, n, head_dim]``)."""
-        pos = self.last_positions
-        return self.k[layer][:, :, pos], self.v[layer][:, :, pos]
+    def fork(self) -> "CacheFork":
+        """A copy-on-write view for verification forwards: they see the cache plus their own fresh
+        K/V, and leave the cache, its counts and its drift as they were."""
+        return CacheFork(self)
 
     def invalidate(self, positions: torch.Tensor | None = None) -> None:
         """Drop entries, K and V together (zeroed, so nothing stale can be read); None drops all."""
@@ -132,6 +109,30 @@ class KVCache:
     def bytes_per_position(self) -> int:
         k = self.k[0]
         return 2 * len(self.k) * k.shape[0] * k.shape[1] * k.shape[3] * k.element_size()
+
+
+class CacheFork:
+    """A forward over a cache that writes nothing back (see ``KVCache.fork``); its batch may be
+    larger than the cache's (one row per variant sequence)."""
+
+    def __init__(self, parent: KVCache) -> None:
+        self.parent = parent
+
+    def begin_forward(self, positions: torch.Tensor) -> None:
+        live = self.parent.valid[: self.parent.seq_len].clone()
+        live[positions] = True
+        self._key_mask = _key_mask(live)
+
+    def update(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        p = self.parent
+        rows = k.shape[0]
+        keys = p.k[layer][:, :, : p.seq_len].expand(rows, -1, -1, -1).index_copy(2, positions, k.to(p.k[layer].dtype))
+        values = p.v[layer][:, :, : p.seq_len].expand(rows, -1, -1, -1).index_copy(2, positions, v.to(p.v[layer].dtype))
+        return keys, values, self._key_mask
+
+
+def _key_mask(live: torch.Tensor) -> torch.Tensor | None:
+    return None if bool(live.all()) else live.view(1, 1, 1, -1)
 
 
 def position_cosine(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:

@@ -145,22 +145,20 @@ class DreamModel(PreTrainedModel):
         max_len = max_len or c.max_position_embeddings
         return KVCache(c.num_hidden_layers, batch, c.num_key_value_heads, max_len, c.head_dim, ref.dtype, ref.device)
 
-    def run_positions(self, positions: torch.Tensor) -> torch.Tensor:
-        """The positions a cached forward for ``positions`` recomputes: each one's predecessor too."""
-        return torch.unique(torch.cat([positions, _missing_predecessors(positions)]))
-
     def forward(
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor | None = None,
         cache: KVCache | None = None,
+        sequence: torch.Tensor | None = None,
         **unused,
     ) -> DiffusionLMOutput:
         """Logits ``[batch, n, vocab]``: the predictions for the ``n`` given positions.
 
         The prediction for position p needs hidden state p-1. When p-1 is not among the given
-        positions it is recomputed too (exact, since recomputing a cached position is), and
-        only the requested positions' logits are returned.
+        positions it is recomputed too (exact, since recomputing a cached position is) from its
+        token in ``sequence`` (the whole sequence, ``[batch, L]``), and only the requested
+        positions' logits are returned.
         """
         if positions is None:
             positions = torch.arange(input_ids.shape[1], device=input_ids.device)
@@ -169,14 +167,15 @@ class DreamModel(PreTrainedModel):
         if cache is not None:
             missing = _missing_predecessors(positions)
             if missing.numel():
-                # A predecessor is recomputed from the token the cache last saw there.
-                extra_ids = cache.tokens[:, missing].expand(input_ids.shape[0], -1)
+                if sequence is None:
+                    raise ValueError("a cached Dream forward whose positions miss a predecessor needs `sequence`")
+                extra_ids = sequence[:, missing].expand(input_ids.shape[0], -1)
                 run_positions = torch.cat([positions, missing])
                 run_ids = torch.cat([input_ids, extra_ids], dim=1)
         order = torch.argsort(run_positions)
         run_positions, run_ids = run_positions[order], run_ids[:, order]
         if cache is not None:
-            cache.begin_forward(run_positions, run_ids)
+            cache.begin_forward(run_positions)
         rope = rope_cos_sin(run_positions, self.config.head_dim, self.config.rope_theta)
         x = self.model.embed_tokens(run_ids)
         for layer in self.model.layers:

@@ -150,10 +150,6 @@ class LLaDAModelLM(PreTrainedModel):
         dtype = ref.dtype if ref.is_floating_point() else torch.bfloat16
         return KVCache(c.n_layers, batch, c.n_kv_heads, max_len or c.max_sequence_length, c.head_dim, dtype, ref.device)
 
-    def run_positions(self, positions: torch.Tensor) -> torch.Tensor:
-        """The positions a cached forward for ``positions`` recomputes: exactly those."""
-        return positions
-
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -171,7 +167,7 @@ class LLaDAModelLM(PreTrainedModel):
             positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         check_positions(positions, self.config.max_positions)
         if cache is not None:
-            cache.begin_forward(positions, input_ids)
+            cache.begin_forward(positions)
         rope = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
         x = t.wte(input_ids)
         for block in t.blocks:

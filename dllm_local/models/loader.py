@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
-from .errors import ModelLoadError
-from .models import FAMILIES
+from ..errors import ModelLoadError
+from . import FAMILIES
 
-ASSETS = Path(__file__).resolve().parents[1] / "assets"
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
 TINY_MODEL = ASSETS / "models" / "tiny-llada"
 TINY_GUIDER = ASSETS / "models" / "tiny-guider"
 

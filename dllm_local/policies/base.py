@@ -1,36 +1,21 @@
-"""What every policy shares: parameters as dataclass fields, validated by name."""
+"""What every policy shares: its validated parameters, and the decoding state it reads."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from ..errors import SettingsError
+from .registry import PolicySpec
 
 
 class Policy:
-    name: ClassVar[str]
+    """A policy's behaviour. Its parameters (validated by its spec) are attributes: ``self.threshold``."""
 
-    @classmethod
-    def from_params(cls, params: dict[str, Any] | None):
-        params = dict(params or {})
-        known = {f.name for f in fields(cls) if f.init}
-        unknown = sorted(set(params) - known)
-        if unknown:
-            raise SettingsError(
-                f"{cls.name}: unknown parameter(s) {', '.join(unknown)}; known: {', '.join(sorted(known)) or 'none'}"
-            )
-        policy = cls(**params)
-        policy.validate()
-        return policy
-
-    def validate(self) -> None:
-        """Raise SettingsError naming the knob when a parameter is out of range."""
-
-    def _require(self, ok: bool, knob: str, rule: str) -> None:
-        if not ok:
-            raise SettingsError(f"{self.name}: {knob} must be {rule}, not {getattr(self, knob)!r}")
+    def __init__(self, spec: PolicySpec, params: dict[str, Any]) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.__dict__.update(params)
 
 
 @dataclass

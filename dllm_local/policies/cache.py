@@ -1,17 +1,17 @@
 """Cache policies: each one only decides which positions a forward recomputes.
 
 Every policy returns a ``Plan``; the sampler adds the current block's masked positions (their
-logits are needed) and runs the model. Registration is the ``CACHE_POLICIES`` dict at the end.
+logits are needed) and runs the model. Names, parameters and descriptions are in ``registry``.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from ..costmodel import DEVICES, measure_device, reuse_beats_recompute
+from ..experiments.costmodel import DEVICES, measure_device, reuse_beats_recompute
 from .base import DecodeState, Policy
 
 if TYPE_CHECKING:  # the page process validates settings with these classes and never loads a model
@@ -25,8 +25,6 @@ class Plan:
 
 
 class CachePolicy(Policy):
-    needs_entropy = False  # whether observe() wants the entropy of each recomputed position
-
     def reset(self, state: DecodeState, cache: KVCache, model) -> None:
         """A new generation starts."""
 
@@ -34,7 +32,7 @@ class CachePolicy(Policy):
         raise NotImplementedError
 
     def observe(self, state: DecodeState, cache: KVCache, positions: torch.Tensor, entropy: torch.Tensor | None) -> None:
-        """After the forward; ``entropy`` of each recomputed position's prediction if ``needs_entropy``."""
+        """After the forward; ``entropy`` of each recomputed position's prediction if the spec ``needs_entropy``."""
 
     def end_step(self, state: DecodeState, cache: KVCache) -> None:
         """The step is recorded: the policy may now drop entries (never before the bookkeeping)."""
@@ -52,25 +50,16 @@ def _refresh_due(state: DecodeState, refresh_every: int) -> bool:
     return state.step == 0 or state.step_in_block == 0 or (refresh_every > 0 and state.step_in_block % refresh_every == 0)
 
 
-@dataclass
 class NoCache(CachePolicy):
     """Recompute everything every step: the plain full-recompute baseline."""
 
-    name = "none"
 
     def plan(self, state, cache):
         return _full(state)
 
 
-@dataclass
 class PrefixCache(CachePolicy):
     """Fast-dLLM PrefixCache: refresh at each block start; then recompute the block and all after it."""
-
-    name = "prefix"
-    refresh_every: int = 0  # also refresh every N steps inside a block (0: only at block starts)
-
-    def validate(self):
-        self._require(self.refresh_every >= 0, "refresh_every", ">= 0")
 
     def plan(self, state, cache):
         if _refresh_due(state, self.refresh_every):
@@ -78,15 +67,8 @@ class PrefixCache(CachePolicy):
         return Plan(torch.arange(state.block_start, state.total_len, device=state.x.device), False)
 
 
-@dataclass
 class DualCache(CachePolicy):
     """Fast-dLLM DualCache: refresh at each block start; then recompute only the current block."""
-
-    name = "dual"
-    refresh_every: int = 0
-
-    def validate(self):
-        self._require(self.refresh_every >= 0, "refresh_every", ">= 0")
 
     def plan(self, state, cache):
         if _refresh_due(state, self.refresh_every):
@@ -94,7 +76,6 @@ class DualCache(CachePolicy):
         return Plan(state.block_positions(), False)
 
 
-@dataclass
 class FreeCache(CachePolicy):
     """FlashDLM FreeCache: one full forward, then finished blocks and the prompt stay frozen.
 
@@ -103,7 +84,6 @@ class FreeCache(CachePolicy):
     more (its last commits) on entering the next block, then frozen. No refresh ever.
     """
 
-    name = "freecache"
 
     def plan(self, state, cache):
         if state.step == 0:
@@ -118,9 +98,8 @@ class FreeCache(CachePolicy):
         return Plan(torch.cat(active), False)
 
 
-@dataclass
 class AdaptiveCache(CachePolicy):
-    """The I/O-aware adaptive cache of seed 000.
+    """The I/O-aware adaptive cache.
 
     Per position, cache confidence ``alpha * (1 - H/H_max) + beta * exp(-lambda * (t - t_write))``,
     with H the entropy of the model's prediction there (0 once the token is known). Positions at
@@ -129,27 +108,6 @@ class AdaptiveCache(CachePolicy):
     a fraction of the sequence), evicting the lowest-confidence ones, K and V together. Like
     DualCache it refreshes at block starts, and also every ``refresh_every`` steps when set.
     """
-
-    name = "adaptive"
-    needs_entropy = True
-    alpha: float = 0.7
-    beta: float = 0.3
-    lam: float | None = None  # decay per step; None: 3 / T with T the generation's step budget
-    floor: float = 0.5
-    budget: float | None = None
-    refresh_every: int = 0
-    device_profile: str = "auto"  # a name from costmodel.DEVICES, or "auto" (measured)
-    _state: dict = field(default_factory=dict, init=False, repr=False)
-
-    def validate(self):
-        self._require(self.alpha >= 0, "alpha", ">= 0")
-        self._require(self.beta >= 0, "beta", ">= 0")
-        self._require(self.lam is None or self.lam >= 0, "lam", ">= 0 or None")
-        self._require(0 <= self.floor <= 1, "floor", "in [0, 1]")
-        self._require(self.budget is None or self.budget > 0, "budget", "> 0 (positions, or a fraction < 1)")
-        self._require(self.refresh_every >= 0, "refresh_every", ">= 0")
-        self._require(self.device_profile == "auto" or self.device_profile in DEVICES, "device_profile",
-                      f"'auto' or one of {', '.join(DEVICES)}")
 
     def reset(self, state, cache, model):
         L = state.total_len
@@ -203,7 +161,3 @@ class AdaptiveCache(CachePolicy):
         s = self._state
         return {"device": s.get("device"), "reuse_wins": s.get("reuse_wins"), "evicted": s.get("evicted", 0)}
 
-
-CACHE_POLICIES: dict[str, type[CachePolicy]] = {
-    p.name: p for p in (NoCache, PrefixCache, DualCache, FreeCache, AdaptiveCache)
-}

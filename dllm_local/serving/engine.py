@@ -1,6 +1,6 @@
 """The engine process: owns the model and runs generations, sweeps and the cost model for the page.
 
-It runs in a process of its own (``serve``, started by ``dllm_local.session.Session``), so the
+It runs in a process of its own (``serve``, started by ``dllm_local.serving.session.Session``), so the
 page's Python work (building figures, Gradio's serialisation) never holds the engine's GIL: in one
 process every torch op waited for the page's thread, and a run took 1.4x longer while drawn.
 The engine's main thread does all torch work, so the OpenMP team is created once.
@@ -18,11 +18,12 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from .errors import DllmError, OutOfMemory, SettingsError
-from .loader import GuiderHandle, ModelHandle, load, load_guider
-from .sampler import Run
-from .settings import Settings
-from .trace import SCHEMA_VERSION
+from ..errors import DllmError, OutOfMemory, SettingsError
+from ..policies import registry
+from ..models.loader import GuiderHandle, ModelHandle, load, load_guider
+from ..sampler import Run
+from ..settings import Settings
+from ..trace import SCHEMA_VERSION
 
 Emit = Callable[[dict], None]
 OOM_ADVICE = ("the GPU ran out of memory; the cache was freed. Try 4-bit quantization, "
@@ -50,12 +51,13 @@ class Engine:
 
     def describe(self) -> dict:
         """What the page shows without asking again: the model and which quantizations can work."""
-        from .costmodel import DEVICES
+        from ..experiments.costmodel import DEVICES
 
         cuda = torch.cuda.is_available()
         reason = "" if cuda else "needs a CUDA GPU (bitsandbytes)"
         return {"info": self.handle.summary(), "cost_devices": [*DEVICES, "this machine"],
-                "quantization": [("none", True, ""), ("8bit", cuda, reason), ("4bit", cuda, reason)]}
+                "quantization": [("none", True, ""), ("8bit", cuda, reason), ("4bit", cuda, reason)],
+                "policies": registry.all_specs()}
 
     def switch_model(self, name: str, quantization: str | None = None) -> dict:
         self.handle = load(name, device=self.device, quantization=quantization)  # the old model is freed then
@@ -74,7 +76,7 @@ class Engine:
         """Emit ``{"start": header}``, ``{"step": record, "vocab": {id: text}}`` per forward (texts
         of newly seen tokens), then ``{"end": the trace without its steps}``."""
         settings = settings if isinstance(settings, Settings) else Settings.from_dict(settings)
-        guider = self.guider() if settings.unmask == "guided" else None
+        guider = self.guider() if settings.unmask_spec.needs_guider else None
         run = Run(self.handle, prompt, settings, guider)
         tok = self.handle.tokenizer
         seen: set[int] = set()
@@ -99,12 +101,12 @@ class Engine:
 
     def sweep(self, task: str, n: int, base: dict, axes: dict[str, list], emit: Emit, seed: int = 1000) -> None:
         """Emit ``{"progress": {done, total, point, row}}`` per grid point, then ``{"report": ...}``."""
-        from .bench import task_problems
-        from .sweep import run_sweep
+        from ..experiments.bench import task_problems
+        from ..experiments.sweep import run_sweep
 
         base_settings = Settings.from_dict(base)
         problems = task_problems(task, int(n), seed)
-        guider = self.guider() if base_settings.unmask == "guided" else None
+        guider = self.guider() if base_settings.unmask_spec.needs_guider else None
         report = run_sweep(self.handle, problems, base_settings, axes, guider, self.stop,
                            on_point=lambda p: emit({"progress": {"done": p.done, "total": p.total,
                                                                  "point": p.point, "row": p.row}}))
@@ -112,13 +114,11 @@ class Engine:
 
     def cost_model(self, settings: dict, stats: dict, prompt_len: int, device: str) -> list[dict]:
         """The cost-model panel for a finished run: step floors per strategy on ``device``."""
-        from .costmodel import DEVICES, cost_rows, measure_device
+        from ..experiments.costmodel import DEVICES, cost_rows, measure_device
 
         profile = measure_device(self.handle.device) if device == "this machine" else DEVICES[device]
         gen, bs = settings["gen_length"], settings["block_size"]
-        window = [gen - b * bs for b in range(gen // bs)]  # positions from the block start to the end
-        geometry = {"none": prompt_len + gen, "prefix": sum(window) / len(window), "dual": bs,
-                    "freecache": sum(window) / len(window)}
+        geometry = {name: spec.typical_g(prompt_len, gen, bs) for name, spec in registry.CACHE.items() if spec.typical_g}
         strategies = [{"name": f"this run ({settings['cache']} + {settings['unmask']})", "g": stats["mean_g"],
                        "tau": stats["tokens_per_forward"], "measured_step_s": stats["model_s"] / max(1, stats["nfe"])}]
         strategies += [{"name": f"{name} (typical step)", "g": g, "tau": 1.0} for name, g in geometry.items()]

@@ -1,6 +1,6 @@
 """The page's view of the engine: one loaded model, one run at a time, plain-dict records.
 
-The model lives in an engine process (``dllm_local.engine``); a ``Session`` starts it, sends it
+The model lives in an engine process (``dllm_local.serving.engine``); a ``Session`` starts it, sends it
 requests and streams its answers back. No model work happens in the page process, so its Python
 work (figures, Gradio) never holds the engine's GIL, slows a run or leaks into its timings. Runs
 are never mixed: a second request while one is going raises ``BusyError``; ``stop()`` ends a run
@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .errors import BusyError, DllmError, EngineError, OutOfMemory  # noqa: F401 - the page catches these
-from .settings import Settings
+from ..errors import BusyError, DllmError, EngineError, OutOfMemory  # noqa: F401 - the page catches these
+from ..settings import Settings
 
-PRESETS_DIR = Path(__file__).resolve().parents[1] / "presets"
+PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
 MODEL_CHOICES = ["tiny", "llada-8b-instruct", "llada-1.5", "dream-7b"]
 _ENDS = {"end", "result", "error", "dead"}
 

@@ -106,7 +106,7 @@ def _records(rng: random.Random) -> Example:
 _GENERATORS = {"arithmetic": _arithmetic, "poker": _poker, "sums": _sums, "records": _records}
 
 
-def generate(task: str, n: int, seed: int) -> list[Example]:
+def make_problems(task: str, n: int, seed: int) -> list[Example]:
     """``n`` examples of ``task``, the same for the same seed."""
     if task not in _GENERATORS:
         raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")

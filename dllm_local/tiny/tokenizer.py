@@ -8,7 +8,7 @@ from __future__ import annotations
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from ..tasks import TASKS, generate
+from .tasks import TASKS, make_problems
 
 BOS, EOS, MASK = "<|startoftext|>", "<|endoftext|>", "<|mdm_mask|>"
 HEADER_START, HEADER_END, EOT = "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"
@@ -30,7 +30,7 @@ _PIECES = Regex(r" ?\d| ?[A-Za-z]+| ?[^\sA-Za-z\d]+|\s+")
 def corpus(seed: int, per_task: int = 4000) -> list[str]:
     texts = []
     for task in TASKS:
-        for ex in generate(task, per_task, seed):
+        for ex in make_problems(task, per_task, seed):
             texts += [ex.prompt, ex.answer]
     texts += ["user", "assistant", "system", "Hello! How are you?", "What can you do?"] + ["\n\n"] * 50
     return texts

@@ -22,7 +22,7 @@ from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from ..models import LLaDAConfig, LLaDAModelLM
-from ..tasks import training_mix
+from .tasks import training_mix
 from .tokenizer import EOT, build_tokenizer
 
 REFERENCE_CONFIG = Path(__file__).resolve().parents[2] / "assets" / "reference" / "llada-8b-instruct" / "config.json"

@@ -1,0 +1,1 @@
+"""Experiments: benchmarks, sweeps, evaluation on task suites, and the roofline cost model."""

@@ -1,0 +1,280 @@
+"""What policies exist and what knobs they take: one torch-free registry.
+
+A ``PolicySpec`` names a policy, says what it does in one line, lists its parameters (type,
+range, default, label, help) and its needs, and points at the class that implements it. Settings
+validate against the specs, and the page, the CLI, the sweep and the bench build their choices
+from them, so none of those imports torch or knows a policy by name. Adding a policy is its own
+file (the behaviour) plus one ``register`` call here.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from importlib import import_module
+from typing import Any, Callable
+
+from ..errors import SettingsError
+
+_TYPES = {int: "an integer", float: "a number", str: "text", bool: "true or false"}
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    type: type  # int, float, str or bool
+    default: Any
+    label: str
+    help: str
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False  # the range excludes ``low``
+    high_open: bool = False
+    choices: tuple = ()
+    optional: bool = False  # None is allowed (``help`` says what it means)
+    slider: tuple[float, float, float] | None = None  # the page's range and step, within low..high
+    headline: bool = False  # shown in a strategy's name ("threshold 0.9")
+
+    def rule(self) -> str:
+        if self.choices:
+            return "one of " + ", ".join(map(str, self.choices))
+        if self.low is not None and self.high is not None:
+            return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+        if self.low is not None:
+            return f"{'>' if self.low_open else '>='} {self.low:g}"
+        if self.high is not None:
+            return f"{'<' if self.high_open else '<='} {self.high:g}"
+        return _TYPES[self.type]
+
+    def coerce(self, value: Any, owner: str) -> Any:
+        """``value`` as this parameter's type, in range; text is parsed. Raises naming the knob."""
+        where = f"{owner}: {self.name}"
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "") and self.optional):
+            if self.optional:
+                return None
+            raise SettingsError(f"{where} must be {self.rule()}, not None")
+        return check_value(value, self.type, where, self.rule(), self._in_range)
+
+    def _in_range(self, v: Any) -> bool:
+        if self.choices:
+            return v in self.choices
+        if self.low is not None and (v <= self.low if self.low_open else v < self.low):
+            return False
+        if self.high is not None and (v >= self.high if self.high_open else v > self.high):
+            return False
+        return True
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "type": self.type.__name__, "default": self.default, "label": self.label,
+                "help": self.help, "rule": self.rule(), "choices": list(self.choices), "optional": self.optional,
+                "slider": list(self.slider) if self.slider else None, "low": self.low, "high": self.high}
+
+
+def check_value(value: Any, kind: type, where: str, rule: str, ok: Callable[[Any], bool] = lambda v: True) -> Any:
+    """``value`` as ``kind`` (text parsed; bools never pass as numbers; numbers finite), checked by ``ok``."""
+    bad = SettingsError(f"{where} must be {rule}, not {value!r}")
+    if isinstance(value, str) and kind is not str:
+        text = value.strip().lower()
+        try:
+            value = {"true": True, "false": False}[text] if kind is bool else kind(float(text)) if kind is int and float(text).is_integer() else kind(text)
+        except (KeyError, ValueError, OverflowError):
+            raise bad from None
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise bad
+    elif kind is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer():
+            raise bad
+        value = int(value)
+    elif kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise bad
+        value = float(value)
+    elif not isinstance(value, kind):
+        raise bad
+    if not ok(value):
+        raise bad
+    return value
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    kind: str  # "cache" or "unmask"
+    name: str
+    label: str
+    description: str
+    impl: str | type  # "module:Class" (imported on first use, so specs never import torch) or the class
+    params: tuple[Param, ...] = ()
+    needs_guider: bool = False  # guided decoding: the run needs the autoregressive guider
+    needs_entropy: bool = False  # the cache policy's observe() wants each recomputed position's entropy
+    uses_steps: bool = False  # the settings' ``steps`` (LLaDA's schedule length) applies
+    # A cross-parameter rule: a message when ``params`` break it, else None.
+    check: Callable[[dict], str | None] | None = None
+    # Cache policies: the typical positions a step recomputes, (prompt_len, gen_length, block_size) -> G.
+    typical_g: Callable[[int, int, int], float] | None = None
+    defaults: dict = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "defaults", {p.name: p.default for p in self.params})
+
+    def validate(self, params: Any) -> dict:
+        """Every parameter with its default filled in, typed and in range; raises SettingsError."""
+        if params is None:
+            params = {}
+        if not isinstance(params, dict):
+            raise SettingsError(f"{self.name}: parameters must be a mapping of name to value, not {params!r}")
+        known = {p.name: p for p in self.params}
+        unknown = sorted(set(map(str, params)) - set(known))
+        if unknown:
+            raise SettingsError(f"{self.name}: unknown parameter(s) {', '.join(unknown)}; "
+                                f"known: {', '.join(known) or 'none'}")
+        out = {name: p.coerce(params[name], self.name) if name in params else p.default for name, p in known.items()}
+        problem = self.check(out) if self.check else None
+        if problem:
+            raise SettingsError(f"{self.name}: {problem}")
+        return out
+
+    def behaviour(self) -> type:
+        if isinstance(self.impl, str):
+            module, _, cls = self.impl.partition(":")
+            return getattr(import_module(module), cls)
+        return self.impl
+
+    def build(self, params: dict | None = None):
+        """A fresh policy object (one per run: policies keep per-run state)."""
+        return self.behaviour()(self, self.validate(params))
+
+    def short(self, params: dict | None = None) -> str:
+        """``name`` with its headline knobs: "threshold 0.9"."""
+        values = {**self.defaults, **(params or {})}
+        return " ".join([self.name, *(f"{values[p.name]:g}" if isinstance(values[p.name], float) else str(values[p.name])
+                                      for p in self.params if p.headline)])
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "name": self.name, "label": self.label, "description": self.description,
+                "params": [p.to_dict() for p in self.params], "needs_guider": self.needs_guider,
+                "uses_steps": self.uses_steps}
+
+
+CACHE: dict[str, PolicySpec] = {}
+UNMASK: dict[str, PolicySpec] = {}
+_KINDS = {"cache": CACHE, "unmask": UNMASK}
+
+
+def register(spec: PolicySpec) -> PolicySpec:
+    """Add a policy (a spec with the same name replaces the old one)."""
+    _KINDS[spec.kind][spec.name] = spec
+    return spec
+
+
+def unregister(kind: str, name: str) -> None:
+    _KINDS[kind].pop(name, None)
+
+
+def get(kind: str, name: str) -> PolicySpec:
+    table = _KINDS[kind]
+    if name not in table:
+        raise SettingsError(f"{kind} policy must be one of {', '.join(table)}, not {name!r}")
+    return table[name]
+
+
+def all_specs() -> dict[str, list[dict]]:
+    """Every registered policy as plain dicts, for a process that has no registry of its own to ask."""
+    return {kind: [s.to_dict() for s in table.values()] for kind, table in _KINDS.items()}
+
+
+# ---------------------------------------------------------------- the built-in policies
+def _refresh_every(help_: str = "also refresh every N steps inside a block (0: only at block starts)") -> Param:
+    return Param("refresh_every", int, 0, "Refresh every N steps", help_, low=0, slider=(0, 32, 1))
+
+
+def _suffix_g(prompt_len: int, gen_length: int, block_size: int) -> float:
+    window = [gen_length - b * block_size for b in range(gen_length // block_size)]
+    return sum(window) / len(window)  # from the block start to the end, averaged over blocks
+
+
+_CACHE_IMPL = "dllm_local.policies.cache"
+_UNMASK_IMPL = "dllm_local.policies.unmask"
+
+register(PolicySpec(
+    "cache", "none", "No cache", "Recompute every position at every step: the plain full-recompute baseline.",
+    f"{_CACHE_IMPL}:NoCache", typical_g=lambda p, g, b: p + g))
+register(PolicySpec(
+    "cache", "prefix", "PrefixCache (Fast-dLLM)",
+    "Refresh the whole cache at each block start; then recompute the block and everything after it.",
+    f"{_CACHE_IMPL}:PrefixCache", (_refresh_every(),), typical_g=_suffix_g))
+register(PolicySpec(
+    "cache", "dual", "DualCache (Fast-dLLM)",
+    "Refresh the whole cache at each block start; then recompute only the current block.",
+    f"{_CACHE_IMPL}:DualCache", (_refresh_every(),), typical_g=lambda p, g, b: b))
+register(PolicySpec(
+    "cache", "freecache", "FreeCache (FlashDLM)",
+    "One full forward, then finished blocks stay frozen: the active window shrinks, no refresh.",
+    f"{_CACHE_IMPL}:FreeCache", typical_g=_suffix_g))
+register(PolicySpec(
+    "cache", "adaptive", "Adaptive I/O-aware cache",
+    "Recompute where cache confidence (prediction certainty and age) is low or recomputing beats reading; "
+    "a budget evicts the least confident positions.",
+    f"{_CACHE_IMPL}:AdaptiveCache",
+    (
+        Param("alpha", float, 0.7, "Certainty weight (alpha)", "weight of 1 - H/H_max in the cache confidence", low=0),
+        Param("beta", float, 0.3, "Recency weight (beta)", "weight of exp(-lambda * age) in the cache confidence", low=0),
+        Param("lam", float, None, "Decay per step (lambda)", "None: 3 / the generation's step budget", low=0, optional=True),
+        Param("floor", float, 0.5, "Confidence floor", "positions at or under it are recomputed", low=0, high=1,
+              slider=(0.0, 1.0, 0.05)),
+        Param("budget", float, None, "Cache budget (positions)",
+              "at most this many positions cached (a fraction < 1 of the sequence); None: no limit",
+              low=0, low_open=True, optional=True, slider=(0, 512, 8)),
+        _refresh_every(),
+        Param("device_profile", str, "auto", "Device profile", "the I/O cost model's device: measured, or a named GPU",
+              choices=("auto", "A100", "H100", "H200", "RTX 4090", "RTX 3090", "L4")),
+    ),
+    needs_entropy=True))
+
+_THRESHOLD = Param("threshold", float, 0.9, "Confidence threshold (tau)",
+                   "commit every masked position with confidence >= tau (1: one per step)",
+                   low=0, high=1, low_open=True, slider=(0.05, 1.0, 0.05), headline=True)
+
+register(PolicySpec(
+    "unmask", "fixed", "Fixed schedule (LLaDA)",
+    "The block's masks spread evenly over its steps, most confident first (or in random order).",
+    f"{_UNMASK_IMPL}:Fixed",
+    (Param("remasking", str, "low_confidence", "Order", "low_confidence: most confident first; random: random order",
+           choices=("low_confidence", "random")),),
+    uses_steps=True))
+register(PolicySpec(
+    "unmask", "threshold", "Confidence threshold (Fast-dLLM)",
+    "Commit every masked position of the block with confidence >= tau, always at least the most confident.",
+    f"{_UNMASK_IMPL}:Threshold", (_THRESHOLD,)))
+register(PolicySpec(
+    "unmask", "factor", "Factor rule (Fast-dLLM)",
+    "Commit the n most confident positions, n the largest with (n + 1)(1 - c_n) < f.",
+    f"{_UNMASK_IMPL}:Factor",
+    (Param("factor", float, 1.0, "Factor (f)", "larger commits more per step", low=0, low_open=True,
+           slider=(0.1, 4.0, 0.1), headline=True),)))
+register(PolicySpec(
+    "unmask", "guided", "Guided diffusion (FlashDLM)",
+    "A small autoregressive guider reads the draft; commit the longest prefix it agrees with, at least one token.",
+    f"{_UNMASK_IMPL}:Guided",
+    (
+        Param("rule", str, "exact", "Guider rule", "exact: its argmax; topk: in its top-k; relative: top-k and "
+              "p >= ratio * p_top1", choices=("exact", "topk", "relative"), headline=True),
+        Param("top_k", int, 5, "Guider top-k", "for the topk and relative rules", low=1, slider=(1, 20, 1)),
+        Param("ratio", float, 0.5, "Guider ratio", "for the relative rule", low=0, high=1, low_open=True,
+              slider=(0.05, 1.0, 0.05)),
+    ),
+    needs_guider=True))
+register(PolicySpec(
+    "unmask", "self_verify", "Self-verifying parallel decoding",
+    "Threshold candidates, capped as the block fills; close candidates whose joint probability is much lower "
+    "than the product of marginals go back to mask and are decided one at a time.",
+    f"{_UNMASK_IMPL}:SelfVerify",
+    (
+        _THRESHOLD,
+        Param("rho", float, 0.5, "Conflict cut-off (rho)", "P(b | others) / P(b) under rho sends b back to mask",
+              low=0, low_open=True, slider=(0.05, 1.0, 0.05)),
+        Param("window", int, 4, "Conflict window", "candidates closer than this are verified together", low=1,
+              slider=(1, 8, 1)),
+        Param("cap_max", int, 16, "Tokens per step, empty block", "the cap when the block is empty", low=1),
+        Param("cap_min", int, 2, "Tokens per step, full block", "the cap as the block fills", low=1),
+    ),
+    check=lambda p: None if p["cap_min"] <= p["cap_max"] else f"cap_min ({p['cap_min']}) must be <= cap_max ({p['cap_max']})"))

@@ -1,0 +1,217 @@
+"""Everything about a run that is not the algorithm: time, counts, the trace and its diagnostics.
+
+The sampler calls ``forward`` (and ``extra_forward`` / ``guider_forward``) for every model call
+and ``step`` once per step; the recorder times the calls with device synchronisation, keeps the
+counters, builds the step record at the trace level asked for, runs the exact-drift diagnostic
+beside the main forward, and computes the final stats. Time the consumer of the records spends
+between two steps (``resume``) is never the run's.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .models.cache import KVCache, position_cosine
+from .models.loader import ModelHandle
+from .policies.base import DecodeState
+from .policies.cache import Plan
+from .policies.unmask import Candidates, Selection
+from .settings import Settings
+from .trace import StepRecord, Trace
+
+
+def _sync(device: torch.device) -> None:
+    # Every GPU: a model spread over several by device_map finishes on the last one.
+    if device.type == "cuda":
+        for index in range(torch.cuda.device_count()):
+            torch.cuda.synchronize(index)
+
+
+def _round(values, digits: int = 5) -> list:
+    return [None if (v != v) else round(float(v), digits) for v in values]
+
+
+class Recorder:
+    def __init__(self, handle: ModelHandle, settings: Settings, prompt_ids: list[int], cache: KVCache) -> None:
+        self.handle, self.settings, self.level = handle, settings, settings.trace
+        self.trace = Trace(settings=settings.to_dict(), model=handle.summary(), prompt_ids=list(prompt_ids),
+                           gen_length=settings.gen_length, mask_id=handle.mask_id)
+        cache.track_drift = self.level != "off"
+        self.shadow = None
+        if settings.exact_drift:  # a second cache, fully recomputed each step: the truth to compare with
+            self.shadow = handle.model.new_cache(1, cache.seq_len)
+            self.shadow.seq_len, self.shadow.track_drift = cache.seq_len, True
+        self._committed = self._g = self._reads = self._main_forwards = 0
+        self._t0 = self._t_step = time.perf_counter()
+        self._paused = 0.0
+        self._new_step()
+
+    def _new_step(self) -> None:
+        self._model_s = self._exact_s = 0.0
+        self._forwards = 0
+        self._exact: dict | None = None
+
+    # ---------------------------------------------------------------- model calls
+    def _timed(self, call: Callable):
+        device = self.handle.device
+        _sync(device)
+        t = time.perf_counter()
+        out = call()
+        _sync(device)
+        return out, time.perf_counter() - t
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """The step's main forward: logits ``[n, vocab]`` for ``positions`` of sequence ``x``."""
+        model = self.handle.model
+        logits, seconds = self._timed(lambda: model(x[:, positions], positions, cache, sequence=x).logits[0])
+        self._model_s += seconds
+        self._forwards += 1
+        if self.shadow is not None:
+            t = time.perf_counter()
+            self._exact = self._exact_forward(x, cache)
+            self._exact_s += time.perf_counter() - t
+        return logits
+
+    def extra_forward(self, rows: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+        """A verification forward of variant sequences ``rows`` (``[k, L]``) over a cache fork."""
+        logits, seconds = self._timed(lambda: self.handle.model(rows[:, positions], positions, cache, sequence=rows).logits)
+        self._model_s += seconds
+        self._forwards += 1
+        return logits
+
+    def guider_forward(self, guider, input_ids: torch.Tensor, past):
+        """One forward of the autoregressive guider over ``input_ids`` after its cache ``past``."""
+        from transformers import DynamicCache
+
+        past = past if past is not None else DynamicCache(config=guider.model.config)
+        out, seconds = self._timed(lambda: guider.model(input_ids=input_ids[None].to(guider.model.device),
+                                                        cache=past, use_cache=True))
+        self._model_s += seconds
+        self.trace.stats.guider_forwards += 1
+        return out.logits[0], out.cache
+
+    # ---------------------------------------------------------------- the step record
+    def step(self, state: DecodeState, plan: Plan, cache: KVCache, cand: Candidates, selection: Selection,
+             masked_positions: torch.Tensor, masked_logits: torch.Tensor, policy_info: dict) -> StepRecord:
+        chosen = selection.positions
+        index = torch.searchsorted(cand.positions, chosen)
+        committed = [[int(p), int(t), round(float(c), 6)] for p, t, c in
+                     zip(chosen.tolist(), cand.tokens[index].tolist(), cand.confidence[index].tolist())]
+        stats = cache.last_stats
+        record = StepRecord(
+            step=state.step, block=state.block, step_in_block=state.step_in_block, full_refresh=plan.full,
+            g=int(stats.recomputed), reads=int(stats.reads), committed=committed, forwards=self._forwards,
+            model_ms=round(self._model_s * 1e3, 4), other_ms=0.0, exact_ms=round(self._exact_s * 1e3, 4),
+            exact=self._exact_record(cand) if self._exact is not None else None,
+            policy={**selection.info, **policy_info},
+        )
+        if self.level != "off":
+            record.masked_positions = masked_positions.tolist()
+            # Confidence (max softmax probability) of every still-masked position this forward scored.
+            record.masked_confidence = _round(F.softmax(masked_logits.float(), dim=-1).amax(-1).tolist(), 6)
+            record.kv = self._kv_record(cache.drift_cosines())
+            if self.level == "full":
+                record.recomputed = cache.last_positions.tolist()
+            self.trace.steps.append(record)
+        self._count(record)
+        now = time.perf_counter()
+        record.other_ms = round(max(0.0, now - self._t_step - self._model_s - self._exact_s) * 1e3, 4)
+        self.trace.stats.other_s += record.other_ms / 1e3
+        self._t_step = now
+        self._new_step()
+        return record
+
+    def resume(self) -> None:
+        """The consumer hands control back: the time it held the run is not the run's."""
+        now = time.perf_counter()
+        self._paused += now - self._t_step
+        self._t_step = now
+
+    def _count(self, record: StepRecord) -> None:
+        st = self.trace.stats
+        st.nfe += record.forwards
+        st.model_s += record.model_ms / 1e3
+        st.exact_s += record.exact_ms / 1e3
+        self._committed += len(record.committed)
+        self._g += record.g
+        self._reads += record.reads
+        self._main_forwards += 1
+
+    def _kv_record(self, drift: tuple[torch.Tensor, torch.Tensor] | None) -> dict:
+        if drift is None:
+            return {}
+        cos_k, cos_v = drift  # [layers, n]
+        if self.level == "full":
+            ks, vs = cos_k.tolist(), cos_v.tolist()
+            return {str(layer): {"k": _round(ks[layer]), "v": _round(vs[layer])} for layer in range(len(ks))}
+        # Summary: four numbers per layer, computed for all layers in one go.
+        both = torch.stack([cos_k, cos_v])  # [2, layers, n]
+        seen = ~torch.isnan(both)
+        count = seen.sum(-1)
+        mean = (torch.where(seen, both, 0).sum(-1) / count.clamp(min=1)).tolist()
+        low = torch.where(seen, both, float("inf")).min(-1).values.tolist()
+        has = (count > 0).tolist()
+        out = {}
+        for layer in range(cos_k.shape[0]):
+            def pick(table, i):
+                return round(table[i][layer], 6) if has[i][layer] else None
+            out[str(layer)] = {"k_mean": pick(mean, 0), "k_min": pick(low, 0), "v_mean": pick(mean, 1), "v_min": pick(low, 1)}
+        return out
+
+    # ---------------------------------------------------------------- exact-drift diagnostic
+    def _exact_forward(self, x: torch.Tensor, cache: KVCache) -> dict:
+        """A full uncached forward of the same sequence: the true KV drift and the error the cache made."""
+        self.trace.stats.exact_forwards += 1
+        L = x.shape[1]
+        everything = torch.arange(L, device=x.device)
+        logits = self.handle.model(x, everything, self.shadow).logits[0]
+        cache_error = {}
+        for layer in range(len(cache.k)):
+            ck = position_cosine(cache.k[layer][:, :, :L], self.shadow.k[layer][:, :, :L])
+            cv = position_cosine(cache.v[layer][:, :, :L], self.shadow.v[layer][:, :, :L])
+            cache_error[str(layer)] = {"k": _round(ck.tolist()), "v": _round(cv.tolist())}
+        drift_k, drift_v = self.shadow.drift_cosines()
+        true_drift = {str(layer): {"k": _round(k), "v": _round(v)}
+                      for layer, (k, v) in enumerate(zip(drift_k.tolist(), drift_v.tolist()))}
+        return {"logits": logits, "true_drift": true_drift, "cache_vs_exact": cache_error}
+
+    def _exact_record(self, cand: Candidates) -> dict:
+        t = time.perf_counter()
+        exact_p = F.softmax(self._exact["logits"][cand.positions].double(), dim=-1)
+        err = (exact_p.gather(-1, cand.tokens[:, None]).squeeze(-1) - cand.confidence).abs()
+        greedy = self.settings.temperature == 0
+        record = {
+            "max_prob_error": round(float(err.max()), 6) if err.numel() else 0.0,
+            "argmax_agree": bool((exact_p.argmax(-1) == cand.tokens).all()) if greedy else None,
+            "true_drift": self._exact["true_drift"], "cache_vs_exact": self._exact["cache_vs_exact"],
+        }
+        self._exact_s += time.perf_counter() - t
+        return record
+
+    # ---------------------------------------------------------------- the end
+    def finish(self, state: DecodeState, stopped: bool) -> Trace:
+        h, trace, st = self.handle, self.trace, self.trace.stats
+        st.stopped = stopped
+        answer = state.x[0, state.prompt_len:].tolist()
+        trace.final_ids = answer
+        cut = next((i for i, t in enumerate(answer) if t in h.stop_ids or t == h.mask_id), len(answer))
+        trace.text = h.tokenizer.decode(answer[:cut], skip_special_tokens=True)
+        ids = set(answer) | set(trace.prompt_ids) | {h.mask_id}
+        trace.vocab = {str(i): h.tokenizer.decode([i]) for i in sorted(ids)}
+        st.gen_length = self.settings.gen_length
+        st.content_tokens = cut
+        forwards = max(1, st.nfe)
+        # Tokens the forwards committed (not EOS filled in by an early stop, nor masks left by Stop).
+        committed = self._committed
+        content = min(cut, committed)
+        st.tokens_per_forward = round(committed / forwards, 4)
+        st.content_tokens_per_forward = round(content / forwards, 4)
+        st.mean_g = round(self._g / max(1, self._main_forwards), 2)
+        st.cache_hit_rate = round(self._reads / max(1, self._g + self._reads), 4)
+        st.wall_s = time.perf_counter() - self._t0 - self._paused
+        st.tokens_per_s = round(committed / st.model_s, 2) if st.model_s else 0.0
+        st.content_tokens_per_s = round(content / st.model_s, 2) if st.model_s else 0.0
+        return trace
