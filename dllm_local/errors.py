@@ -27,3 +27,11 @@ class OutOfMemory(DllmError):
 
 class EngineError(DllmError):
     """The engine process ended unexpectedly (it is started again on the next request)."""
+
+
+class DecodingError(DllmError):
+    """A run broke the decoding loop's hard bound on forwards (a policy stopped committing)."""
+
+
+class TraceError(DllmError, ValueError):
+    """An imported trace is not one this build can show; the message names the first bad field."""

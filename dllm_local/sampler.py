@@ -3,6 +3,7 @@ policy what to commit, record the step. One step record per model forward, yield
 """
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass
 from typing import Iterator
@@ -10,7 +11,7 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
-from .errors import SequenceTooLongError, SettingsError
+from .errors import DecodingError, SequenceTooLongError, SettingsError
 from .models.loader import GuiderHandle, ModelHandle
 from .policies.base import DecodeState
 from .policies.unmask import Candidates
@@ -40,16 +41,77 @@ class Result:
 
 
 def encode_prompt(handle: ModelHandle, prompt: Prompt) -> list[int]:
-    """Prompt ids through the model's chat template (multi-turn messages work)."""
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-    if not messages or not any(str(m.get("content", "")).strip() for m in messages):
-        raise SettingsError("prompt is empty: type a question or message")
+    """Prompt ids through the model's chat template (multi-turn messages work). Special tokens
+    typed in a message (``<|mdm_mask|>``, ``<|eot_id|>``) are plain text: only the template's own
+    markers become control tokens, so a prompt can neither plant masks nor forge turns."""
+    messages = _messages(prompt)
     tok = handle.tokenizer
-    if tok.chat_template:
-        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    if not tok.chat_template:
+        return _text_ids(tok, "\n".join(m["content"] for m in messages))
+    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ids, start = [], 0
+    for begin, end, token_id in _template_markers(tok, messages, text):
+        ids += _text_ids(tok, text[start:begin]) + [token_id]
+        start = end
+    return ids + _text_ids(tok, text[start:])
+
+
+def _messages(prompt: object) -> list[dict]:
+    """The prompt as chat messages, checked here so that a wrong type is a SettingsError rather
+    than an error deep inside the chat template."""
+    if isinstance(prompt, str):
+        messages = [{"role": "user", "content": prompt}]
+    elif isinstance(prompt, (list, tuple)):
+        messages = list(prompt)
     else:
-        text = "\n".join(m["content"] for m in messages)
-    return tok(text, add_special_tokens=False)["input_ids"]
+        raise SettingsError(f"prompt must be text or a list of messages {{'role': ..., 'content': ...}}, "
+                            f"not {type(prompt).__name__}")
+    for n, message in enumerate(messages, 1):
+        if not isinstance(message, dict):
+            raise SettingsError(f"message {n} must be a dict with 'role' and 'content', not {type(message).__name__}")
+        if not isinstance(message.get("role"), str) or not message["role"]:
+            raise SettingsError(f"message {n} needs a 'role' (user, assistant or system) as text")
+        content = message.get("content")
+        if not isinstance(content, str):
+            given = "none" if content is None else type(content).__name__
+            raise SettingsError(f"message {n} needs a 'content' as text, not {given}")
+    if not any(m["content"].strip() for m in messages):
+        raise SettingsError("prompt is empty: type a question or message")
+    return messages
+
+
+def _text_ids(tok, text: str) -> list[int]:
+    """Ids of ``text`` with special-token strings split into ordinary tokens."""
+    return tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"] if text else []
+
+
+def _control_tokens(tok, text: str) -> list[tuple[int, int, int]]:
+    """``(start, end, id)`` of each special token the tokenizer finds in ``text``."""
+    special = {i for i, t in tok.added_tokens_decoder.items() if t.special}
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    return [(a, b, i) for i, (a, b) in zip(enc["input_ids"], enc["offset_mapping"]) if i in special]
+
+
+# Private-use characters stand for each message's content: no tokenizer has them in a special token.
+_SLOT = re.compile("\ue000(\\d+)\ue001")
+
+
+def _template_markers(tok, messages: list[dict], text: str) -> list[tuple[int, int, int]]:
+    """The special tokens of the rendered ``text`` that the chat template wrote. The template is
+    rendered once more with a slot for each content; the special tokens of ``text``, in order,
+    are then the template's (between slots) and the typed ones (in each content), by count,
+    which holds whatever the template does to the content (LLaDA's trims it)."""
+    slots = [{**m, "content": f"\ue000{n}\ue001"} for n, m in enumerate(messages)]
+    parts = _SLOT.split(tok.apply_chat_template(slots, add_generation_prompt=True, tokenize=False))
+    from_template: list[bool] = []
+    for k, part in enumerate(parts):  # template text, slot number, template text, ...
+        source = messages[int(part)]["content"] if k % 2 else part
+        from_template += [k % 2 == 0] * len(_control_tokens(tok, source))
+    found = _control_tokens(tok, text)
+    if len(found) != len(from_template):
+        raise SettingsError("the prompt's special-token text runs into the chat template's markers; "
+                            "remove the <|...|> markup from the prompt")
+    return [token for token, ours in zip(found, from_template) if ours]
 
 
 class Run:
@@ -99,6 +161,11 @@ class Run:
         self.cache.seq_len = L
         self.cache_policy.reset(state, self.cache, h.model)
         self.rng = torch.Generator(device=h.device).manual_seed(s.seed)
+        # Ids a draft may never be: the mask itself (a "committed" mask never finishes its block) and
+        # padding rows of the embedding that the tokenizer has no token for.
+        rows = h.model.get_input_embeddings().weight.shape[0]
+        self._banned = torch.tensor([h.mask_id, *range(len(h.tokenizer), rows)], device=h.device)
+        self._max_forwards = s.gen_length + s.num_blocks
         self.recorder = Recorder(h, s, self.prompt_ids, self.cache)
         self._positions: torch.Tensor | None = None  # the current step's forward, for verification forwards
         return state
@@ -114,6 +181,10 @@ class Run:
                 if self._stop.is_set():
                     stopped = finished = True
                     break
+                if state.step >= self._max_forwards:
+                    raise DecodingError(
+                        f"decoding did not finish within {self._max_forwards} forwards (gen_length + blocks): "
+                        f"the {s.unmask} policy stopped committing tokens; this is a bug, please report it with the settings")
                 with torch.inference_mode():  # per step: never left on while the consumer runs
                     record = self._step(state)
                 yield record
@@ -131,16 +202,18 @@ class Run:
         logits = self.recorder.forward(state.x, positions, cache)
         masked = state.masked[positions]
         self.cache_policy.observe(state, cache, positions, _entropy(logits) if self.settings.cache_spec.needs_entropy else None)
-        cand = self._candidates(state, positions[masked], logits[masked])
+        masked_logits = logits[masked].index_fill(-1, self._banned, float("-inf"))
+        cand = self._candidates(state, positions[masked], masked_logits)
         selection = self.unmask_policy.select(state, cand, self)
         state.x[0, selection.positions] = cand.tokens[torch.searchsorted(cand.positions, selection.positions)]
         self.cache_policy.end_step(state, cache)
-        return self.recorder.step(state, plan, cache, cand, selection, positions[masked], logits[masked],
+        return self.recorder.step(state, plan, cache, cand, selection, positions[masked], masked_logits,
                                   self.cache_policy.info())
 
     def _candidates(self, state: DecodeState, masked_positions: torch.Tensor, masked_logits: torch.Tensor) -> Candidates:
         """The block's masked positions with their draft token and its probability (float64, so
-        that a threshold near 1 is not decided by float32 rounding)."""
+        that a threshold near 1 is not decided by float32 rounding), renormalised over the ids a
+        draft may be."""
         in_block = (masked_positions >= state.block_start) & (masked_positions < state.block_end)
         logits = masked_logits[in_block]
         draft = self._draft(logits)

@@ -41,7 +41,9 @@ class Settings:
                 f"use a divisor such as {', '.join(map(str, divisors(self.gen_length)[-4:]))}"
             )
         if self.steps is not None:
-            typed("steps", int, f"an integer >= the number of blocks ({self.num_blocks})", lambda v: v >= self.num_blocks)
+            # At most one forward per token: every step of the schedule then commits at least one.
+            typed("steps", int, f"an integer from the number of blocks ({self.num_blocks}) to gen_length ({self.gen_length})",
+                  lambda v: self.num_blocks <= v <= self.gen_length)
         typed("temperature", float, "a finite number >= 0", lambda v: v >= 0)
         typed("seed", int, f"an integer in [0, {SEED_MAX}]", lambda v: 0 <= v <= SEED_MAX)
         typed("trace", str, f"one of {', '.join(TRACE_LEVELS)}", lambda v: v in TRACE_LEVELS)

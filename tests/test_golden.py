@@ -23,8 +23,12 @@ def test_every_pair_decodes_as_recorded(recorded, prompt):
         assert got["tokens"] == want["tokens"], key
         assert (got["nfe"], got["guider_forwards"]) == (want["nfe"], want["guider_forwards"]), key
         assert len(got["steps"]) == len(want["steps"]), key
+        assert len(got["steps"]) <= 64 + 4, key  # the hard bound: gen_length + blocks main forwards
         for i, (g, w) in enumerate(zip(got["steps"], want["steps"])):
             where = f"{key} step {i}"
             assert (g["g"], g["reads"], g["forwards"], g["full_refresh"]) == (w["g"], w["reads"], w["forwards"], w["full_refresh"]), where
-            assert [c[:2] for c in g["committed"]] == [c[:2] for c in w["committed"]], where
-            assert [c[2] for c in g["committed"]] == pytest.approx([c[2] for c in w["committed"]], abs=2e-4), where
+            # By position: the order within a step is the policy's ranking, where ties (confidence
+            # 1.0 in float64) may fall either way.
+            got_c, want_c = sorted(g["committed"]), sorted(w["committed"])
+            assert [c[:2] for c in got_c] == [c[:2] for c in want_c], where
+            assert [c[2] for c in got_c] == pytest.approx([c[2] for c in want_c], abs=2e-4), where

@@ -4,13 +4,12 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import dllm_local
 from dllm_local import Settings
 from dllm_local.models.loader import TINY_GUIDER, TINY_MODEL
-from dllm_local.tiny.tasks import POKER_HANDS, TASKS, make_problems, score, training_mix
+from dllm_local.tiny.tasks import TASKS, make_problems, score, training_mix
 
 QUICK = 30  # held-out problems per task in the guard below
 # (task, settings, floor): what the shipped checkpoint scores on held-out problems, minus a margin

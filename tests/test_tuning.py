@@ -13,7 +13,7 @@ from dllm_local.settings import Settings
 from dllm_local.experiments.sweep import apply, grid, pareto, run_sweep
 
 
-def test_cost_model_reproduces_seed_002_table():
+def test_cost_model_reproduces_the_cost_write_up_table():
     h100 = DEVICES["H100"]
     assert (h100.bandwidth, h100.flops) == (3.352e12, 989.4e12)
     weights, params = 1.4e10, 7e9  # 7B in bf16

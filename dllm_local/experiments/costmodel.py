@@ -1,4 +1,4 @@
-"""The tau/G cost model (seed 002) and the device table it runs on.
+"""The tau/G cost model of the dLLM cost write-up, and the device table it runs on.
 
 A forward at low batch is bounded below by reading the weights once and by the arithmetic
 of the positions it recomputes: ``max(weight_bytes / bandwidth, G * 2 * params / flops)``.

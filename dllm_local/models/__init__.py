@@ -1,9 +1,8 @@
 """Model families, registered with the transformers Auto classes at import (no remote code)."""
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-from .cache import ForwardStats, KVCache
 from .dream import DreamConfig, DreamModel
-from .llada import DiffusionLMOutput, LLaDAConfig, LLaDAModelLM
+from .llada import LLaDAConfig, LLaDAModelLM
 
 FAMILIES = {"llada": (LLaDAConfig, LLaDAModelLM), "Dream": (DreamConfig, DreamModel)}
 
@@ -12,7 +11,4 @@ for _config, _model in FAMILIES.values():
     AutoModel.register(_config, _model, exist_ok=True)
     AutoModelForCausalLM.register(_config, _model, exist_ok=True)
 
-__all__ = [
-    "FAMILIES", "DiffusionLMOutput", "DreamConfig", "DreamModel", "ForwardStats", "KVCache",
-    "LLaDAConfig", "LLaDAModelLM",
-]
+__all__ = ["FAMILIES", "DreamConfig", "DreamModel", "LLaDAConfig", "LLaDAModelLM"]
