@@ -2,10 +2,18 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import socket
 import sys
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+
+def port_number(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number in 1..65535, not {text!r}")
+    return int(text)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -15,13 +23,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ...")
     ap.add_argument("--guider", default="tiny-guider", help="autoregressive guider for guided decoding")
     ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=7860)
+    ap.add_argument("--port", type=port_number, default=7860)
     ap.add_argument("--share", action="store_true", help="opt in to a public Gradio share link")
     ap.add_argument("--preset", default="Fast-dLLM DualCache (paper default)")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch threads of the engine process for a model on the CPU "
                          "(default: all cores but one, left to the page and browser)")
     return ap.parse_args(argv)
+
+
+def address_problem(host: str, port: int) -> str | None:
+    """Why the page cannot serve on ``host:port``, or None. Checked before anything starts:
+    Gradio reports a taken port with a traceback after the page is built."""
+    try:
+        family, kind, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind) as probe:
+            # As the server will: a port left in TIME_WAIT by a run just closed is free.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return f"port {port} is already in use (is the page already running?); choose another with --port"
+        return f"cannot serve on {host}:{port} ({exc.strerror or exc}); check --host and --port"
+    return None
 
 
 def create(args: argparse.Namespace):
@@ -38,6 +62,10 @@ def create(args: argparse.Namespace):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    problem = address_problem(args.host, args.port)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     from dllm_local.errors import DllmError
 
     try:
@@ -48,9 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     from ui.page import CSS
 
     page.queue(default_concurrency_limit=1)
-    print(f"dllm-local: serving on http://{args.host}:{args.port}", flush=True)
     try:
-        page.launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS, footer_links=[])
+        page.launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS, footer_links=[],
+                    prevent_thread_lock=True)
+        print(f"dllm-local: serving on http://{args.host}:{args.port}", flush=True)
+        page.block_thread()
     finally:
         session.close()
     return 0

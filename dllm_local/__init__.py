@@ -7,6 +7,7 @@ from importlib import import_module
 
 _EXPORTS = {
     "DllmError": "errors", "ModelLoadError": "errors", "SequenceTooLongError": "errors", "SettingsError": "errors",
+    "TraceError": "errors", "DecodingError": "errors",
     "ModelHandle": "models.loader", "GuiderHandle": "models.loader", "load": "models.loader", "load_guider": "models.loader",
     "Settings": "settings", "Trace": "trace", "StepRecord": "trace",
     "generate": "sampler", "stream": "sampler", "Result": "sampler",

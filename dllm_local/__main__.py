@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from .errors import DllmError
+from .errors import DllmError, SettingsError
 
 
 def _policy_help(kind: str) -> str:
@@ -40,6 +40,13 @@ def add_settings_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--exact-drift", action="store_true")
     ap.add_argument("--early-stop", action="store_true")
     ap.add_argument("--guider", default=None, help="guider model for a policy that needs one (default: tiny-guider)")
+
+
+def _at_least_one(text: str) -> int:
+    """An argparse type for counts (--n, --repeats): a bad one stops the command before a model loads."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, not {text!r}")
+    return int(text)
 
 
 def _parse_params(pairs: list[str]) -> dict:
@@ -93,6 +100,8 @@ def _generate(args: argparse.Namespace) -> None:
     from .sampler import generate
 
     settings = settings_from_args(args)
+    if not args.prompt.strip():
+        raise SettingsError("--prompt is empty: give the question or message to answer")
     handle = load(args.model, device=args.device, quantization=args.quantize)
     result = generate(handle, args.prompt, settings, guider_for(args, handle))
     if args.json:
@@ -132,13 +141,12 @@ def _bench(args: argparse.Namespace) -> None:
     from .models.loader import load
 
     base = settings_from_args(args)
-    handle = load(args.model, device=args.device, quantization=args.quantize)
+    _check_out(args.out)
     if args.jsonl:
         problems = jsonl_problems(Path(args.jsonl), args.scorer, args.n)
     else:
         problems = task_problems(args.task, args.n, args.seed_data)
-    if args.set not in STRATEGY_SETS:
-        raise DllmError(f"--set must be one of {', '.join(STRATEGY_SETS)}, not {args.set!r}")
+    handle = load(args.model, device=args.device, quantization=args.quantize)
     strategies = STRATEGY_SETS[args.set]()
     guider = guider_for(args, handle, any(s.settings(base).unmask_spec.needs_guider for s in strategies))
     report = run_bench(handle, problems, strategies, base, guider, args.repeats, progress=True)
@@ -148,8 +156,34 @@ def _bench(args: argparse.Namespace) -> None:
         print(f"wrote {args.out}")
 
 
-def _number_list(text: str) -> list:
-    return [json.loads(v) for v in text.split(",") if v.strip()]
+def _check_out(out: str | None) -> None:
+    """--out is written after the whole run: a folder that is not there would lose the results."""
+    from pathlib import Path
+
+    if out and not Path(out).parent.is_dir():
+        raise DllmError(f"--out {out}: the folder {Path(out).parent} does not exist")
+
+
+def _number_list(text: str, flag: str) -> list:
+    """``"0.7,0.9"`` -> ``[0.7, 0.9]``; anything but a comma-separated list of numbers names ``flag``."""
+    try:
+        values = [json.loads(v) for v in text.split(",") if v.strip()]
+    except json.JSONDecodeError:
+        values = None
+    if not values or not all(type(v) in (int, float) for v in values):
+        raise SettingsError(f"{flag} must be comma-separated numbers such as 0.7,0.9, not {text!r}")
+    return values
+
+
+def _sweep_axes(args: argparse.Namespace) -> dict[str, list]:
+    axes = {"threshold": _number_list(args.thresholds, "--thresholds"),
+            "block_size": _number_list(args.block_sizes, "--block-sizes")}
+    for extra in args.axis:
+        knob, sep, values = extra.partition("=")
+        if not sep or not knob:
+            raise SettingsError(f"--axis must be KNOB=V1,V2 (for example floor=0.3,0.5), not {extra!r}")
+        axes[knob] = _number_list(values, f"--axis {knob}")
+    return axes
 
 
 def _sweep(args: argparse.Namespace) -> None:
@@ -157,30 +191,29 @@ def _sweep(args: argparse.Namespace) -> None:
 
     from .experiments.bench import task_problems
     from .models.loader import load
-    from .experiments.sweep import format_sweep, run_sweep
+    from .experiments.sweep import format_sweep, plan, run_sweep
 
     base = settings_from_args(args)
-    axes = {"threshold": _number_list(args.thresholds), "block_size": _number_list(args.block_sizes)}
-    for extra in args.axis:
-        knob, _, values = extra.partition("=")
-        axes[knob] = _number_list(values)
+    axes = _sweep_axes(args)
+    plan(base, axes)  # every point checked before the model loads
+    _check_out(args.out)
+    problems = task_problems(args.task, args.n, args.seed_data)
     handle = load(args.model, device=args.device, quantization=args.quantize)
-    total = 1
-    for v in axes.values():
-        total *= len(v)
 
     def progress(p) -> None:
-        print(f"[{p.done}/{total}] {p.point}: accuracy {p.row['accuracy']:.1%}, {p.row['model_tok_s']:.1f} tok/s",
+        print(f"[{p.done}/{p.total}] {p.point}: accuracy {p.row['accuracy']:.1%}, {p.row['model_tok_s']:.1f} tok/s",
               file=sys.stderr, flush=True)
 
-    report = run_sweep(handle, task_problems(args.task, args.n, args.seed_data), base, axes,
-                       guider_for(args, handle), on_point=progress)
+    report = run_sweep(handle, problems, base, axes, guider_for(args, handle), on_point=progress)
     print(format_sweep(report))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .experiments.bench import SCORERS, STRATEGY_SETS
+    from .tiny.tasks import TASKS
+
     ap = argparse.ArgumentParser(prog="python -m dllm_local", description="dllm-local engine")
     sub = ap.add_subparsers(dest="command", required=True)
 
@@ -202,8 +235,8 @@ def main(argv: list[str] | None = None) -> int:
 
     ev = sub.add_parser("eval", help="score a model on one of the tiny model's tasks")
     model_args(ev)
-    ev.add_argument("--task", default="arithmetic", help="arithmetic, poker, sums, records")
-    ev.add_argument("--n", type=int, default=200)
+    ev.add_argument("--task", default="arithmetic", choices=TASKS)
+    ev.add_argument("--n", type=_at_least_one, default=200)
     ev.add_argument("--seed-data", type=int, default=1000, help="problem set seed (training uses others)")
     ev.add_argument("--json", action="store_true")
     ev.add_argument("--autoregressive", action="store_true", help="--model is a causal LM (the guider): decode it greedily")
@@ -212,13 +245,13 @@ def main(argv: list[str] | None = None) -> int:
 
     be = sub.add_parser("bench", help="strategies side by side on an evaluation set: one table")
     model_args(be)
-    be.add_argument("--set", default="headline", help="strategy set: headline, cache-x-unmask")
-    be.add_argument("--task", default="arithmetic")
+    be.add_argument("--set", default="headline", choices=list(STRATEGY_SETS), help="strategy set")
+    be.add_argument("--task", default="arithmetic", choices=TASKS)
     be.add_argument("--jsonl", default=None, help="a file of {prompt, answer} lines instead of a tiny task")
-    be.add_argument("--scorer", default="exact_number", help="for --jsonl: exact_number, exact_string, contains")
-    be.add_argument("--n", type=int, default=20)
+    be.add_argument("--scorer", default="exact_number", choices=list(SCORERS), help="for --jsonl")
+    be.add_argument("--n", type=_at_least_one, default=20)
     be.add_argument("--seed-data", type=int, default=1000)
-    be.add_argument("--repeats", type=int, default=1)
+    be.add_argument("--repeats", type=_at_least_one, default=1)
     be.add_argument("--out", default=None, help="also write the report as JSON here")
     add_settings_args(be)
     be.set_defaults(run=_bench, gen_length=256, block_size=32)
@@ -231,8 +264,8 @@ def main(argv: list[str] | None = None) -> int:
 
     sw.add_argument("--axis", action="append", default=[], metavar="KNOB=V1,V2",
                     help=f"another knob to vary: {', '.join(sweepable())}")
-    sw.add_argument("--task", default="arithmetic")
-    sw.add_argument("--n", type=int, default=50)
+    sw.add_argument("--task", default="arithmetic", choices=TASKS)
+    sw.add_argument("--n", type=_at_least_one, default=50)
     sw.add_argument("--seed-data", type=int, default=1000)
     sw.add_argument("--out", default=None)
     add_settings_args(sw)

@@ -35,8 +35,10 @@ def _round(values, digits: int = 5) -> list:
 
 
 class Recorder:
-    def __init__(self, handle: ModelHandle, settings: Settings, prompt_ids: list[int], cache: KVCache) -> None:
+    def __init__(self, handle: ModelHandle, settings: Settings, prompt_ids: list[int], cache: KVCache,
+                 banned: torch.Tensor) -> None:
         self.handle, self.settings, self.level = handle, settings, settings.trace
+        self.banned = banned  # ids no draft may be: the exact diagnostic renormalises as the drafts do
         self.trace = Trace(settings=settings.to_dict(), model=handle.summary(), prompt_ids=list(prompt_ids),
                            gen_length=settings.gen_length, mask_id=handle.mask_id)
         cache.track_drift = self.level != "off"
@@ -106,7 +108,7 @@ class Recorder:
             g=int(stats.recomputed), reads=int(stats.reads), committed=committed, forwards=self._forwards,
             model_ms=round(self._model_s * 1e3, 4), other_ms=0.0, exact_ms=round(self._exact_s * 1e3, 4),
             exact=self._exact_record(cand) if self._exact is not None else None,
-            policy={**selection.info, **policy_info},
+            policy={**selection.info, **policy_info}, revoked=selection.revoked,
         )
         if self.level != "off":
             record.masked_positions = masked_positions.tolist()
@@ -135,7 +137,8 @@ class Recorder:
         st.nfe += record.forwards
         st.model_s += record.model_ms / 1e3
         st.exact_s += record.exact_ms / 1e3
-        self._committed += len(record.committed)
+        self._committed += len(record.committed) - len(record.revoked)
+        st.revisions += len(record.revoked)
         self._g += record.g
         self._reads += record.reads
         self._main_forwards += 1
@@ -180,7 +183,8 @@ class Recorder:
 
     def _exact_record(self, cand: Candidates) -> dict:
         t = time.perf_counter()
-        exact_p = F.softmax(self._exact["logits"][cand.positions].double(), dim=-1)
+        exact_logits = self._exact["logits"][cand.positions].index_fill(-1, self.banned, float("-inf"))
+        exact_p = F.softmax(exact_logits.double(), dim=-1)
         err = (exact_p.gather(-1, cand.tokens[:, None]).squeeze(-1) - cand.confidence).abs()
         greedy = self.settings.temperature == 0
         record = {

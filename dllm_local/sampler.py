@@ -166,8 +166,11 @@ class Run:
         rows = h.model.get_input_embeddings().weight.shape[0]
         self._banned = torch.tensor([h.mask_id, *range(len(h.tokenizer), rows)], device=h.device)
         self._max_forwards = s.gen_length + s.num_blocks
-        self.recorder = Recorder(h, s, self.prompt_ids, self.cache)
-        self._positions: torch.Tensor | None = None  # the current step's forward, for verification forwards
+        self.recorder = Recorder(h, s, self.prompt_ids, self.cache, self._banned)
+        # The current step's forward, for policies that read more of it (verification, revision).
+        self._positions: torch.Tensor | None = None
+        self._logits: torch.Tensor | None = None
+        self._sequence = x
         return state
 
     # ---------------------------------------------------------------- the loop
@@ -200,12 +203,16 @@ class Run:
         positions = torch.unique(torch.cat([plan.positions, state.block_masked_positions()]))  # sorted
         self._positions = positions
         logits = self.recorder.forward(state.x, positions, cache)
+        self._logits = logits
         masked = state.masked[positions]
         self.cache_policy.observe(state, cache, positions, _entropy(logits) if self.settings.cache_spec.needs_entropy else None)
         masked_logits = logits[masked].index_fill(-1, self._banned, float("-inf"))
         cand = self._candidates(state, positions[masked], masked_logits)
         selection = self.unmask_policy.select(state, cand, self)
         state.x[0, selection.positions] = cand.tokens[torch.searchsorted(cand.positions, selection.positions)]
+        if selection.revoked:
+            state.x[0, [r[0] for r in selection.revoked]] = self.handle.mask_id
+            self._max_forwards += len(selection.revoked)  # each one a token to commit again, boundedly often
         self.cache_policy.end_step(state, cache)
         return self.recorder.step(state, plan, cache, cand, selection, positions[masked], masked_logits,
                                   self.cache_policy.info())
@@ -248,6 +255,15 @@ class Run:
         logits = self.recorder.extra_forward(rows, positions, self.cache.fork())
         picked = logits[torch.arange(rows.shape[0], device=logits.device), torch.searchsorted(positions, at)]
         return F.log_softmax(picked.double(), dim=-1).gather(-1, tokens[:, None]).squeeze(-1).exp()
+
+    def current_probabilities(self, positions: torch.Tensor) -> torch.Tensor:
+        """The probability this step's forward gives the tokens now at ``positions`` (float64)."""
+        index = torch.searchsorted(self._positions, positions)
+        if not torch.equal(self._positions[index.clamp(max=len(self._positions) - 1)], positions):
+            raise ValueError("current_probabilities: a position outside this step's forward")
+        logits = self._logits[index].index_fill(-1, self._banned, float("-inf"))
+        tokens = self._sequence[0, positions]
+        return F.softmax(logits.double(), dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
 
     def guider_forward(self, input_ids: torch.Tensor, past):
         """The guider's logits for ``input_ids`` read after its cache ``past`` (None: a new one)."""

@@ -2,8 +2,13 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, NoReturn
+
+from .errors import TraceError
 
 SCHEMA_VERSION = 1
 
@@ -27,6 +32,7 @@ class StepRecord:
     exact: dict[str, Any] | None = None  # exact-drift diagnostic (its cost is exact_ms, apart)
     exact_ms: float = 0.0
     policy: dict[str, Any] = field(default_factory=dict)
+    revoked: list[list] = field(default_factory=list)  # [position, token, confidence at commit, now]: back to mask
 
     def to_dict(self) -> dict:
         """The record as a dict sharing its lists: a record is never changed once emitted, and a
@@ -57,6 +63,7 @@ class Stats:
     tokens_per_s: float = 0.0  # all committed tokens over model time
     content_tokens_per_s: float = 0.0
     stopped: bool = False
+    revisions: int = 0  # committed tokens taken back to mask
 
 
 @dataclass
@@ -100,3 +107,200 @@ class Trace:
     @classmethod
     def from_json(cls, text: str) -> "Trace":
         return cls.from_dict(json.loads(text))
+
+
+def fold(events: Iterable[dict]) -> Iterator[dict]:
+    """A run's streamed events with the trace they describe so far: the one place a stream
+    becomes a trace (the session and the page both read it from here).
+
+    In: ``{"start": header}`` (a trace with no steps yet), ``{"step": record, "vocab": {id: text}}``
+    per forward, then ``{"end": the trace without its steps}``. Out: each event as it came, plus
+    ``"trace"``: one dict that grows in place (no copy per step), whole once ``"end"`` is in the event.
+    """
+    trace: dict = {}
+    for event in events:
+        if "start" in event:
+            header = event["start"]
+            trace = {**header, "steps": [], "vocab": dict(header.get("vocab") or {})}
+        elif "step" in event:
+            trace["steps"].append(event["step"])
+            trace["vocab"].update(event["vocab"])
+        else:
+            trace.update(event["end"])
+        yield {**event, "trace": trace}
+
+
+# ---------------------------------------------------------------- imported traces
+
+MAX_GEN_LENGTH = 4096  # the largest answer region an imported trace may claim
+MAX_TRACE_BYTES = 64 * 2**20
+
+
+def load_trace_file(path: str | Path, max_bytes: int = MAX_TRACE_BYTES) -> Trace:
+    """A trace file read, checked in full (``validate_trace``) and turned into a ``Trace``;
+    anything else is a TraceError saying what is wrong."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise TraceError(f"trace file {path.name} is {size / 2**20:.1f} MB; the limit is {max_bytes / 2**20:.0f} MB")
+        data = json.loads(path.read_bytes())
+    except OSError as exc:
+        raise TraceError(f"trace file {path} could not be read ({exc.strerror or exc})") from exc
+    except ValueError as exc:  # bad JSON or bad UTF-8
+        raise TraceError(f"trace file {path.name} is not valid JSON ({exc})") from exc
+    validate_trace(data)
+    return Trace.from_dict(data)
+
+
+def validate_trace(data: Any) -> None:
+    """Check a trace in ``Trace.to_dict()`` form against the whole schema before anything is drawn
+    from it; raise TraceError naming the first field that is wrong."""
+    _typed(data, dict, "the trace", "an object (a trace saved by dllm-local)")
+    _required(data, ("schema_version", "settings", "model", "prompt_ids", "gen_length", "mask_id", "steps"), "the trace")
+    if data["schema_version"] != SCHEMA_VERSION:
+        _fail("schema_version", f"is {_show(data['schema_version'])}; this build reads version {SCHEMA_VERSION}")
+    _typed(data["settings"], dict, "settings", "an object")
+    _typed(data["model"], dict, "model", "an object")
+    gen_length = _int(data["gen_length"], "gen_length", 1, MAX_GEN_LENGTH)
+    prompt_len = len(_ints(data["prompt_ids"], "prompt_ids"))
+    _int(data["mask_id"], "mask_id")
+    final_ids = _ints(data.get("final_ids", []), "final_ids")
+    if final_ids and len(final_ids) != gen_length:
+        _fail("final_ids", f"has {len(final_ids)} ids; gen_length is {gen_length}")
+    vocab = _typed(data.get("vocab", {}), dict, "vocab", "an object of token id -> text")
+    for key, text in vocab.items():
+        _typed(text, str, f"vocab[{key!r}]", "text")
+    _stats(data.get("stats", {}))
+    _typed(data.get("text", ""), str, "text", "text")
+    answer = range(prompt_len, prompt_len + gen_length)
+    for i, step in enumerate(_typed(data["steps"], list, "steps", "a list")):
+        _step(step, f"steps[{i}]", answer)
+
+
+_STEP_FIELDS = {f.name: f for f in fields(StepRecord)}
+
+
+def _step(step: Any, where: str, answer: range) -> None:
+    _typed(step, dict, where, "an object")
+    _known_keys(step, set(_STEP_FIELDS), where)
+    _required(step, [n for n, f in _STEP_FIELDS.items() if f.default is MISSING and f.default_factory is MISSING], where)
+    for name in ("step", "block", "step_in_block", "g", "reads", "forwards"):
+        _int(step[name], f"{where}.{name}")
+    _typed(step["full_refresh"], bool, f"{where}.full_refresh", "true or false")
+    for name in ("model_ms", "other_ms", "exact_ms"):
+        _number(step.get(name, 0.0), f"{where}.{name}")
+    for j, entry in enumerate(_typed(step["committed"], list, f"{where}.committed", "a list")):
+        at = f"{where}.committed[{j}]"
+        if type(entry) is not list or len(entry) != 3:
+            _fail(at, f"must be [position, token, confidence], not {_show(entry)}")
+        _position(entry[0], f"{at}[0]", answer)
+        _int(entry[1], f"{at}[1]")
+        _number(entry[2], f"{at}[2]")
+    positions = _typed(step.get("masked_positions", []), list, f"{where}.masked_positions", "a list")
+    for j, position in enumerate(positions):
+        _position(position, f"{where}.masked_positions[{j}]", answer)
+    confidence = _typed(step.get("masked_confidence", []), list, f"{where}.masked_confidence", "a list")
+    if len(confidence) != len(positions):
+        _fail(f"{where}.masked_confidence", f"has {len(confidence)} values for {len(positions)} masked_positions")
+    _numbers(confidence, f"{where}.masked_confidence")
+    if step.get("recomputed") is not None:
+        for j, position in enumerate(_typed(step["recomputed"], list, f"{where}.recomputed", "a list or null")):
+            _position(position, f"{where}.recomputed[{j}]", range(answer.stop))
+    if step.get("kv") is not None:
+        _kv(step["kv"], f"{where}.kv")
+    if step.get("exact") is not None:
+        _exact(step["exact"], f"{where}.exact")
+    _typed(step.get("policy", {}), dict, f"{where}.policy", "an object")
+
+
+def _kv(kv: Any, where: str) -> None:
+    """Per layer, named cosines: a list per position (null where the cache held nothing) or one number."""
+    for layer, entry in _typed(kv, dict, where, "an object of layer -> values").items():
+        for name, value in _typed(entry, dict, f"{where}.{layer}", "an object").items():
+            if type(value) is list:
+                _numbers(value, f"{where}.{layer}.{name}")
+            elif value is not None:
+                _number(value, f"{where}.{layer}.{name}")
+
+
+def _exact(exact: Any, where: str) -> None:
+    _typed(exact, dict, where, "an object or null")
+    _number(exact.get("max_prob_error", 0.0), f"{where}.max_prob_error")
+    if exact.get("argmax_agree") is not None:
+        _typed(exact["argmax_agree"], bool, f"{where}.argmax_agree", "true, false or null")
+    for name in ("true_drift", "cache_vs_exact"):
+        _kv(exact.get(name, {}), f"{where}.{name}")
+
+
+def _stats(stats: Any) -> None:
+    _known_keys(_typed(stats, dict, "stats", "an object"), {f.name for f in fields(Stats)}, "stats")
+    for name, value in stats.items():
+        if type(value) is not bool:
+            _number(value, f"stats.{name}")
+
+
+# ---------------------------------------------------------------- checks that name the field
+
+def _fail(where: str, problem: str) -> NoReturn:
+    raise TraceError(f"not a valid trace: {where} {problem}")
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, (list, dict)):
+        return "a list" if isinstance(value, list) else "an object"
+    return "null" if value is None else repr(value)[:40]
+
+
+def _typed(value: Any, kind: type, where: str, what: str) -> Any:
+    if type(value) is not kind:
+        _fail(where, f"must be {what}, not {_show(value)}")
+    return value
+
+
+def _known_keys(data: dict, known: set[str], where: str) -> None:
+    """Steps and stats are rebuilt as dataclasses, which take no other fields."""
+    unknown = sorted(set(data) - known)
+    if unknown:
+        _fail(where, f"has unknown field(s) {', '.join(map(repr, unknown[:5]))}")
+
+
+def _required(data: dict, names: Iterable[str], where: str) -> None:
+    missing = [name for name in names if name not in data]
+    if missing:
+        _fail(where, f"has no {', '.join(missing)}")
+
+
+def _int(value: Any, where: str, low: int = 0, high: int | None = None) -> int:
+    if type(value) is not int or value < low or (high is not None and value > high):
+        bounds = f"in {low}..{high}" if high is not None else f">= {low}"
+        _fail(where, f"must be an integer {bounds}, not {_show(value)}")
+    return value
+
+
+def _ints(values: Any, where: str) -> list[int]:
+    for j, value in enumerate(_typed(values, list, where, "a list of integers")):
+        _int(value, f"{where}[{j}]")
+    return values
+
+
+def _position(value: Any, where: str, allowed: range) -> None:
+    if type(value) is not int or value not in allowed:
+        _fail(where, f"must be a position in {allowed.start}..{allowed.stop - 1}, not {_show(value)}")
+
+
+def _is_number(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+def _number(value: Any, where: str) -> None:
+    if not _is_number(value):
+        _fail(where, f"must be a finite number, not {_show(value)}")
+
+
+def _numbers(values: list, where: str) -> None:
+    """Numbers or nulls; checked in one pass, the index found only when one is wrong (a full
+    trace holds millions of them)."""
+    if not all(value is None or _is_number(value) for value in values):
+        j = next(j for j, value in enumerate(values) if not (value is None or _is_number(value)))
+        _fail(f"{where}[{j}]", f"must be a number or null, not {_show(values[j])}")

@@ -4,14 +4,16 @@ from __future__ import annotations
 import copy
 import json
 import math
+import shutil
 
 import pytest
 import torch
-from checkpoints import build_llada, dream_config, llada_config, reference_weight_names
+from checkpoints import REFERENCE, build_llada, dream_config, llada_config, reference_weight_names
 from transformers import AutoConfig, AutoModel
 
 import dllm_local
 from dllm_local.models import DreamModel, LLaDAModelLM
+from dllm_local.models.loader import TINY_GUIDER
 
 
 def test_llada_checkpoint_has_every_real_parameter_name_and_loads(llada_dir):
@@ -301,3 +303,87 @@ def test_error_sequence_longer_than_model_maximum():
     model = _random_model("llada")  # max_sequence_length 128
     with pytest.raises(dllm_local.SequenceTooLongError, match="longer than the model's maximum of 128"):
         model(torch.zeros(1, 129, dtype=torch.long))
+
+
+# ---------------------------------------------------------------- malformed checkpoints
+
+@pytest.fixture(scope="module")
+def small_llada(tmp_path_factory):
+    return build_llada(tmp_path_factory.mktemp("small-llada"), shard_size="60KB", n_layers=2)
+
+
+def _edit_json(name, change):
+    def edit(path):
+        data = json.loads((path / name).read_text())
+        (path / name).write_text(json.dumps(change(data)))
+    return edit
+
+
+def _without(key):
+    return lambda data: {k: v for k, v in data.items() if k != key}
+
+
+def _write(name, text):
+    return lambda path: (path / name).write_text(text)
+
+
+MALFORMED = {
+    "config not JSON": (_write("config.json", "{nope"), r"config.json is not readable JSON"),
+    "config a list": (_write("config.json", "[1, 2]"), r"config.json must hold a JSON object, not a list"),
+    "index not JSON": (_write("model.safetensors.index.json", "{"), r"index.json is not readable JSON"),
+    "index without weight_map": (_write("model.safetensors.index.json", "{}"), r"has no weight_map"),
+    "weight_map a list": (_edit_json("model.safetensors.index.json", lambda d: {"weight_map": [1]}), r"has no weight_map"),
+    "no mask_token_id": (_edit_json("config.json", _without("mask_token_id")), r"has no mask_token_id"),
+    "mask_token_id beyond vocab": (_edit_json("config.json", lambda d: {**d, "mask_token_id": 768}),
+                                   r"mask_token_id 768 .* not a token id of this model \(vocab_size 768\)"),
+    "mask_token_id not an int": (_edit_json("config.json", lambda d: {**d, "mask_token_id": "2"}), r"mask_token_id '2'"),
+    "config value of the wrong type": (_edit_json("config.json", lambda d: {**d, "d_model": "big"}),
+                                       r"not a valid llada config"),
+    "unknown type with remote code": (
+        _edit_json("config.json", lambda d: {**d, "model_type": "fancy", "auto_map": {"AutoModel": "m.M"}}),
+        r"unsupported model_type 'fancy'.*this app runs no remote code; supported natively: llada, Dream"),
+}
+
+
+@pytest.mark.parametrize("case", MALFORMED)
+def test_malformed_checkpoint_is_a_load_error_naming_the_problem(small_llada, tmp_path, case):
+    edit, message = MALFORMED[case]
+    path = tmp_path / "m"
+    shutil.copytree(small_llada, path)
+    edit(path)
+    with pytest.raises(dllm_local.ModelLoadError, match=message):
+        dllm_local.load(str(path))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"dtype": "float33"}, "dtype must be auto, float32, bfloat16 or float16, not 'float33'"),
+    ({"dtype": "int8"}, "not 'int8'"),
+    ({"device": "potato"}, "device 'potato' is not a device name"),
+    ({"device": "meta"}, "device 'meta' is not supported"),
+])
+def test_bad_dtype_or_device_is_a_load_error(small_llada, kwargs, message):
+    with pytest.raises(dllm_local.ModelLoadError, match=message):
+        dllm_local.load(str(small_llada), **kwargs)
+
+
+def test_llada_config_and_tokenizer_with_remote_code_hooks_load_natively(small_llada, tmp_path):
+    # The released LLaDA config names remote code (auto_map); our own classes stand in for it.
+    path = tmp_path / "m"
+    shutil.copytree(small_llada, path)
+    released = json.loads((REFERENCE / "config.json").read_text())
+    _edit_json("config.json", lambda d: {**d, "auto_map": released["auto_map"]})(path)
+    _edit_json("tokenizer_config.json", lambda d: {**d, "tokenizer_class": "LLaDATokenizer",
+                                                   "auto_map": {"AutoTokenizer": ["tokenization_llada.LLaDATokenizer", None]}})(path)
+    handle = dllm_local.load(str(path))
+    assert handle.family == "llada" and handle.mask_id == 2
+    (path / "tokenizer.json").unlink()
+    with pytest.raises(dllm_local.ModelLoadError, match="this app runs no remote code; llada is supported natively"):
+        dllm_local.load(str(path))
+
+
+def test_guider_needing_remote_code_is_a_load_error(tmp_path):
+    path = tmp_path / "g"
+    shutil.copytree(TINY_GUIDER, path)
+    _edit_json("config.json", lambda d: {**d, "model_type": "fancy", "auto_map": {"AutoModelForCausalLM": "m.M"}})(path)
+    with pytest.raises(dllm_local.ModelLoadError, match="guider model_type 'fancy'.*this app runs no remote code"):
+        dllm_local.load_guider(str(path))

@@ -98,8 +98,12 @@ def jsonl_problems(path: Path, scorer: str, n: int | None = None) -> list[Proble
     """A user's evaluation set: one ``{"prompt": ..., "answer": ...}`` object per line."""
     if scorer not in SCORERS:
         raise DllmError(f"scorer must be one of {', '.join(SCORERS)}, not {scorer!r}")
+    try:
+        lines = Path(path).read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DllmError(f"cannot read the evaluation set {path}: {getattr(exc, 'strerror', None) or exc}") from exc
     problems = []
-    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+    for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
@@ -108,12 +112,15 @@ def jsonl_problems(path: Path, scorer: str, n: int | None = None) -> list[Proble
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise DllmError(f"{path} line {i}: expected a JSON object with 'prompt' and 'answer' ({exc})") from exc
         problems.append(Problem(prompt, lambda out, a=answer: SCORERS[scorer](out, a)))
+    if not problems:
+        raise DllmError(f"{path} has no problems: expected one JSON object with 'prompt' and 'answer' per line")
     return problems[:n] if n else problems
 
 
 def run_strategy(handle: ModelHandle, problems: list[Problem], settings: Settings,
                  guider: GuiderHandle | None = None, repeats: int = 1, progress: str | None = None) -> dict:
     """One row of the table: per-answer means, and the median over repeats of the times."""
+    repeats = registry.check_value(repeats, int, "repeats", "an integer >= 1", lambda v: v >= 1)
     walls, models = [], []
     generate(handle, problems[0].prompt, settings, guider)  # warm-up: start-up costs stay out of the table
     for rep in range(repeats):

@@ -49,6 +49,14 @@ def grid(axes: dict[str, list]) -> list[dict]:
     return [dict(zip(names, values)) for values in itertools.product(*(axes[n] for n in names))]
 
 
+def plan(base: Settings, axes: dict[str, list]) -> list[tuple[dict, Settings]]:
+    """Every grid point with its settings, all validated before any time is spent on one."""
+    for knob, values in axes.items():
+        if not values:
+            raise SettingsError(f"sweep axis {knob!r} has no values")
+    return [(point, apply(base, point)) for point in grid(axes)]
+
+
 def pareto(points: list[dict], x: str = "model_tok_s", y: str = "accuracy") -> list[int]:
     """Indices of points no other point beats on both ``x`` and ``y`` (higher is better)."""
     front = []
@@ -73,10 +81,9 @@ def run_sweep(handle: ModelHandle, problems: list[Problem], base: Settings, axes
               guider: GuiderHandle | None = None, cancel: threading.Event | None = None,
               on_point: Callable[[SweepProgress], None] | None = None) -> dict:
     """Every grid point over ``problems``; stops early (keeping what it has) when ``cancel`` is set."""
-    points = grid(axes)
-    settings = [apply(base, p) for p in points]  # validate every point before spending time
+    points = plan(base, axes)
     rows = []
-    for i, (point, s) in enumerate(zip(points, settings)):
+    for i, (point, s) in enumerate(points):
         if cancel is not None and cancel.is_set():
             break
         row = {"point": point, **run_strategy(handle, problems, s, guider)}

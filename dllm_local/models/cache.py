@@ -25,8 +25,8 @@ class KVCache:
 
     With ``track_drift`` each write also keeps the entries it replaces (read just before they are
     overwritten) beside the fresh ones it was handed, so that ``drift_cosines`` gives the KV drift
-    of the last forward: no snapshot of the cache, no second gather, and one batched cosine for
-    all layers rather than a chain of small ops inside every layer.
+    of the last forward: no snapshot of the cache, no second gather, and the cosines computed after
+    the forward, outside its time.
     """
 
     def __init__(
@@ -48,6 +48,11 @@ class KVCache:
         self.track_drift = False
         self.last_positions: torch.Tensor | None = None
         self.last_stats = ForwardStats()
+        # An attention probe for a cache policy that watches where the current block looks:
+        # at ``probe_layer``, the attention mass the queries at ``probe_queries`` put on each key.
+        self.probe_layer: int | None = None
+        self.probe_queries: torch.Tensor | None = None
+        self.attention_mass: torch.Tensor | None = None
         self._replaced: list[torch.Tensor] = []  # per layer: old K, old V at the positions written
         self._written: list[torch.Tensor] = []  # per layer: the fresh K, V
         self._was_valid: torch.Tensor | None = None
@@ -83,12 +88,22 @@ class KVCache:
         v_cache[:, :, positions] = v
         return k_cache[:, :, : self.seq_len], v_cache[:, :, : self.seq_len], self._key_mask
 
+    def probe(self, q: torch.Tensor, keys: torch.Tensor, key_mask: torch.Tensor | None, positions: torch.Tensor) -> None:
+        """Keep the attention mass of the probe queries over every key (``[seq_len]``, summed over
+        batch, heads and queries): one explicit softmax at one layer, beside the fused attention."""
+        rows = torch.searchsorted(positions, self.probe_queries)
+        q = q[:, :, rows].float()
+        scores = q @ keys.to(q.dtype).transpose(-1, -2) / q.shape[-1] ** 0.5
+        if key_mask is not None:
+            scores = scores.masked_fill(~key_mask, float("-inf"))
+        self.attention_mass = scores.softmax(-1).sum((0, 1, 2))
+
     def drift_cosines(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The last forward's KV drift: ``[layers, n]`` for K and for V over its recomputed
         positions, NaN where the cache held nothing before. None unless ``track_drift``."""
         if not self._written:
             return None
-        cos = position_cosine(torch.stack(self._replaced), torch.stack(self._written))  # [2 * layers, n]
+        cos = torch.stack([position_cosine(a, b) for a, b in zip(self._replaced, self._written)])  # [2 * layers, n]
         cos = torch.where(self._was_valid, cos, torch.tensor(float("nan"), device=cos.device))
         return cos[0::2], cos[1::2]
 
@@ -140,10 +155,10 @@ def _key_mask(live: torch.Tensor) -> torch.Tensor | None:
 def position_cosine(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     """Cosine per position over heads x head_dim, averaged over the batch.
 
-    ``[..., batch, heads, n, head_dim]`` -> ``[..., n]``; summed in place rather than through a
-    transposed copy, since the trace computes it at every step.
+    ``[batch, heads, n, head_dim]`` -> ``[n]``; dot products over head_dim summed over heads
+    rather than a transposed copy (the trace computes this at every step).
     """
     old, new = old.float(), new.float()
-    dot = (old * new).sum((-3, -1))
-    norms = (old * old).sum((-3, -1)) * (new * new).sum((-3, -1))
+    dot = torch.linalg.vecdot(old, new).sum(-2)
+    norms = torch.linalg.vecdot(old, old).sum(-2) * torch.linalg.vecdot(new, new).sum(-2)
     return (dot / norms.sqrt().clamp_min(1e-8)).mean(-2)

@@ -73,5 +73,7 @@ def attend(
         # Grouped-query attention: each K/V head serves n_heads / n_kv query heads.
         k = k.repeat_interleave(n_heads // n_kv, dim=1)
         v = v.repeat_interleave(n_heads // n_kv, dim=1)
+    if cache is not None and getattr(cache, "probe_layer", None) == layer:
+        cache.probe(q, k, key_mask, positions)
     out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=key_mask)
     return out.transpose(1, 2).flatten(2)

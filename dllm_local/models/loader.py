@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 
 from ..errors import ModelLoadError
 from . import FAMILIES
@@ -102,7 +103,10 @@ def check_weights(path: Path) -> list[Path]:
     """The safetensors files of a checkpoint, each checked to be present and complete."""
     index = path / "model.safetensors.index.json"
     if index.exists():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weight_map = read_json_object(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(v, str) for v in weight_map.values()):
+            raise ModelLoadError(f"{index} has no weight_map (tensor name -> file name); download the checkpoint again")
+        names = sorted(set(weight_map.values()))
     elif (path / "model.safetensors").exists():
         names = ["model.safetensors"]
     else:
@@ -125,9 +129,10 @@ def _check_safetensors_complete(f: Path) -> None:
             if header_len > size:
                 raise ValueError
             header = json.loads(fh.read(header_len))
-    except (struct.error, ValueError) as exc:
+        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    except (struct.error, ValueError, AttributeError, KeyError, IndexError, TypeError) as exc:
+        # A short file, a header that is not JSON, or JSON that is not a tensor table.
         raise ModelLoadError(f"weight file {f.name} is not a readable safetensors file ({size} bytes)") from exc
-    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
     expected = 8 + header_len + end
     if size < expected:
         raise ModelLoadError(f"weight file {f.name} is truncated: {size} bytes, expected {expected}; download it again")
@@ -154,24 +159,94 @@ def _quantization_config(quantization: str | None, device: torch.device):
 def pick_device(device: str | torch.device = "auto") -> torch.device:
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ModelLoadError(f"device {device!r} is not a device name: use auto, cpu, cuda or cuda:N") from exc
+    if parsed.type not in ("cpu", "cuda"):
+        raise ModelLoadError(f"device {device!r} is not supported: use auto, cpu, cuda or cuda:N")
+    if parsed.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError("device 'cuda' was asked for but no CUDA GPU is available")
-    return device
+    if parsed.type == "cuda" and (parsed.index or 0) >= torch.cuda.device_count():
+        raise ModelLoadError(f"device {device!r} does not exist: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
+    return parsed
+
+
+def pick_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """``"auto"`` (bf16 on CUDA, fp32 elsewhere), a floating torch dtype, or its name ("bfloat16")."""
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    value = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+    if not isinstance(value, torch.dtype) or not value.is_floating_point:
+        raise ModelLoadError(f"dtype must be auto, float32, bfloat16 or float16, not {dtype!r}")
+    return value
+
+
+def read_json_object(file: Path) -> dict:
+    """The JSON object in ``file``; unreadable JSON or another JSON type is a ModelLoadError."""
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:  # ValueError: bad JSON or bad UTF-8
+        raise ModelLoadError(f"{file} is not readable JSON ({exc}); download the checkpoint again or fix the file") from exc
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{file} must hold a JSON object, not a {type(data).__name__}")
+    return data
+
+
+def _remote_code_note(raw: dict) -> str:
+    # auto_map is transformers' hook for code shipped with a checkpoint; ours is never run.
+    return "; its auto_map names remote code, and this app runs no remote code" if "auto_map" in raw else ""
+
+
+def _family(raw: dict, config_file: Path) -> str:
+    """The config's model_type when it is one of ours; the released configs' auto_map (remote code
+    for the same architecture) is ignored, since our own classes implement it."""
+    family = raw.get("model_type")
+    if isinstance(family, str) and family in FAMILIES:
+        return family
+    raise ModelLoadError(f"unsupported model_type {family!r} in {config_file}{_remote_code_note(raw)}; "
+                         f"supported natively: {', '.join(FAMILIES)}")
+
+
+def _mask_id(raw: dict, config: Any, config_file: Path) -> int:
+    """The mask token id from config.json, checked against the vocabulary. The config classes'
+    default is the 8B model's id: a config without the key would load and fail every run."""
+    if "mask_token_id" not in raw:
+        raise ModelLoadError(f"{config_file} has no mask_token_id: a diffusion LM needs the id of its mask token; "
+                             f"add it to config.json (LLaDA: 126336, Dream: 151666)")
+    mask_id = raw["mask_token_id"]
+    if type(mask_id) is not int or not 0 <= mask_id < config.vocab_size:
+        raise ModelLoadError(f"mask_token_id {mask_id!r} in {config_file} is not a token id of this model "
+                             f"(vocab_size {config.vocab_size})")
+    return mask_id
+
+
+def _config(raw: dict, family: str, config_file: Path):
+    config_cls, _ = FAMILIES[family]
+    try:
+        return config_cls.from_dict(raw)
+    except (ValueError, TypeError, StrictDataclassError) as exc:
+        raise ModelLoadError(f"{config_file} is not a valid {family} config: {exc}") from exc
+
+
+# What a family's tokenizer files are, for a tokenizer_config.json that names a remote-code class
+# (Dream's does), which AutoTokenizer refuses without trust_remote_code.
+_NATIVE_TOKENIZERS = {"llada": "PreTrainedTokenizerFast", "Dream": "Qwen2Tokenizer"}
 
 
 def load_tokenizer(path: Path, family: str):
-    from transformers import AutoTokenizer
+    import transformers
 
     try:
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+        return transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     except (ValueError, OSError, AttributeError):
-        if family != "Dream":
-            raise
-    # Dream names a remote-code tokenizer class; its files are Qwen2's, which transformers has.
-    from transformers import Qwen2Tokenizer
-
-    return Qwen2Tokenizer.from_pretrained(path)
+        pass
+    native = getattr(transformers, _NATIVE_TOKENIZERS[family])
+    try:
+        return native.from_pretrained(path)
+    except (ValueError, OSError, AttributeError, TypeError) as exc:
+        raise ModelLoadError(f"this app runs no remote code; {family} is supported natively, but the tokenizer in "
+                             f"{path} does not load as {native.__name__} either ({str(exc).splitlines()[0]}); check its tokenizer files") from exc
 
 
 def load(
@@ -187,19 +262,16 @@ def load(
     config_file = path / "config.json"
     if not config_file.exists():
         raise ModelLoadError(f"{path} has no config.json; is it a model folder?")
-    raw = json.loads(config_file.read_text())
-    family = raw.get("model_type")
-    if family not in FAMILIES:
-        raise ModelLoadError(f"unsupported model_type {family!r} in {config_file}; supported: {', '.join(FAMILIES)}")
+    raw = read_json_object(config_file)
+    family = _family(raw, config_file)
+    config = _config(raw, family, config_file)
+    mask_id = _mask_id(raw, config, config_file)
     check_weights(path)
     dev = pick_device(device)
-    if dtype == "auto":
-        dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    elif isinstance(dtype, str):
-        dtype = getattr(torch, dtype)
+    dtype = pick_dtype(dtype, dev)
     qconfig = _quantization_config(quantization, dev)
-    config_cls, model_cls = FAMILIES[family]
-    kwargs: dict[str, Any] = {"dtype": dtype}
+    _, model_cls = FAMILIES[family]
+    kwargs: dict[str, Any] = {"config": config, "dtype": dtype}
     if qconfig is not None:
         kwargs["quantization_config"] = qconfig
         kwargs["device_map"] = device_map or {"": dev.index or 0}
@@ -213,13 +285,14 @@ def load(
         model = model.to(dev)
     model.eval()
     tokenizer = load_tokenizer(path, family)
-    config = model.config
     eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else config.eos_token_id
+    if type(eos_id) is not int:
+        raise ModelLoadError(f"{path} names no end-of-text token: set eos_token_id in {config_file}")
     vocab = tokenizer.get_vocab()
     stop_ids = tuple(dict.fromkeys([eos_id] + [vocab[t] for t in _STOP_TOKENS if t in vocab]))
     return ModelHandle(
         name=name_or_path, path=path, family=family, model=model, tokenizer=tokenizer,
-        mask_id=int(config.mask_token_id), eos_id=int(eos_id), stop_ids=stop_ids,
+        mask_id=mask_id, eos_id=eos_id, stop_ids=stop_ids,
         device=next(model.parameters()).device, dtype=dtype, quantization=None if qconfig is None else quantization,
         num_parameters=sum(p.numel() for p in model.parameters()),
         memory_bytes=model.get_memory_footprint(), max_length=config.max_positions,
@@ -238,16 +311,20 @@ class GuiderHandle:
 
 def load_guider(name_or_path: str, device: str | torch.device = "auto", dtype: str | torch.dtype = "auto") -> GuiderHandle:
     """Load a causal LM guider (any transformers architecture) by hub id, folder or ``tiny-guider``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import CONFIG_MAPPING, AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_path(name_or_path)
-    if not (path / "config.json").exists():
+    config_file = path / "config.json"
+    if not config_file.exists():
         raise ModelLoadError(f"{path} has no config.json; is it a model folder?")
+    raw = read_json_object(config_file)
+    model_type = raw.get("model_type")
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        raise ModelLoadError(f"guider model_type {model_type!r} in {config_file} is not built into "
+                             f"transformers{_remote_code_note(raw)}; use a causal LM such as Llama or Qwen2")
     check_weights(path)
     dev = pick_device(device)
-    if dtype == "auto":
-        dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=False).to(dev).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=pick_dtype(dtype, dev), trust_remote_code=False).to(dev).eval()
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     return GuiderHandle(name_or_path, model, tokenizer, sum(p.numel() for p in model.parameters()))
 

@@ -77,7 +77,8 @@ def check_value(value: Any, kind: type, where: str, rule: str, ok: Callable[[Any
         try:
             value = {"true": True, "false": False}[text] if kind is bool else kind(float(text)) if kind is int and float(text).is_integer() else kind(text)
         except (KeyError, ValueError, OverflowError):
-            raise bad from None
+            typed = rule if rule.startswith(("a ", "an ", "true")) else f"{_TYPES[kind]} {rule}"
+            raise SettingsError(f"{where} must be {typed}, not {value!r}") from None
     if kind is bool:
         if not isinstance(value, bool):
             raise bad
@@ -278,3 +279,32 @@ register(PolicySpec(
         Param("cap_min", int, 2, "Tokens per step, full block", "the cap as the block fills", low=1),
     ),
     check=lambda p: None if p["cap_min"] <= p["cap_max"] else f"cap_min ({p['cap_min']}) must be <= cap_max ({p['cap_max']})"))
+register(PolicySpec(
+    "unmask", "revise", "Draft wide, verify narrow (WINO)",
+    "Commit every position at or above the draft threshold; in the same forward, send back to mask any "
+    "token this block committed earlier whose probability now falls under the verify threshold.",
+    "dllm_local.policies.revise:Revise",
+    (
+        Param("draft_threshold", float, 0.5, "Draft threshold", "commit every masked position at or above it",
+              low=0, high=1, low_open=True, slider=(0.05, 1.0, 0.05), headline=True),
+        Param("verify_threshold", float, 0.9, "Verify threshold",
+              "a committed token whose probability falls under it goes back to mask (0: never)",
+              low=0, high=1, slider=(0.0, 1.0, 0.05), headline=True),
+        Param("max_revisions", int, 1, "Revisions per position", "how often one position may be taken back",
+              low=0, slider=(0, 4, 1)),
+    )))
+register(PolicySpec(
+    "cache", "drift_refresh", "Drift-triggered refresh (Elastic-Cache)",
+    "Reuse like DualCache; refresh the whole cache when the block's attention, at a probe layer over its "
+    "most-attended positions, drifts from what it was at the last refresh.",
+    "dllm_local.policies.drift_refresh:DriftRefresh",
+    (
+        Param("gamma", float, 0.9, "Drift threshold (gamma)",
+              "refresh when the attention cosine falls under it (1: every step; 0: only at block starts)",
+              low=0, high=1, slider=(0.0, 1.0, 0.01), headline=True),
+        Param("probe_layer", int, None, "Probe layer", "the layer whose attention is watched; None: the middle one",
+              low=0, optional=True),
+        Param("top_k", int, 8, "Most-attended positions", "how many positions the drift is measured over", low=1,
+              slider=(1, 64, 1)),
+    ),
+    typical_g=lambda p, g, b: b))

@@ -30,6 +30,9 @@ class ModelCalls(Protocol):
     def verify(self, rows: torch.Tensor, at: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """For ``k`` variant sequences, the probability of ``tokens[r]`` at position ``at[r]`` in row r."""
 
+    def current_probabilities(self, positions: torch.Tensor) -> torch.Tensor:
+        """The probability this step's forward gives the tokens now at ``positions`` (float64)."""
+
     def guider_forward(self, input_ids: torch.Tensor, past: Any) -> tuple[torch.Tensor, Any]:
         """The guider's logits ``[n, vocab]`` for ``input_ids`` read after its KV cache ``past``
         (None: a new one), and the cache grown by them."""
@@ -39,6 +42,8 @@ class ModelCalls(Protocol):
 class Selection:
     positions: torch.Tensor
     info: dict = field(default_factory=dict)
+    # Committed tokens taken back to mask: [position, token, confidence at commit, probability now].
+    revoked: list[list] = field(default_factory=list)
 
 
 class UnmaskPolicy(Policy):

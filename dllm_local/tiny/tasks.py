@@ -12,6 +12,9 @@ import random
 import re
 from dataclasses import dataclass, field
 
+from ..errors import SettingsError
+from ..policies.registry import check_value
+
 NAMES = [
     "Alice", "Ben", "Clara", "David", "Emma", "Felix", "Grace", "Henry", "Ivy", "Jack", "Kate", "Leo",
     "Mia", "Noah", "Olivia", "Paul", "Rosa", "Sam", "Tina", "Victor", "Wendy", "Omar", "Lena", "Hugo",
@@ -109,7 +112,9 @@ _GENERATORS = {"arithmetic": _arithmetic, "poker": _poker, "sums": _sums, "recor
 def make_problems(task: str, n: int, seed: int) -> list[Example]:
     """``n`` examples of ``task``, the same for the same seed."""
     if task not in _GENERATORS:
-        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+        raise SettingsError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+    # Scores are shares of n: an empty set has none.
+    n = check_value(n, int, "the number of problems n", "an integer >= 1", lambda v: v >= 1)
     rng = random.Random(f"{task}:{seed}")
     return [_GENERATORS[task](rng) for _ in range(n)]
 

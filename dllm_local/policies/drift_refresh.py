@@ -1,0 +1,43 @@
+"""Refresh when the block's attention drifts (after Elastic-Cache), else reuse like DualCache.
+
+At each block start the whole cache is refreshed and, at ``probe_layer``, the attention mass the
+block's queries put on every position is kept as the reference. Each later step recomputes only
+the block (as DualCache does) and measures the same mass again; its cosine with the reference,
+over the ``top_k`` positions the reference attended to most, is the drift. Under ``gamma`` the
+next step refreshes the whole cache (and takes a new reference). ``gamma`` 1 refreshes every step
+(no cache); ``gamma`` 0 never refreshes inside a block (DualCache).
+"""
+from __future__ import annotations
+
+import torch
+
+from .cache import CachePolicy, Plan, _full
+
+
+class DriftRefresh(CachePolicy):
+    def reset(self, state, cache, model):
+        layers = len(cache.k)
+        cache.probe_layer = layers // 2 if self.probe_layer is None else min(self.probe_layer, layers - 1)
+        self._reference: torch.Tensor | None = None
+        self._refresh_next = False
+        self._full = False
+        self._drift: float | None = None
+
+    def plan(self, state, cache):
+        cache.probe_queries = state.block_positions()
+        self._full = state.step_in_block == 0 or self._refresh_next
+        return _full(state) if self._full else Plan(state.block_positions(), False)
+
+    def observe(self, state, cache, positions, entropy):
+        mass = cache.attention_mass
+        if self._full:
+            self._reference, self._drift = mass, None
+            self._refresh_next = self.gamma >= 1
+            return
+        top = torch.topk(self._reference, min(self.top_k, self._reference.numel())).indices
+        drift = float(torch.nn.functional.cosine_similarity(self._reference[top], mass[top], dim=0))
+        self._drift = round(drift, 6)
+        self._refresh_next = self.gamma >= 1 or drift < self.gamma
+
+    def info(self):
+        return {"drift": self._drift, "refresh_next": self._refresh_next}
