@@ -11,6 +11,7 @@ import pytest
 
 import dllm_local
 from dllm_local.errors import EngineError, ModelLoadError, SequenceTooLongError, SettingsError
+from dllm_local.policies import registry
 from dllm_local.serving.session import BusyError, Session, load_presets
 from dllm_local.settings import Settings
 from ui.controls import controls_from_settings, fit_block, settings_from_controls, visible_knobs
@@ -44,24 +45,25 @@ def test_a_broken_preset_gives_a_message_and_the_rest_still_load(tmp_path):
 
 
 def test_controls_show_only_the_chosen_policies_knobs_and_fit_the_block():
-    assert visible_knobs("dual", "threshold") == {
-        "steps": False, "threshold": True, "factor": False, "refresh_every": True, "floor": False, "budget": False,
-        "rho": False, "window": False, "guider_rule": False}
-    assert visible_knobs("none", "self_verify")["rho"] and not visible_knobs("none", "fixed")["threshold"]
+    shown = visible_knobs("dual", "threshold")
+    assert {name for name, visible in shown.items() if visible} == {"unmask.threshold", "cache.refresh_every"}
+    assert {"steps", "unmask.factor", "cache.floor", "cache.budget", "unmask.rho", "unmask.window",
+            "unmask.rule"} <= set(shown)
+    assert visible_knobs("none", "self_verify")["unmask.rho"] and not visible_knobs("none", "fixed")["unmask.threshold"]
     assert fit_block(128, 32) == (128, 32, "")
     length, block, notice = fit_block(100, 32)
     assert (length, block) == (128, 32) and "adjusted from 100 to 128" in notice
 
 
 def test_throttled_redraws_keep_the_first_step_and_the_final_state():
+    from dllm_local.trace import fold
     from ui.page import throttled
 
-    def events():
+    def events():  # as Session.run streams them
         steps = [{"step": i} for i in range(5)]
-        yield {"start": {"steps": [], "vocab": {}}}
-        for i, step in enumerate(steps):
-            yield {"step": step, "vocab": {str(i): "x"}}
-        yield {"trace": {"steps": steps, "vocab": {}, "text": "x"}}
+        yield from fold([{"start": {"steps": [], "vocab": {}}},
+                         *({"step": step, "vocab": {str(i): "x"}} for i, step in enumerate(steps)),
+                         {"end": {"vocab": {}, "text": "x"}}])
 
     drawn = [(len(trace["steps"]), done) for trace, done in throttled(events(), every=3600.0)]
     # Within one throttle interval only the empty grid, the first step and the end are drawn.
@@ -237,6 +239,13 @@ def _choose(pg, dropdown: str, option: str) -> None:
     pg.get_by_role("option", name=option, exact=True).click()
 
 
+def _wait_policy(pg, kind: str, name: str) -> None:
+    """Wait until the policy dropdown of ``kind`` shows the policy ``name`` (by its label)."""
+    label = registry.get(kind, name).label
+    pg.wait_for_function("([kind, label]) => document.querySelector(`#${kind} input`).value === label",
+                         arg=[kind, label])
+
+
 def test_browser_runs_the_default_preset_and_draws_every_view(page):
     page.click("#run-btn")
     status = _wait_done(page)
@@ -274,7 +283,7 @@ def test_browser_threshold_slider_then_run_again(page, tiny):
 
 def test_browser_stop_mid_run_leaves_the_page_usable_and_a_second_tab_waits_its_turn(page, browser, server):
     _choose(page, "#preset", "LLaDA baseline")
-    page.wait_for_function("() => document.querySelector('#unmask input').value === 'fixed'")
+    _wait_policy(page, "unmask", "fixed")
     for slider in ("#gen-length", "#steps"):  # 512 full forwards: seconds even on a fast machine
         page.locator(f"{slider} input[type=range]").fill("512")
         page.wait_for_function(f"() => document.querySelector('{slider} input[type=number]').value === '512'")
@@ -303,7 +312,7 @@ def test_browser_stop_mid_run_leaves_the_page_usable_and_a_second_tab_waits_its_
     page.screenshot(path=str(OUT / "stopped.png"), full_page=True)
 
     _choose(page, "#preset", "Fast-dLLM DualCache (paper default)")
-    page.wait_for_function("() => document.querySelector('#unmask input').value === 'threshold'")
+    _wait_policy(page, "unmask", "threshold")
     stopped_run = _shown_run(page)
     page.click("#run-btn")
     again = _wait_run_ended(page, stopped_run)

@@ -1,21 +1,71 @@
-"""The controls' logic, kept apart from the layout so that it is plain, testable Python."""
+"""The controls' logic, kept apart from the layout so that it is plain, testable Python.
+
+The policy controls come from the policy specs (``registry.all_specs()``: plain dicts, as the
+engine describes them to the page): one knob per (kind, parameter name), shown while the chosen
+policy of that kind has that parameter. Nothing here knows a policy or a parameter by name.
+"""
 from __future__ import annotations
 
-# Which knobs each policy uses: only those are shown.
-CACHE_KNOBS = {
-    "none": set(), "prefix": {"refresh_every"}, "dual": {"refresh_every"}, "freecache": set(),
-    "adaptive": {"refresh_every", "floor", "budget"},
-}
-UNMASK_KNOBS = {
-    "fixed": {"steps"}, "threshold": {"threshold"}, "factor": {"factor"}, "guided": {"guider_rule"},
-    "self_verify": {"threshold", "rho", "window"},
-}
-ALL_KNOBS = ["steps", "threshold", "factor", "refresh_every", "floor", "budget", "rho", "window", "guider_rule"]
+from typing import Any
+
+from dllm_local.policies import registry
+from dllm_local.policies.registry import check_value
+
+Specs = dict[str, list[dict]]  # kind ("cache", "unmask") -> its policies' spec dicts
+KINDS = ("cache", "unmask")
+_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 
 
-def visible_knobs(cache: str, unmask: str) -> dict[str, bool]:
-    shown = CACHE_KNOBS.get(cache, set()) | UNMASK_KNOBS.get(unmask, set())
-    return {k: k in shown for k in ALL_KNOBS}
+def spec_named(specs: Specs, kind: str, name: str) -> dict:
+    for spec in specs[kind]:
+        if spec["name"] == name:
+            return spec
+    raise ValueError(f"{kind} policy must be one of {', '.join(s['name'] for s in specs[kind])}, not {name!r}")
+
+
+def policy_choices(specs: Specs, kind: str) -> list[tuple[str, str]]:
+    """(label, name) of every policy of ``kind``: a dropdown shows the label and gives the name."""
+    return [(spec["label"], spec["name"]) for spec in specs[kind]]
+
+
+def knob_key(kind: str, name: str) -> str:
+    """The control name of a policy parameter, e.g. "unmask.threshold"."""
+    return f"{kind}.{name}"
+
+
+def knobs(specs: Specs, kind: str | None = None) -> dict[str, dict]:
+    """Every policy parameter (of ``kind``, or of both kinds) as one knob: control name -> the Param
+    dict it is built from. Policies of one kind share a knob by parameter name (its first
+    declaration sets range and label)."""
+    out: dict[str, dict] = {}
+    for each in [kind] if kind else KINDS:
+        for spec in specs[each]:
+            for param in spec["params"]:
+                out.setdefault(knob_key(each, param["name"]), param)
+    return out
+
+
+def _chosen(specs: Specs, cache: str, unmask: str) -> dict[str, dict]:
+    return {"cache": spec_named(specs, "cache", cache), "unmask": spec_named(specs, "unmask", unmask)}
+
+
+def toggled_controls(specs: Specs, kind: str) -> list[str]:
+    """The controls shown only for some policies of ``kind``: its knobs, and for the unmasking
+    policy ``steps`` (the length of a schedule that has one)."""
+    return [*(["steps"] if kind == "unmask" else []), *knobs(specs, kind)]
+
+
+def shown_for(specs: Specs, kind: str, name: str) -> dict[str, bool]:
+    """Which of ``toggled_controls(specs, kind)`` the policy ``name`` uses."""
+    spec = spec_named(specs, kind, name)
+    used = {knob_key(kind, p["name"]) for p in spec["params"]} | ({"steps"} if spec["uses_steps"] else set())
+    return {control: control in used for control in toggled_controls(specs, kind)}
+
+
+def visible_knobs(cache: str, unmask: str, specs: Specs | None = None) -> dict[str, bool]:
+    """Which of the policy-dependent controls the chosen policies use."""
+    specs = specs or registry.all_specs()
+    return {**shown_for(specs, "cache", cache), **shown_for(specs, "unmask", unmask)}
 
 
 def fit_block(gen_length: int, block_size: int) -> tuple[int, int, str]:
@@ -28,48 +78,47 @@ def fit_block(gen_length: int, block_size: int) -> tuple[int, int, str]:
                                   f"block size {block_size} divides it.")
 
 
-def settings_from_controls(v: dict) -> tuple[dict, str]:
-    """Control values -> a settings dict (validated later by the engine) and a notice."""
+def _typed(param: dict, value: Any) -> Any:
+    """A control's value as its parameter's type: sliders give floats, text boxes text. Raises
+    SettingsError (a ValueError) naming the knob; its range is the settings' to check."""
+    if value is None or (param["optional"] and str(value).strip().lower() in ("", "none")):
+        return None  # the settings refuse None for a knob that is not optional
+    return check_value(value, _TYPES[param["type"]], param["name"], param["rule"])
+
+
+def settings_from_controls(v: dict, specs: Specs | None = None) -> tuple[dict, str]:
+    """Control values -> a settings dict (validated later by the engine) and a notice. Only the
+    chosen policies' knobs are read."""
+    specs = specs or registry.all_specs()
     gen_length, block_size, notice = fit_block(v["gen_length"], v["block_size"])
-    cache, unmask = v["cache"], v["unmask"]
-    cache_params: dict = {}
-    if "refresh_every" in CACHE_KNOBS[cache]:
-        cache_params["refresh_every"] = int(v["refresh_every"])
-    if cache == "adaptive":
-        cache_params["floor"] = float(v["floor"])
-        if v.get("budget"):
-            cache_params["budget"] = int(v["budget"])
-    unmask_params: dict = {}
-    if unmask in ("threshold", "self_verify"):
-        unmask_params["threshold"] = float(v["threshold"])
-    if unmask == "factor":
-        unmask_params["factor"] = float(v["factor"])
-    if unmask == "self_verify":
-        unmask_params.update(rho=float(v["rho"]), window=int(v["window"]))
-    if unmask == "guided":
-        unmask_params["rule"] = v["guider_rule"]
+    chosen = _chosen(specs, v["cache"], v["unmask"])
     steps = None
-    if unmask == "fixed" and v.get("steps"):
+    if chosen["unmask"]["uses_steps"] and v.get("steps"):
         blocks = gen_length // block_size
         steps = max(blocks, int(v["steps"]) // blocks * blocks)
     settings = {
         "gen_length": gen_length, "block_size": block_size, "steps": steps,
-        "temperature": float(v["temperature"]), "seed": int(v["seed"]), "remasking": v.get("remasking", "low_confidence"),
-        "cache": cache, "cache_params": cache_params, "unmask": unmask, "unmask_params": unmask_params,
+        "temperature": float(v["temperature"]), "seed": int(v["seed"]),
         "trace": "full", "exact_drift": bool(v["exact_drift"]), "early_stop": False,
     }
+    for kind, spec in chosen.items():
+        settings[kind] = spec["name"]
+        settings[f"{kind}_params"] = {p["name"]: _typed(p, v[knob_key(kind, p["name"])]) for p in spec["params"]}
     return settings, notice
 
 
-def controls_from_settings(s: dict) -> dict:
-    """A preset's settings -> control values (knobs a preset leaves out keep their defaults)."""
-    cp, up = s.get("cache_params", {}), s.get("unmask_params", {})
+def controls_from_settings(s: dict, specs: Specs | None = None) -> dict:
+    """A preset's settings -> control values: its policies' parameters set their knobs; every knob
+    it leaves out takes its default (the chosen policy's, where that policy has the parameter)."""
+    specs = specs or registry.all_specs()
+    gen_length = s.get("gen_length", 128)
     out = {
-        "gen_length": s.get("gen_length", 128), "block_size": s.get("block_size", 32),
-        "steps": s.get("steps") or s.get("gen_length", 128), "temperature": s.get("temperature", 0.0),
-        "seed": s.get("seed", 0), "cache": s.get("cache", "none"), "unmask": s.get("unmask", "fixed"),
-        "refresh_every": cp.get("refresh_every", 0), "floor": cp.get("floor", 0.5), "budget": cp.get("budget") or 0,
-        "threshold": up.get("threshold", 0.9), "factor": up.get("factor", 1.0), "rho": up.get("rho", 0.5),
-        "window": up.get("window", 4), "guider_rule": up.get("rule", "exact"), "exact_drift": s.get("exact_drift", False),
+        "gen_length": gen_length, "block_size": s.get("block_size", 32), "steps": s.get("steps") or gen_length,
+        "temperature": s.get("temperature", 0.0), "seed": s.get("seed", 0), "cache": s.get("cache", "none"),
+        "unmask": s.get("unmask", "fixed"), "exact_drift": s.get("exact_drift", False),
+        **{key: param["default"] for key, param in knobs(specs).items()},
     }
+    for kind, spec in _chosen(specs, out["cache"], out["unmask"]).items():
+        given = s.get(f"{kind}_params") or {}
+        out.update({knob_key(kind, p["name"]): given.get(p["name"], p["default"]) for p in spec["params"]})
     return out

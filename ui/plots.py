@@ -379,7 +379,8 @@ def cache_panel(trace: Trace, upto_step: int | None = None) -> go.Figure:
 # ----------------------------------------------------------------------------- numbers
 
 def numbers(trace: Trace, upto_step: int | None = None) -> dict:
-    """Headline numbers of the run up to ``upto_step``.
+    """Headline numbers of the run up to ``upto_step``: a finished run's own ``stats`` when the
+    view covers the whole run, else running values from the step records seen so far.
 
     Keys:
       steps            forwards recorded (rows of the trace) up to this point
@@ -400,35 +401,34 @@ def numbers(trace: Trace, upto_step: int | None = None) -> dict:
       finished         True when the whole recorded run is covered and its final stats exist
     """
     steps = _steps(trace, upto_step)
-    all_steps = trace.get("steps") or []
     stats = trace.get("stats") or {}
-    nfe = sum(int(s.get("forwards") or 0) for s in steps)
+    finished = (len(steps) == len(trace.get("steps") or []) and bool(trace.get("final_ids"))
+                and float(stats.get("wall_s") or 0.0) > 0)
     committed = sum(len(s.get("committed") or []) for s in steps)
+    values = _final_numbers(stats) if finished else _running_numbers(steps, committed)
+    busy = values["model_s"] + values["other_s"]
+    return {"steps": len(steps), "committed": committed, "gen_length": _gen_length(trace), **values,
+            "other_share": values["other_s"] / busy if busy else 0.0, "finished": finished}
+
+
+def _final_numbers(stats: dict) -> dict:
+    return {"nfe": stats["nfe"], "tau": stats["tokens_per_forward"], "content_tau": stats["content_tokens_per_forward"],
+            "content_tokens": stats["content_tokens"], "model_s": stats["model_s"], "other_s": stats["other_s"],
+            "exact_s": stats["exact_s"], "tokens_per_s": stats["tokens_per_s"], "wall_s": stats["wall_s"],
+            "mean_g": stats["mean_g"], "hit_rate": stats["cache_hit_rate"]}
+
+
+def _running_numbers(steps: list[dict], committed: int) -> dict:
+    """What the final stats say, for the records so far (content tokens are known only at the end)."""
+    nfe = sum(int(s.get("forwards") or 0) for s in steps)
     model_s = sum(float(s.get("model_ms") or 0.0) for s in steps) / 1e3
     other_s = sum(float(s.get("other_ms") or 0.0) for s in steps) / 1e3
-    exact_s = sum(float(s.get("exact_ms") or 0.0) for s in steps) / 1e3
     g = sum(int(s.get("g") or 0) for s in steps)
     reads = sum(int(s.get("reads") or 0) for s in steps)
-    finished = (len(steps) == len(all_steps) and bool(trace.get("final_ids"))
-                and float(stats.get("wall_s") or 0.0) > 0)
-    return {
-        "steps": len(steps),
-        "nfe": nfe,
-        "committed": committed,
-        "gen_length": _gen_length(trace),
-        "tau": committed / nfe if nfe else 0.0,
-        "content_tau": stats.get("content_tokens_per_forward") if finished else None,
-        "content_tokens": stats.get("content_tokens") if finished else None,
-        "model_s": model_s,
-        "other_s": other_s,
-        "exact_s": exact_s,
-        "tokens_per_s": committed / model_s if model_s else 0.0,
-        "wall_s": float(stats["wall_s"]) if finished else model_s + other_s,
-        "other_share": other_s / (model_s + other_s) if model_s + other_s else 0.0,
-        "mean_g": g / len(steps) if steps else 0.0,
-        "hit_rate": reads / (reads + g) if reads + g else 0.0,
-        "finished": finished,
-    }
+    return {"nfe": nfe, "tau": committed / nfe if nfe else 0.0, "content_tau": None, "content_tokens": None,
+            "model_s": model_s, "other_s": other_s, "exact_s": sum(float(s.get("exact_ms") or 0.0) for s in steps) / 1e3,
+            "tokens_per_s": committed / model_s if model_s else 0.0, "wall_s": model_s + other_s,
+            "mean_g": g / len(steps) if steps else 0.0, "hit_rate": reads / (reads + g) if reads + g else 0.0}
 
 
 def _fmt(value: Any, spec: str) -> str:

@@ -40,7 +40,7 @@ class Strategy:
         unmask = s.unmask_spec.short(s.unmask_params)
         if s.unmask_spec.uses_steps and s.steps is None:
             unmask += " 1/step"
-        return f"{s.cache} + {unmask}" + (f", {self.note}" if self.note else "")
+        return f"{s.cache_spec.short(s.cache_params)} + {unmask}" + (f", {self.note}" if self.note else "")
 
 
 def _rule(unmask: str, **params) -> dict:
@@ -63,6 +63,9 @@ STRATEGY_SETS: dict[str, Callable[[], list[Strategy]]] = {
         Strategy({"cache": "dual", **THRESHOLD}),
         Strategy({"cache": "freecache", **THRESHOLD}),
         Strategy({"cache": "adaptive", **THRESHOLD}),
+        Strategy({"cache": "dual", **_rule("self_verify", threshold=0.9)}),
+        Strategy({"cache": "dual", **_rule("revise")}),
+        Strategy({"cache": "drift_refresh", **THRESHOLD}),
         Strategy({"cache": "dual", "trace": "off", **THRESHOLD}, note="trace off"),
     ],
 }

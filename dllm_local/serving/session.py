@@ -19,6 +19,7 @@ from typing import Callable, Iterator
 
 from ..errors import BusyError, DllmError, EngineError, OutOfMemory  # noqa: F401 - the page catches these
 from ..settings import Settings
+from ..trace import fold
 
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
 MODEL_CHOICES = ["tiny", "llada-8b-instruct", "llada-1.5", "dream-7b"]
@@ -147,6 +148,10 @@ class Session:
     def quantization_options(self) -> list[tuple[str, bool, str]]:
         return [tuple(option) for option in self._described["quantization"]]
 
+    def policy_specs(self) -> dict[str, list[dict]]:
+        """The engine's policies as plain dicts by kind (``registry.all_specs()``): the page's choices."""
+        return self._described["policies"]
+
     def info(self) -> dict:
         return self._described["info"]
 
@@ -160,27 +165,16 @@ class Session:
 
     # ---------------------------------------------------------------- runs
     def run(self, prompt, settings: dict | Settings) -> Iterator[dict]:
-        """Stream one generation as plain dicts.
+        """Stream one generation as plain dicts, each with ``"trace"``: the trace so far (see
+        ``dllm_local.trace.fold``).
 
         First ``{"start": header}`` (prompt ids, lengths, settings: enough to draw the empty grid),
         then ``{"step": record, "vocab": {id: text}}`` per forward (texts of newly seen tokens),
-        then ``{"trace": the full trace}``. Bad settings raise here, before anything streams.
+        then ``{"end": ...}``, whose ``"trace"`` is the whole trace. Bad settings raise here,
+        before anything streams.
         """
         settings = settings if isinstance(settings, Settings) else Settings.from_dict(settings)
-        events = self._request("run", prompt=prompt, settings=settings)  # validation errors raise here
-        return self._assemble(next(events), events)
-
-    @staticmethod
-    def _assemble(start: dict, events: Iterator[dict]) -> Iterator[dict]:
-        """The streamed items, the last one completed into the whole trace from the steps seen."""
-        yield start
-        steps = []
-        for event in events:
-            if "end" in event:
-                yield {"trace": {**start["start"], **event["end"], "steps": steps}}
-            else:
-                steps.append(event["step"])
-                yield event
+        return fold(self._request("run", prompt=prompt, settings=settings))  # validation errors raise here
 
     def stop(self) -> bool:
         """Stop the run or sweep in progress (within one step / one grid point)."""

@@ -1,0 +1,138 @@
+"""A registered policy reaches the page, the CLI and the sweep with no other change; the page side is torch-free."""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import gradio as gr
+import pytest
+
+from dllm_local.policies import registry
+from dllm_local.policies.registry import Param, PolicySpec
+from dllm_local.serving.session import load_presets
+from dllm_local.settings import Settings
+from ui.controls import controls_from_settings, policy_choices, settings_from_controls, visible_knobs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class ToyUnmask:
+    """Stands for a policy's behaviour: nothing here runs it."""
+
+    def __init__(self, spec: PolicySpec, params: dict) -> None:
+        self.spec, self.params = spec, params
+
+
+TOY = PolicySpec("unmask", "toy", "Toy policy (test)", "Commits nothing; registered by a test.", ToyUnmask,
+                 (Param("sharpness", float, 0.25, "Toy sharpness", "how sharp the toy is", low=0, high=1,
+                        slider=(0.0, 1.0, 0.05)),))
+
+
+@pytest.fixture()
+def toy():
+    registry.register(TOY)
+    try:
+        yield TOY
+    finally:
+        registry.unregister("unmask", "toy")
+
+
+class DescribedSession:
+    """What ``page.build`` asks of a session, answered from this process's registry (no engine)."""
+
+    def info(self) -> dict:
+        return {"name": "tiny", "family": "llada", "parameters": 1e6, "device": "cpu", "dtype": "float32",
+                "quantization": "none", "memory_mb": 1, "layers": 2}
+
+    def quantization_options(self) -> list:
+        return [("none", True, "")]
+
+    def model_options(self) -> list:
+        return [("tiny", True, "")]
+
+    def cost_devices(self) -> list:
+        return ["H100"]
+
+    def policy_specs(self) -> dict:
+        return registry.all_specs()
+
+
+def _component(page: gr.Blocks, elem_id: str):
+    return next(block for block in page.blocks.values() if getattr(block, "elem_id", None) == elem_id)
+
+
+def test_a_registered_policy_shows_up_in_the_page_controls(toy):
+    from ui.page import build
+
+    presets, _ = load_presets()
+    page = build(DescribedSession(), presets, [])
+    assert ("Toy policy (test)", "toy") in [tuple(c) for c in _component(page, "unmask").choices]
+    knob = _component(page, "sharpness")
+    assert isinstance(knob, gr.Slider) and knob.label == "Toy sharpness" and knob.info == "how sharp the toy is"
+    assert (knob.minimum, knob.maximum, knob.step, knob.value) == (0.0, 1.0, 0.05, 0.25)
+    assert not knob.visible  # the default preset's unmasking policy has no such knob
+
+    assert ("Toy policy (test)", "toy") in policy_choices(registry.all_specs(), "unmask")
+    assert visible_knobs("dual", "toy")["unmask.sharpness"] and not visible_knobs("dual", "toy")["unmask.threshold"]
+    values = controls_from_settings({"cache": "dual", "unmask": "toy", "unmask_params": {"sharpness": 0.5}})
+    assert values["unmask.sharpness"] == 0.5
+    settings, _ = settings_from_controls(values)
+    assert Settings.from_dict(settings).unmask_params == {"sharpness": 0.5}
+    # a preset without it: the spec's default
+    assert controls_from_settings({"unmask": "toy"})["unmask.sharpness"] == 0.25
+
+
+def test_a_registered_policy_is_a_cli_choice(toy):
+    from dllm_local.__main__ import add_settings_args, settings_from_args
+
+    ap = argparse.ArgumentParser()
+    add_settings_args(ap)
+    args = ap.parse_args(["--unmask", "toy", "--unmask-param", "sharpness=0.75"])
+    settings = settings_from_args(args)
+    assert (settings.unmask, settings.unmask_params) == ("toy", {"sharpness": 0.75})
+
+
+def test_a_registered_policy_is_a_sweep_axis(toy):
+    from dllm_local.experiments.sweep import apply, sweepable
+
+    base = Settings(unmask="toy")
+    assert "sharpness" in sweepable(base)
+    assert apply(base, {"sharpness": 0.6, "block_size": 16}).unmask_params == {"sharpness": 0.6}
+
+
+def test_the_page_side_runs_without_torch():
+    """Presets, controls, the fold of a streamed run and every view, in a fresh interpreter."""
+    code = textwrap.dedent("""
+        import json, sys
+        import ui.controls, ui.page, ui.plots
+        from dllm_local.serving.session import load_presets
+        from dllm_local.settings import Settings
+        from dllm_local.trace import fold
+
+        presets, problems = load_presets()
+        assert presets and not problems, problems
+        for preset in presets.values():
+            Settings.from_dict(preset["settings"])
+            settings, _ = ui.controls.settings_from_controls(ui.controls.controls_from_settings(preset["settings"]))
+            Settings.from_dict(settings)
+
+        saved = json.load(open("tests/data/trace_small.json"))
+        header = {**saved, "steps": [], "final_ids": [], "stats": {}, "text": "", "vocab": {}}
+        events = [{"start": header}, *({"step": s, "vocab": {}} for s in saved["steps"]),
+                  {"end": {k: v for k, v in saved.items() if k != "steps"}}]
+        drawn = 0
+        for trace, done in ui.page.throttled(fold(events), every=0.0, page_share=1.0):
+            ui.page._views(trace, None, "step", 0, "v", "drift")
+            drawn += 1
+        assert drawn == len(events) and done
+        assert json.dumps(trace, sort_keys=True) == json.dumps(saved, sort_keys=True)
+        assert ui.plots.numbers(trace)["finished"]
+        assert "torch" not in sys.modules, "torch was imported"
+    """)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
