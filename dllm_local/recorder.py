@@ -113,7 +113,9 @@ class Recorder:
         if self.level != "off":
             record.masked_positions = masked_positions.tolist()
             # Confidence (max softmax probability) of every still-masked position this forward scored.
-            record.masked_confidence = _round(F.softmax(masked_logits.float(), dim=-1).amax(-1).tolist(), 6)
+            logits = masked_logits.float()
+            best = (logits.amax(-1) - logits.logsumexp(-1)).exp()  # the top softmax probability, one exp per row
+            record.masked_confidence = (torch.round(best * 1e6) / 1e6).tolist()
             record.kv = self._kv_record(cache.drift_cosines())
             if self.level == "full":
                 record.recomputed = cache.last_positions.tolist()

@@ -39,11 +39,6 @@ class StepRecord:
         deep copy per step (``dataclasses.asdict``) cost the engine thread a tenth of a run."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
-    @property
-    def hit_rate(self) -> float:
-        total = self.g + self.reads
-        return self.reads / total if total else 0.0
-
 
 @dataclass
 class Stats:

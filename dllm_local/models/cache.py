@@ -23,10 +23,10 @@ class ForwardStats:
 class KVCache:
     """K, V and validity per position, preallocated; ``seq_len`` is the part a forward attends over.
 
-    With ``track_drift`` each write also keeps the entries it replaces (read just before they are
-    overwritten) beside the fresh ones it was handed, so that ``drift_cosines`` gives the KV drift
-    of the last forward: no snapshot of the cache, no second gather, and the cosines computed after
-    the forward, outside its time.
+    With ``track_drift`` each write first takes the dot products of the entries it is about to
+    replace with the fresh ones (and their norms), so that ``drift_cosines`` gives the KV drift of
+    the last forward: no snapshot of the cache and no copy of its entries (a run of positions is
+    read as a view). Those few products are part of the forward's time.
     """
 
     def __init__(
@@ -53,8 +53,8 @@ class KVCache:
         self.probe_layer: int | None = None
         self.probe_queries: torch.Tensor | None = None
         self.attention_mass: torch.Tensor | None = None
-        self._replaced: list[torch.Tensor] = []  # per layer: old K, old V at the positions written
-        self._written: list[torch.Tensor] = []  # per layer: the fresh K, V
+        # Per layer, while tracking drift: dot products of replaced and fresh K and V, and their norms.
+        self._products: list[torch.Tensor] = []
         self._was_valid: torch.Tensor | None = None
 
     @property
@@ -63,8 +63,12 @@ class KVCache:
 
     def begin_forward(self, positions: torch.Tensor) -> None:
         """Called by the model before layer 0 with the positions it recomputes."""
-        if positions.numel() and int(positions.max()) >= self.max_len:
-            raise ValueError(f"position {int(positions.max())} is beyond the cache length {self.max_len}")
+        lo, hi = (int(positions[0]), int(positions[-1])) if positions.numel() else (0, -1)  # sorted
+        if hi >= self.max_len:
+            raise ValueError(f"position {hi} is beyond the cache length {self.max_len}")
+        # A run of positions (a refresh, a block, a block and all after it) is read and written as
+        # a slice: a view instead of a gather, a copy instead of a scatter.
+        self._index = slice(lo, hi + 1) if hi - lo + 1 == positions.numel() else positions
         self._was_valid = self.valid[positions]
         self.valid[positions] = True
         live = self.valid[: self.seq_len]
@@ -73,7 +77,7 @@ class KVCache:
         # Reads count the entries attended to that this forward did not recompute.
         self.last_stats = ForwardStats(recomputed=recomputed, reads=int(live.sum()) - recomputed)
         self.last_positions = positions
-        self._replaced, self._written = [], []
+        self._products = []
 
     def update(
         self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -81,11 +85,15 @@ class KVCache:
         """Write fresh K/V at ``positions``; return all keys, values and the key mask to attend."""
         k_cache, v_cache = self.k[layer], self.v[layer]
         k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
-        if self.track_drift:
-            self._replaced += [k_cache[:, :, positions], v_cache[:, :, positions]]
-            self._written += [k, v]
-        k_cache[:, :, positions] = k
-        v_cache[:, :, positions] = v
+        index = self._index
+        if self.track_drift:  # the entries about to be replaced, against the fresh ones
+            vd = torch.linalg.vecdot
+            old_k, old_v = k_cache[:, :, index].float(), v_cache[:, :, index].float()
+            kf, vf = k.float(), v.float()
+            self._products.append(torch.stack([vd(old_k, kf), vd(old_k, old_k), vd(kf, kf),
+                                               vd(old_v, vf), vd(old_v, old_v), vd(vf, vf)]))
+        k_cache[:, :, index] = k
+        v_cache[:, :, index] = v
         return k_cache[:, :, : self.seq_len], v_cache[:, :, : self.seq_len], self._key_mask
 
     def probe(self, q: torch.Tensor, keys: torch.Tensor, key_mask: torch.Tensor | None, positions: torch.Tensor) -> None:
@@ -101,11 +109,12 @@ class KVCache:
     def drift_cosines(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The last forward's KV drift: ``[layers, n]`` for K and for V over its recomputed
         positions, NaN where the cache held nothing before. None unless ``track_drift``."""
-        if not self._written:
+        if not self._products:
             return None
-        cos = torch.stack([position_cosine(a, b) for a, b in zip(self._replaced, self._written)])  # [2 * layers, n]
+        p = torch.stack(self._products).sum(-2)  # [layers, 6, batch, n]: summed over heads
+        cos = (p[:, 0::3] / (p[:, 1::3] * p[:, 2::3]).sqrt().clamp_min(1e-8)).mean(-2)  # [layers, 2, n]
         cos = torch.where(self._was_valid, cos, torch.tensor(float("nan"), device=cos.device))
-        return cos[0::2], cos[1::2]
+        return cos[:, 0], cos[:, 1]
 
     def fork(self) -> "CacheFork":
         """A copy-on-write view for verification forwards: they see the cache plus their own fresh
