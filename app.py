@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import signal
 import socket
 import sys
 
@@ -29,6 +30,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=0,
                     help="torch threads of the engine process for a model on the CPU "
                          "(default: all cores but one, left to the page and browser)")
+    ap.add_argument("--models-dir", default=None, metavar="DIR",
+                    help="local model folders in DIR may be loaded from the page's model box (default: none; "
+                         "the page loads only its listed models)")
+    ap.add_argument("--allow-downloads", action="store_true",
+                    help="let the page's model box load (and download) any Hugging Face hub id")
     return ap.parse_args(argv)
 
 
@@ -54,15 +60,18 @@ def create(args: argparse.Namespace):
     # The engine process loads the model while this one imports the page.
     session = Session(args.model, device=args.device, quantization=args.quantize, guider=args.guider,
                       threads=args.threads, lazy=True)
-    from ui.page import build
+    from ui.page import ModelAccess, build
 
     presets, problems = load_presets()
-    return build(session, presets, problems, args.preset), session
+    models = ModelAccess(getattr(args, "models_dir", None), getattr(args, "allow_downloads", False))
+    return build(session, presets, problems, args.preset, models=models), session
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     problem = address_problem(args.host, args.port)
+    if not problem and args.models_dir and not os.path.isdir(args.models_dir):
+        problem = f"--models-dir {args.models_dir} is not a folder; give an existing folder of model folders"
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
@@ -76,13 +85,18 @@ def main(argv: list[str] | None = None) -> int:
     from ui.page import CSS
 
     page.queue(default_concurrency_limit=1)
+    # A plain `kill` ends the page like Ctrl-C: the engine closed, the export folder deleted.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         page.launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS, footer_links=[],
                     prevent_thread_lock=True)
         print(f"dllm-local: serving on http://{args.host}:{args.port}", flush=True)
         page.block_thread()
+    except KeyboardInterrupt:  # Ctrl-C: end quietly; the export folder goes below
+        pass
     finally:
         session.close()
+        page.exports.cleanup()  # also registered with atexit, for any other way out
     return 0
 
 

@@ -6,10 +6,14 @@ session; callbacks that need no session are plain module functions.
 """
 from __future__ import annotations
 
+import atexit
 import itertools
 import json
 import math
+import re
+import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from functools import partial
@@ -19,9 +23,21 @@ from typing import Any
 
 import gradio as gr
 
+from dllm_local.errors import DllmError, ModelLoadError
+from dllm_local.trace import load_trace_file
+
 from . import plots
-from .controls import (Specs, controls_from_settings, knobs, policy_choices, settings_from_controls, shown_for,
-                       spec_named, toggled_controls, visible_knobs)
+from .controls import (
+    Specs,
+    controls_from_settings,
+    knobs,
+    policy_choices,
+    settings_from_controls,
+    shown_for,
+    spec_named,
+    toggled_controls,
+    visible_knobs,
+)
 
 TINY_EXAMPLES = [
     "Mia has 4 boxes of 5 shells and 3 loose shells. How many in all?",
@@ -35,7 +51,14 @@ REDRAW_EVERY_S = 0.2  # throttle: the browser keeps up; the first step and the f
 # costs a browser about half a second of CPU, taken from the engine on a small machine.
 PLOTS_EVERY_S = 1.0
 PAGE_SHARE = 0.2  # at most this share of a run's time goes to drawing it
-ON_MODEL = {"concurrency_limit": 1, "concurrency_id": "model"}  # events that use the model: one at a time
+# Every event that talks to the engine (runs, compare, sweep, cost model, model switch) waits in
+# one queue group: one at a time, in order, so none meets a busy engine.
+ENGINE = {"concurrency_limit": 1, "concurrency_id": "engine", "queue": True}
+ON_MODEL = ENGINE  # the old name
+EXPORTS_KEPT = 20  # export files kept on disk while the page runs (older ones are deleted)
+# Gradio's own cache of files handed to browsers: swept every hour of anything older than an hour.
+DELETE_CACHE = (3600, 3600)
+CANCELLED = "Your queued request was cancelled before it started."
 CSS = """
 .tok-grid {line-height: 2.1em}
 #status {min-height: 1.5em}
@@ -82,15 +105,87 @@ def _views(trace: dict, step: int | None, color_by: str, layer: int, which: str,
 
 
 # ---------------------------------------------------------------- layout
-def build(session, presets: dict, preset_problems: list[str], default_preset: str | None = None) -> gr.Blocks:
-    """The page over ``session``: the policy controls come from the engine's policy specs."""
+def build(session, presets: dict, preset_problems: list[str], default_preset: str | None = None,
+          models: ModelAccess | None = None, exports: ExportFolder | None = None) -> gr.Blocks:
+    """The page over ``session``: the policy controls come from the engine's policy specs.
+    ``models``: which models the page may load (default: the listed ones only); ``exports``: where
+    export files go (default: a new folder, deleted at exit)."""
     default_preset = _pick(presets, default_preset)
     specs = session.policy_specs()
-    with gr.Blocks(title="dllm-local") as page:
+    exports = exports or ExportFolder()
+    with gr.Blocks(title="dllm-local", delete_cache=DELETE_CACHE) as page:
         w = _layout(session, presets, preset_problems, default_preset, specs)
-        _wire(w, Callbacks(session, presets, specs, list(w.controls)))
+        cb = Callbacks(session, presets, specs, list(w.controls), models or ModelAccess(), exports)
+        _wire(w, cb)
     page.run_event = w.run_event
+    page.callbacks, page.exports, cb.page = cb, exports, page
     return page
+
+
+class ExportFolder:
+    """One folder for the export files of one app run: created at once, keeping the newest
+    ``keep`` files, deleted at exit (``atexit``, which a Ctrl-C also reaches) or by ``cleanup``."""
+
+    def __init__(self, keep: int = EXPORTS_KEPT, prefix: str = "dllm-local-") -> None:
+        self.path = Path(tempfile.mkdtemp(prefix=prefix))
+        self.keep = keep
+        self._numbers = itertools.count(1)
+        self._lock = threading.Lock()
+        atexit.register(self.cleanup)
+
+    def write(self, trace: dict) -> str:
+        """The trace as a new JSON file here (the older ones beyond ``keep`` are deleted)."""
+        with self._lock:
+            self.path.mkdir(parents=True, exist_ok=True)
+            path = self.path / f"dllm-trace-{next(self._numbers):04d}.json"
+            path.write_text(json.dumps(trace))
+            files = sorted(self.path.glob("dllm-trace-*.json"), key=lambda f: f.name)
+            for old in files[:-self.keep]:
+                old.unlink(missing_ok=True)
+        return str(path)
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+class ModelAccess:
+    """Which models the page's model box may load: the listed short names, folders under
+    ``models_dir`` (a folder name there, or a path inside it), and hub ids only when
+    ``allow_downloads``. The command line's ``--model`` is not limited by this."""
+
+    HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+    def __init__(self, models_dir: str | Path | None = None, allow_downloads: bool = False,
+                 listed: Iterable[str] | None = None) -> None:
+        if listed is None:
+            from dllm_local.serving.session import MODEL_CHOICES
+            listed = MODEL_CHOICES
+        self.listed = list(listed)
+        self.models_dir = Path(models_dir).expanduser().resolve() if models_dir else None
+        self.allow_downloads = allow_downloads
+
+    def check(self, name: str) -> str:
+        """What to hand the engine for ``name`` (a listed name, a folder path or a hub id); raise
+        ModelLoadError saying what is allowed otherwise."""
+        name = (name or "").strip()
+        if name in self.listed:
+            return name
+        if name and self.models_dir is not None:
+            candidate = Path(name).expanduser()
+            candidate = (candidate if candidate.is_absolute() else self.models_dir / candidate).resolve()
+            if candidate.is_relative_to(self.models_dir) and candidate != self.models_dir:
+                if candidate.is_dir():
+                    return str(candidate)
+                if not self.HUB_ID.match(name):
+                    raise ModelLoadError(f"there is no model folder {name!r} in {self.models_dir}")
+        if self.HUB_ID.match(name) and not Path(name).expanduser().exists():
+            if self.allow_downloads:
+                return name
+            raise ModelLoadError(f"loading hub model {name!r} from the page is off; start the page with "
+                                 "--allow-downloads to allow it, or pick a listed model")
+        where = (f"a model folder in {self.models_dir}" if self.models_dir is not None
+                 else "a local folder (start the page with --models-dir DIR to allow the folders in DIR)")
+        raise ModelLoadError(f"the page does not load {name!r}: pick one of {', '.join(self.listed)}, or {where}")
 
 
 def _layout(session, presets: dict, problems: list[str], default_preset: str | None, specs: Specs) -> SimpleNamespace:
@@ -208,7 +303,7 @@ def _run_views(w: SimpleNamespace, session) -> None:
     w.grid = gr.HTML(elem_id="token-grid")
     gr.Markdown(plots.CAPTIONS["token_grid"], elem_classes="caption")
     w.nums = gr.HTML(elem_id="numbers")
-    with gr.Accordion("Cost model (seed 002): predicted step floor vs measured", open=False):
+    with gr.Accordion("Cost model: predicted step floor vs measured", open=False):
         w.cost_device = gr.Dropdown(session.cost_devices(), value="H100", label="GPU for the prediction")
         w.cost_html = gr.HTML(elem_id="cost-model")
     # Each plot starts with its empty figure: the browser loads the plotting
@@ -271,20 +366,24 @@ def _wire(w: SimpleNamespace, cb: Callbacks) -> None:
         w.controls[kind].change(partial(cb.show_policy, kind), [w.controls[kind]], [info, *toggled], queue=False)
     w.preset.change(cb.apply_preset, [w.preset], [w.preset_info, w.prompt, *controls], queue=False)
     _wire_run(w, cb)
-    w.stop_btn.click(cb.stop, None, [w.status], queue=False)
+    _wire_stop(w.stop_btn, cb, w.status, w.run_events, api_name="stop")
     views = [w.trace, w.scrub, *w.view_inputs]
     w.scrub.input(redraw, views, w.view_outputs, queue=False)
     for view in w.view_inputs:
         view.change(redraw, views, w.view_outputs, queue=False)
-    w.import_file.upload(import_trace, [w.import_file, *w.view_inputs],
-                         [w.trace, *w.view_outputs, w.scrub, w.status, w.export_btn])
-    w.load_btn.click(cb.load_model, [w.model_pick, w.quant], [w.model_line, w.status, w.layer], **ON_MODEL)
-    w.cost_device.change(cb.show_cost, [w.trace, w.cost_device], [w.cost_html], queue=False)
+    # Checked in full (size, schema, lengths) before anything is drawn: a bad file is one message.
+    w.import_file.upload(cb.import_trace, [w.import_file, *w.view_inputs],
+                         [w.trace, *w.view_outputs, w.scrub, w.status, w.export_btn, w.prompt, *controls],
+                         api_name="import_trace", concurrency_limit=2, concurrency_id="import")
+    w.load_btn.click(cb.load_model, [w.model_pick, w.quant], [w.model_line, w.status, w.layer],
+                     api_name="load_model", **ENGINE)
+    w.cost_device.change(cb.show_cost, [w.trace, w.cost_device], [w.cost_html], api_name="cost_model", **ENGINE)
     w.cmp_btn.click(cb.run_compare, [w.preset_a, w.preset_b, w.cmp_prompt],
-                    [w.grid_a, w.grid_b, w.cmp_table, w.cmp_status], **ON_MODEL)
-    w.tune_btn.click(cb.run_sweep, [w.tune_preset, w.tune_task, w.tune_n, w.tune_thresholds, w.tune_blocks, w.tune_gen],
-                     [w.tune_state, w.tune_plot, w.tune_table, w.tune_status], **ON_MODEL)
-    w.tune_stop.click(cb.stop, None, [w.tune_status], queue=False)
+                    [w.grid_a, w.grid_b, w.cmp_table, w.cmp_status], api_name="compare", **ENGINE)
+    tune_event = w.tune_btn.click(cb.run_sweep, [w.tune_preset, w.tune_task, w.tune_n, w.tune_thresholds, w.tune_blocks,
+                                                 w.tune_gen],
+                                  [w.tune_state, w.tune_plot, w.tune_table, w.tune_status], api_name="sweep", **ENGINE)
+    _wire_stop(w.tune_stop, cb, w.tune_status, [tune_event], api_name="cancel_sweep")
     w.tune_table.select(cb.load_point, [w.tune_state], [w.tabs, *controls], queue=False)
 
 
@@ -295,20 +394,96 @@ def _wire_run(w: SimpleNamespace, cb: Callbacks) -> None:
     # Gradio's queue position and timer on the status line only: overlays on the grid and the
     # plots would cover the live views and cost the browser CPU at every redraw.
     progress = {"show_progress": "minimal", "show_progress_on": [w.status]}
-    w.run_event = w.run_btn.click(cb.run, inputs, outputs, api_name="run", **ON_MODEL, **progress)
-    submit_event = w.prompt.submit(cb.run, inputs, outputs, api_visibility="private", **ON_MODEL, **progress)
-    for event in (w.run_event, submit_event):
-        event.then(export_ready, [w.trace], [w.export_btn]).then(cb.show_cost, [w.trace, w.cost_device], [w.cost_html])
+    w.run_event = w.run_btn.click(cb.run, inputs, outputs, api_name="run", **ENGINE, **progress)
+    submit_event = w.prompt.submit(cb.run, inputs, outputs, api_visibility="private", **ENGINE, **progress)
+    w.run_events = [w.run_event, submit_event]
+    for event in w.run_events:
+        event.then(cb.export_ready, [w.trace], [w.export_btn], api_visibility="private").then(
+            cb.show_cost, [w.trace, w.cost_device], [w.cost_html], api_visibility="private", **ENGINE)
+
+
+def _wire_stop(button: gr.Button, cb: Callbacks, status: gr.Markdown, events: list, api_name: str) -> None:
+    """Stop for one tab: its own run stops within a step (and is drawn as it ended); its own
+    request still waiting in the queue is taken out of it; another tab's run is left alone.
+
+    Gradio's ``cancels`` would also end this tab's running event without its last update, so a
+    queued request is cancelled on the server instead: it ends with a message, unrun, when its
+    turn comes (``Callbacks.stop`` / ``_take_cancel``)."""
+    button.click(cb.stop, None, [status], queue=False, api_name=api_name)
 
 
 class Callbacks:
     """The event handlers that use the session, its presets or the policy specs. ``control_names``
     is the order in which the run's controls come in and go out."""
 
-    def __init__(self, session, presets: dict, specs: Specs, control_names: list[str]) -> None:
+    def __init__(self, session, presets: dict, specs: Specs, control_names: list[str],
+                 models: ModelAccess | None = None, exports: ExportFolder | None = None) -> None:
         self.session, self.presets, self.specs = session, presets, specs
         self.control_names = control_names
+        self.models = models or ModelAccess()
+        self.exports = exports or ExportFolder()
         self.run_numbers = itertools.count(1)  # tags the live grid so a browser can tell runs apart
+        self.page: gr.Blocks | None = None  # set by ``build``: its queue tells who is waiting
+        self.cancelled: set[str] = set()  # clients whose queued request was cancelled by Stop
+
+    # ---- who is asking: one id per browser tab (Gradio's session hash) or gradio_client Client
+    def _started(self, request) -> str:
+        return _client(request)
+
+    def _take_cancel(self, client: str) -> bool:
+        """Whether this client's request, just started, was cancelled by Stop while it waited."""
+        if client in self.cancelled:
+            self.cancelled.discard(client)
+            return True
+        return False
+
+    def _queued(self, client: str) -> bool:
+        """Whether ``client`` has an engine request waiting in the page's queue (best effort:
+        read from Gradio's queue)."""
+        try:
+            waiting = self.page._queue.event_queue_per_concurrency_id.get(ENGINE["concurrency_id"])
+            return waiting is not None and any(event.session_hash == client for event in waiting.queue)
+        except AttributeError:
+            return False
+
+    def stop(self, request: gr.Request) -> str:
+        """Stop this client's own run or sweep; never another's."""
+        client = _client(request)
+        if self.session.stop(client):
+            return "Stopping after the current step…"
+        if self._queued(client):  # it ends unrun when its turn comes (see _take_cancel)
+            self.cancelled.add(client)
+            return CANCELLED
+        if self.session.owner() is not None:
+            return "Nothing of this tab is running (another tab's run can only be stopped from that tab)."
+        return "Nothing is running."
+
+    def export_ready(self, trace: dict):
+        # After the final state is drawn: writing a long trace is not what the user waits to see.
+        return self.exports.write(trace) if trace.get("steps") else gr.update()
+
+    def import_trace(self, file, color: str, lay: int, wh: str, view: str) -> tuple:
+        """A trace file, checked in full before anything is drawn; its prompt and settings go into
+        the Run tab's controls. A bad file is one message in the status line."""
+        keep = [gr.update()] * (1 + len(self.control_names))
+        try:
+            if file is None:
+                raise DllmError("no file was given; choose a trace exported by dllm-local")
+            trace = load_trace_file(file if isinstance(file, str) else file.name).to_dict()
+        except DllmError as exc:
+            return (gr.update(), *[gr.update()] * 5, gr.update(), f"⚠ could not import that file: {exc}", gr.update(),
+                    *keep)
+        n = len(trace["steps"])
+        prompt = prompt_of(trace)
+        try:
+            values = self._control_values(trace["settings"])
+            values = [_fit_slider(name, v) for name, v in zip(self.control_names, values)]
+        except (ValueError, TypeError, KeyError):
+            values = [gr.update()] * len(self.control_names)  # a trace of policies this build lacks
+        status = (f"Replaying an imported trace: {n} steps, {trace['settings'].get('cache')} + "
+                  f"{trace['settings'].get('unmask')}. Move the step slider.")
+        return (trace, *_views(trace, None, color, lay, wh, view), gr.update(maximum=max(1, n - 1), value=max(0, n - 1)),
+                status, self.exports.write(trace), gr.update() if prompt is None else prompt, *values)
 
     def show_policy(self, kind: str, name: str) -> list:
         """What the policy ``name`` of ``kind`` does, and only its controls."""
@@ -329,8 +504,12 @@ class Callbacks:
             return [gr.update()] * (len(self.control_names) + 1)
         return [gr.Tabs(selected="run"), *self._control_values(rows[evt.index[0]]["settings"])]
 
-    def run(self, prompt_text: str, trace: dict, following: bool, color: str, lay: int, wh: str, view: str,
-            *values) -> Iterator[tuple]:
+    def run(self, request: gr.Request, prompt_text: str, trace: dict, following: bool, color: str, lay: int, wh: str,
+            view: str, *values) -> Iterator[tuple]:
+        client = self._started(request)
+        if self._take_cancel(client):
+            yield _status_only(CANCELLED, trace)
+            return
         try:
             settings, notice = settings_from_controls(dict(zip(self.control_names, values)), self.specs)
         except (ValueError, TypeError) as exc:
@@ -341,7 +520,7 @@ class Callbacks:
         live: dict = {}
         first_paint, plots_drawn = None, clicked
         try:
-            for live, done in throttled(self.session.run(prompt_text, settings)):
+            for live, done in throttled(self.session.run(prompt_text, settings, run_id=client)):
                 n = len(live["steps"])
                 if first_paint is None and n:
                     first_paint = time.perf_counter() - clicked
@@ -359,26 +538,29 @@ class Callbacks:
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message; the page stays up
             yield _status_only(f"⚠ {_message(exc)}", live or trace)
 
-    def stop(self) -> str:
-        return "Stopping after the current step…" if self.session.stop() else "Nothing is running."
-
-    def load_model(self, name: str, q: str, progress=gr.Progress()) -> tuple:
-        progress((0, None), desc=f"loading {name}", unit="s")
+    def load_model(self, request: gr.Request, name: str, q: str, progress=gr.Progress()) -> tuple:
+        client = self._started(request)
         try:
+            target = self.models.check(name)  # only the models the page was started to allow
+            progress((0, None), desc=f"loading {name}", unit="s")
             # The model loads in the engine process; the page shows the seconds it has taken.
-            info = self.session.switch_model(name, q, on_wait=lambda s: progress((int(s), None), desc=f"loading {name}",
-                                                                                 unit="s"))
+            info = self.session.switch_model(target, q, run_id=client,
+                                             on_wait=lambda s: progress((int(s), None), desc=f"loading {name}", unit="s"))
         except Exception as exc:  # noqa: BLE001
             return gr.update(), f"⚠ {_message(exc)}", gr.update()
         return _model_line(info), f"Loaded {info['name']}.", gr.update(maximum=max(0, info["layers"] - 1), value=0)
 
-    def run_compare(self, name_a: str, name_b: str, prompt_text: str) -> Iterator[tuple]:
+    def run_compare(self, request: gr.Request, name_a: str, name_b: str, prompt_text: str) -> Iterator[tuple]:
+        client = self._started(request)
+        if self._take_cancel(client):
+            yield gr.update(), gr.update(), gr.update(), CANCELLED
+            return
         results = {}
         grids = {"a": "", "b": ""}
         for key, name in (("a", name_a), ("b", name_b)):
             settings = dict(self.presets[name]["settings"], seed=0)
             try:
-                for live, _ in throttled(self.session.run(prompt_text, settings)):
+                for live, _ in throttled(self.session.run(prompt_text, settings, run_id=client)):
                     grids[key] = plots.token_grid_html(live, len(live["steps"]) - 1)
                     yield grids["a"], grids["b"], "", f"Running {key.upper()}: {name}…"
                 results[key] = live
@@ -387,16 +569,21 @@ class Callbacks:
                 return
         yield grids["a"], grids["b"], plots.compare_html(plots.compare(results["a"], results["b"])), "Done."
 
-    def show_cost(self, trace: dict, device: str) -> str:
+    def show_cost(self, request: gr.Request, trace: dict, device: str) -> str:
+        client = self._started(request)
         if not trace or not trace.get("stats", {}).get("nfe"):
             return "Run something to compare its measured step time with the prediction."
         try:
-            return plots.cost_table_html(self.session.cost_model(trace, device), device)
+            return plots.cost_table_html(self.session.cost_model(trace, device, run_id=client), device)
         except Exception as exc:  # noqa: BLE001
             return f"⚠ {_message(exc)}"
 
-    def run_sweep(self, preset_name: str, task: str, n: int, thresholds: str, blocks: str, gen: int,
-                  progress=gr.Progress()) -> Iterator[tuple]:
+    def run_sweep(self, request: gr.Request, preset_name: str, task: str, n: int, thresholds: str, blocks: str,
+                  gen: int, progress=gr.Progress()) -> Iterator[tuple]:
+        client = self._started(request)
+        if self._take_cancel(client):
+            yield gr.update(), gr.update(), gr.update(), CANCELLED
+            return
         try:
             axes = {"threshold": _numbers(thresholds, float), "block_size": _numbers(blocks, int)}
             base = dict(self.presets[preset_name]["settings"], gen_length=int(gen), trace="off", exact_drift=False)
@@ -404,7 +591,7 @@ class Callbacks:
             if not any(p["name"] == "threshold" for p in unmask["params"]):  # the axis needs a policy with one
                 base.update(unmask="threshold", unmask_params={"threshold": 0.9})
             report: dict = {"axes": axes, "rows": []}
-            for event in self.session.sweep(task, int(n), base, axes):
+            for event in self.session.sweep(task, int(n), base, axes, run_id=client):
                 if "progress" in event:
                     p = event["progress"]
                     report["rows"].append({**p["row"], "point": p["point"], "pareto": False})
@@ -424,21 +611,37 @@ def redraw(trace: dict, step: int, color: str, lay: int, wh: str, view: str) -> 
     return _views(trace, step, color, lay, wh, view)
 
 
-def import_trace(file, color: str, lay: int, wh: str, view: str) -> tuple:
+_TURNS = (re.compile(r"<\|start_header_id\|>user<\|end_header_id\|>\s*(.*?)<\|eot_id\|>", re.DOTALL),  # LLaDA
+          re.compile(r"<\|im_start\|>user\s*(.*?)<\|im_end\|>", re.DOTALL))  # Dream (Qwen)
+
+
+def prompt_of(trace: dict) -> str | None:
+    """The prompt of a trace: its ``prompt`` field, else the last user turn of its prompt ids
+    decoded with its vocab (the chat template taken off); None when that cannot be done."""
+    if isinstance(trace.get("prompt"), str):
+        return trace["prompt"]
+    vocab = trace.get("vocab") or {}
     try:
-        trace = json.loads(Path(file if isinstance(file, str) else file.name).read_text())
-        plots.check_trace(trace)
-    except (ValueError, KeyError, TypeError, OSError) as exc:
-        return (gr.update(), *[gr.update()] * 5, gr.update(), f"⚠ could not import that file: {exc}", gr.update())
-    n = len(trace["steps"])
-    return (trace, *_views(trace, None, color, lay, wh, view), gr.update(maximum=max(1, n - 1), value=n - 1),
-            f"Replaying an imported trace: {n} steps, {trace['settings']['cache']} + {trace['settings']['unmask']}. "
-            f"Move the step slider.", _export_file(trace))
+        text = "".join(vocab[str(i)] for i in trace.get("prompt_ids") or [])
+    except (KeyError, TypeError):
+        return None
+    for turn in _TURNS:
+        found = turn.findall(text)
+        if found:
+            return found[-1].strip()
+    return None if "<|" in text or not text.strip() else text.strip()
 
 
-def export_ready(trace: dict):
-    # After the final state is drawn: writing a long trace is not what the user waits to see.
-    return _export_file(trace) if trace.get("steps") else gr.update()
+def _fit_slider(name: str, value):
+    """A control value from an imported trace; a length past the slider's range widens it."""
+    if name in ("gen_length", "steps") and isinstance(value, int) and value > 512:
+        return gr.update(value=value, maximum=value)
+    return value
+
+
+def _client(request) -> str:
+    """Who is asking: the tab's (or gradio_client Client's) session hash; "local" outside Gradio."""
+    return getattr(request, "session_hash", None) or "local"
 
 
 def _status_only(msg: str, trace: dict) -> tuple:
@@ -450,13 +653,6 @@ def _numbers(text: str, kind) -> list:
     if not values:
         raise ValueError(f"no values in {text!r}")
     return values
-
-
-def _export_file(trace: dict) -> str:
-    """The trace as a JSON file the Export button hands out."""
-    path = Path(tempfile.mkdtemp(prefix="dllm-trace-")) / "dllm-trace.json"
-    path.write_text(json.dumps(trace))
-    return str(path)
 
 
 def _pick(presets: dict, name: str) -> str | None:

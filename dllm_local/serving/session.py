@@ -3,8 +3,9 @@
 The model lives in an engine process (``dllm_local.serving.engine``); a ``Session`` starts it, sends it
 requests and streams its answers back. No model work happens in the page process, so its Python
 work (figures, Gradio) never holds the engine's GIL, slows a run or leaks into its timings. Runs
-are never mixed: a second request while one is going raises ``BusyError``; ``stop()`` ends a run
-or sweep within one step.
+are never mixed: a second request while one is going raises ``BusyError`` (the page queues its
+events, so they wait their turn instead); ``stop(run_id)`` ends the run or sweep started with that
+``run_id`` within one step, and leaves anyone else's alone.
 """
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ class Session:
         self._spec = {"model": model, "device": device, "quantization": quantization, "guider": guider,
                       "threads": threads}
         self._lock = threading.Lock()
+        self._owner: str | None = None  # the run_id of the request in progress
         self._start()
         if not lazy:
             self._described  # noqa: B018 - raises the engine's load error (an unknown model) here
@@ -87,11 +89,14 @@ class Session:
             raise self._failure
         return self._ready
 
-    def _request(self, method: str, on_wait: Callable[[float], None] | None = None, **kwargs) -> Iterator:
+    def _request(self, method: str, on_wait: Callable[[float], None] | None = None, run_id: str | None = None,
+                 **kwargs) -> Iterator:
         """Send one request under the session lock; yield its streamed items (or its one result).
-        A consumer that leaves early stops the work and waits for the engine to finish it."""
+        ``run_id`` names who started it (``stop`` takes the same id). A consumer that leaves early
+        stops the work and waits for the engine to finish it."""
         if not self._lock.acquire(blocking=False):
             raise BusyError("a run is already going; wait for it or press Stop")
+        self._owner = run_id
         answer = self._exchange(method, on_wait, kwargs)
         # Started at once: errors are raised here, and a dropped iterator still runs its clean-up.
         first = next(answer)
@@ -127,6 +132,7 @@ class Session:
                 self._stop.set()
                 while kind not in _ENDS:
                     kind, _ = self._inbox.get()
+            self._owner = None
             self._lock.release()
 
     def close(self) -> None:
@@ -156,43 +162,50 @@ class Session:
         return self._described["info"]
 
     def switch_model(self, name: str, quantization: str | None = None,
-                     on_wait: Callable[[float], None] | None = None) -> dict:
+                     on_wait: Callable[[float], None] | None = None, run_id: str | None = None) -> dict:
         """Load another model in place of the current one; ``on_wait(seconds)`` is called about
         twice a second while it loads."""
-        self._ready = next(self._request("switch_model", on_wait, name=name, quantization=quantization))
+        self._ready = next(self._request("switch_model", on_wait, run_id, name=name, quantization=quantization))
         self._spec.update(model=name, quantization=quantization)
         return self.info()
 
     # ---------------------------------------------------------------- runs
-    def run(self, prompt, settings: dict | Settings) -> Iterator[dict]:
+    def run(self, prompt, settings: dict | Settings, run_id: str | None = None) -> Iterator[dict]:
         """Stream one generation as plain dicts, each with ``"trace"``: the trace so far (see
         ``dllm_local.trace.fold``).
 
         First ``{"start": header}`` (prompt ids, lengths, settings: enough to draw the empty grid),
         then ``{"step": record, "vocab": {id: text}}`` per forward (texts of newly seen tokens),
         then ``{"end": ...}``, whose ``"trace"`` is the whole trace. Bad settings raise here,
-        before anything streams.
+        before anything streams. ``run_id``: who started it, for ``stop(run_id)``.
         """
         settings = settings if isinstance(settings, Settings) else Settings.from_dict(settings)
-        return fold(self._request("run", prompt=prompt, settings=settings))  # validation errors raise here
+        return fold(self._request("run", run_id=run_id, prompt=prompt, settings=settings))  # validation errors raise here
 
-    def stop(self) -> bool:
-        """Stop the run or sweep in progress (within one step / one grid point)."""
-        if not self._lock.locked():
+    def stop(self, run_id: str | None = None) -> bool:
+        """Stop the run or sweep in progress (within one step / one grid point) if it was started
+        with ``run_id``; False, and nothing stopped, when nothing or another id's run is going.
+        ``run_id=None`` stops whatever is going (for a program that owns the session alone)."""
+        if not self._lock.locked() or (run_id is not None and run_id != self._owner):
             return False
         self._stop.set()
         return True
 
-    def sweep(self, task: str, n: int, base: dict, axes: dict[str, list], seed: int = 1000) -> Iterator[dict]:
+    def sweep(self, task: str, n: int, base: dict, axes: dict[str, list], seed: int = 1000,
+              run_id: str | None = None) -> Iterator[dict]:
         """Stream a sweep: ``{"progress": {done, total, point, row}}`` per grid point, then ``{"report": ...}``."""
-        return self._request("sweep", task=task, n=n, base=base, axes=axes, seed=seed)
+        return self._request("sweep", run_id=run_id, task=task, n=n, base=base, axes=axes, seed=seed)
+
+    def owner(self) -> str | None:
+        """The ``run_id`` of the request in progress (None when none, or started without one)."""
+        return self._owner if self._lock.locked() else None
 
     def cost_devices(self) -> list[str]:
         return list(self._described["cost_devices"])
 
-    def cost_model(self, trace: dict, device: str) -> list[dict]:
+    def cost_model(self, trace: dict, device: str, run_id: str | None = None) -> list[dict]:
         """The cost-model panel for a finished run: step floors per strategy on ``device``."""
-        return next(self._request("cost_model", settings=trace["settings"], stats=trace["stats"],
+        return next(self._request("cost_model", run_id=run_id, settings=trace["settings"], stats=trace["stats"],
                                   prompt_len=len(trace["prompt_ids"]), device=device))
 
 

@@ -1,0 +1,278 @@
+"""The page under more than one client: runs belong to their client, every engine request waits in
+one queue, imported traces are bounded, export files are bounded, the model box is restricted."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+from dllm_local.errors import ModelLoadError
+from dllm_local.serving.session import MODEL_CHOICES
+
+ARITHMETIC = "Ben has 9 coins, finds 8 more, then gives away 9. How many now?"
+SLOW = {"cache": "none", "unmask": "fixed", "gen_length": 256, "steps": 256, "block_size": 32}  # 256 forwards
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    import app
+    from ui.page import CSS
+
+    models_dir = tmp_path_factory.mktemp("models")
+    (models_dir / "empty-model").mkdir()
+    page, session = app.create(app.parse_args(["--models-dir", str(models_dir)]))
+    page.queue(default_concurrency_limit=1)
+    _, url, _ = page.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True, quiet=True,
+                            css=CSS)
+    yield url, page, session, models_dir
+    page.close()
+    session.close()
+    page.exports.cleanup()
+
+
+def _client(url):
+    from gradio_client import Client
+
+    return Client(url, verbose=False)
+
+
+def _run_args(page, settings: dict) -> dict:
+    """/run keyword arguments for ``settings`` (the controls are the API's param_7 ... in order)."""
+    names = page.callbacks.control_names
+    return {f"param_{7 + names.index(name)}": value for name, value in settings.items()}
+
+
+def _status(outputs) -> str:
+    return outputs[6]  # grid, numbers, three plots, scrubber, then the status line
+
+
+def _final(job, timeout: float = 180) -> str:
+    job.result(timeout=timeout)
+    return _status(job.outputs()[-1])
+
+
+def _wait_running(job, session, timeout: float = 60) -> None:
+    end = time.monotonic() + timeout
+    while session.owner() is None or len(job.outputs()) < 3:
+        assert time.monotonic() < end, "the run did not start"
+        time.sleep(0.05)
+
+
+# ---------------------------------------------------------------- 1. runs belong to their client
+
+def test_session_stop_ends_only_the_run_of_the_same_id(served):
+    _, _, session, _ = served
+    events = session.run(ARITHMETIC, SLOW, run_id="a")
+    next(events)
+    assert session.owner() == "a"
+    assert not session.stop("b")  # someone else's Stop: a no-op
+    assert not session._stop.is_set()
+    assert session.stop("a")
+    last = list(events)[-1]["trace"]
+    assert last["stats"]["stopped"] and session.owner() is None
+
+
+def test_another_clients_stop_leaves_a_run_going_to_its_end(served):
+    url, page, session, _ = served
+    a, b = _client(url), _client(url)
+    job = a.submit(ARITHMETIC, api_name="/run", **_run_args(page, SLOW))
+    _wait_running(job, session)
+    said = b.predict(api_name="/stop")
+    print(f"\nclient B's Stop while A runs: {said!r}")
+    assert "another tab" in said
+    final = _final(job)
+    print(f"client A's run: {final[:80]!r}")
+    assert final.startswith("Done in 256 steps")  # not "Stopped"
+
+    # The same client's Stop does stop its own run.
+    job = a.submit(ARITHMETIC, api_name="/run", **_run_args(page, SLOW))
+    _wait_running(job, session)
+    assert a.predict(api_name="/stop").startswith("Stopping")
+    final = _final(job)
+    print(f"client A's own Stop: {final[:60]!r}")
+    assert final.startswith("Stopped")
+
+
+# ---------------------------------------------------------------- 2. one queue for every engine request
+
+def test_a_run_waits_for_a_sweep_and_a_cost_model_request_instead_of_failing(served):
+    url, page, session, _ = served
+    a, b = _client(url), _client(url)
+    sweep = a.submit("Fast-dLLM DualCache (paper default)", "arithmetic", 4, "0.5,0.9", "8,16", 32, api_name="/sweep")
+    end = time.monotonic() + 60
+    while session.owner() is None:  # the sweep holds the engine
+        assert time.monotonic() < end
+        time.sleep(0.02)
+    run = b.submit(ARITHMETIC, api_name="/run")
+    sweep_status = sweep.result(timeout=180)[-1]
+    final = _final(run)
+    print(f"\nsweep: {sweep_status!r}; run started meanwhile: {final[:60]!r}")
+    assert sweep_status.startswith("Done") and final.startswith("Done")
+    assert "already going" not in final
+
+    # A cost-model request (A has a finished run in its session state) and B's Run at once.
+    a.predict(ARITHMETIC, api_name="/run", **_run_args(page, {"gen_length": 32}))
+    results: dict = {}
+    cost = threading.Thread(target=lambda: results.update(cost=a.predict("H100", api_name="/cost_model")))
+    run = b.submit(ARITHMETIC, api_name="/run", **_run_args(page, SLOW))
+    cost.start()
+    final = _final(run)
+    cost.join(120)
+    print(f"cost model: {results['cost'][:60]!r}; run: {final[:40]!r}")
+    assert final.startswith("Done") and "already going" not in results["cost"] and "⚠" not in results["cost"]
+
+
+# ---------------------------------------------------------------- 3. bounded trace import
+
+def _trace(session, prompt: str, settings: dict) -> dict:
+    return list(session.run(prompt, settings))[-1]["trace"]
+
+
+def test_an_oversized_trace_is_refused_at_once_and_the_page_still_runs(served, tmp_path):
+    from gradio_client import handle_file
+
+    url, _, session, _ = served
+    trace = _trace(session, ARITHMETIC, {"gen_length": 32, "block_size": 32})
+    trace["gen_length"] = 300000
+    path = tmp_path / "huge.json"
+    path.write_text(json.dumps(trace))
+    client = _client(url)
+    started = time.perf_counter()
+    outputs = client.predict(handle_file(str(path)), api_name="/import_trace")
+    took = time.perf_counter() - started
+    status = _status(outputs)
+    print(f"\noversized import ({path.stat().st_size / 1024:.0f} KB, gen_length 300000): {took:.2f} s, "
+          f"{status!r}; page process RSS after it: {_rss_mb():.0f} MB")
+    assert took < 5 and status.startswith("⚠ could not import that file") and "gen_length" in status
+    final = _final(client.submit(ARITHMETIC, api_name="/run"))
+    assert final.startswith("Done")
+
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert "not valid JSON" in _status(client.predict(handle_file(str(bad)), api_name="/import_trace"))
+
+
+def test_importing_a_trace_sets_its_prompt_and_settings(served, tmp_path):
+    from gradio_client import handle_file
+
+    url, page, session, _ = served
+    prompt = "Give two numbers whose sum is 9."
+    settings = {"gen_length": 64, "block_size": 16, "cache": "prefix", "unmask": "threshold",
+                "unmask_params": {"threshold": 0.7}, "seed": 3}
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(_trace(session, prompt, settings)))
+    outputs = _client(url).predict(handle_file(str(path)), api_name="/import_trace")
+    assert _status(outputs).startswith("Replaying an imported trace")
+    assert outputs[8] == prompt
+    controls = dict(zip(page.callbacks.control_names, outputs[9:]))
+    assert (controls["gen_length"], controls["block_size"], controls["cache"], controls["unmask"]) == (64, 16, "prefix",
+                                                                                                      "threshold")
+    assert controls["unmask.threshold"] == 0.7 and controls["seed"] == 3
+
+
+# ---------------------------------------------------------------- 4. files
+
+def test_exports_stay_in_one_folder_and_only_the_last_twenty_are_kept(served):
+    from ui.page import DELETE_CACHE, ExportFolder
+
+    _, page, _, _ = served
+    folder = ExportFolder()
+    trace = {"steps": [{"step": 0}], "settings": {}}
+    written = [Path(folder.write(trace)) for _ in range(25)]
+    assert {p.parent for p in written} == {folder.path}
+    left = sorted(folder.path.iterdir())
+    assert len(left) == 20 and left == written[-20:]
+    folder.cleanup()
+    assert not folder.path.exists()
+    assert page.delete_cache == DELETE_CACHE  # Gradio's own file cache is swept too
+    assert page.exports.path.is_dir() and page.exports.path.name.startswith("dllm-local-")
+
+
+# ---------------------------------------------------------------- 5. the model box
+
+def test_the_model_box_loads_only_what_the_page_was_started_to_allow(served, tmp_path):
+    url, _, session, _ = served
+    client = _client(url)
+    for name, words in (("/etc", "does not load"), ("someone/some-model", "--allow-downloads"),
+                        (str(tmp_path), "does not load"), ("../../etc", "does not load")):
+        _, status, _ = client.predict(name, "none", api_name="/load_model")
+        print(f"\nmodel box {name!r}: {status!r}")
+        assert status.startswith("⚠") and words in status
+    assert session.info()["name"] == "tiny"
+    # A folder under --models-dir is handed to the loader (which says what is wrong with it).
+    _, status, _ = client.predict("empty-model", "none", api_name="/load_model")
+    assert status.startswith("⚠") and "does not load" not in status
+    assert session.info()["name"] == "tiny"
+
+
+def test_model_access_rules(tmp_path):
+    from ui.page import ModelAccess
+
+    (tmp_path / "m").mkdir()
+    closed = ModelAccess()
+    assert all(closed.check(name) == name for name in MODEL_CHOICES)
+    for name in (str(tmp_path / "m"), "org/model", "", "m"):
+        with pytest.raises(ModelLoadError):
+            closed.check(name)
+    opened = ModelAccess(tmp_path, allow_downloads=True)
+    assert opened.check("m") == str((tmp_path / "m").resolve()) == opened.check(str(tmp_path / "m"))
+    assert opened.check("org/model") == "org/model"
+    with pytest.raises(ModelLoadError, match="no model folder"):
+        opened.check("missing")
+    with pytest.raises(ModelLoadError):
+        opened.check(str(tmp_path.parent))
+
+
+# ---------------------------------------------------------------- a browser: Stop of a queued Run
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
+                              args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        yield b
+        b.close()
+
+
+def test_browser_stop_cancels_a_queued_run_of_its_own_tab_only(served, browser):
+    url, page, session, _ = served
+    a, b = _client(url), browser.new_page(viewport={"width": 1500, "height": 2000})
+    b.goto(url)
+    b.wait_for_selector("#run-btn")
+    job = a.submit(ARITHMETIC, api_name="/run", **_run_args(page, SLOW))
+    _wait_running(job, session)
+    b.click("#run-btn")
+    b.wait_for_function("() => document.querySelector('#status').innerText.includes('queue')", timeout=20_000)
+    b.click("#stop-btn")
+    b.wait_for_function("() => document.querySelector('#status').innerText.includes('cancelled')", timeout=20_000)
+    final = _final(job)
+    assert final.startswith("Done in 256 steps")  # A's run went on to its end
+    time.sleep(1.0)
+    assert b.locator("#token-grid .dl-run").count() == 0  # B's queued run never ran
+    assert "cancelled" in b.inner_text("#status")
+    b.click("#run-btn")  # and B's page still runs
+    b.wait_for_function("() => /^Done/.test(document.querySelector('#status [data-testid=markdown]').innerText.trim())",
+                        timeout=120_000)
+    b.close()
