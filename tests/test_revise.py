@@ -60,3 +60,13 @@ def test_revise_keeps_arithmetic_accuracy(tiny):
     revise = sum(score(ex, dllm_local.generate(tiny, ex.prompt, base.with_(cache="dual", unmask="revise")).text)
                  for ex in problems)
     assert revise >= one_per_step - 0.02 * len(problems) - 1e-9
+
+
+def test_the_numbers_card_counts_revisions_and_net_commits(tiny):
+    from ui import plots
+
+    result = dllm_local.generate(tiny, PROMPT, _revise(draft_threshold=0.99, verify_threshold=1.0))
+    nums = plots.numbers(result.trace.to_dict())
+    assert nums["revisions"] == result.stats.revisions > 0
+    assert nums["committed"] == 64  # every position once, net of the tokens taken back
+    assert "tokens taken back" in plots.numbers_html(nums)

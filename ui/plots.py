@@ -385,7 +385,8 @@ def numbers(trace: Trace, upto_step: int | None = None) -> dict:
     Keys:
       steps            forwards recorded (rows of the trace) up to this point
       nfe              model forwards, verification included (sum of ``forwards``)
-      committed        answer tokens committed so far
+      committed        answer tokens committed so far (net of tokens taken back to mask)
+      revisions        committed tokens taken back to mask so far (policies that revise)
       gen_length       size of the answer region
       tau              tokens committed per forward (committed / nfe)
       content_tau      content tokens (before the first EOS/EOT) per forward; None until finished
@@ -404,10 +405,11 @@ def numbers(trace: Trace, upto_step: int | None = None) -> dict:
     stats = trace.get("stats") or {}
     finished = (len(steps) == len(trace.get("steps") or []) and bool(trace.get("final_ids"))
                 and float(stats.get("wall_s") or 0.0) > 0)
-    committed = sum(len(s.get("committed") or []) for s in steps)
+    revisions = sum(len(s.get("revoked") or []) for s in steps)
+    committed = sum(len(s.get("committed") or []) for s in steps) - revisions
     values = _final_numbers(stats) if finished else _running_numbers(steps, committed)
     busy = values["model_s"] + values["other_s"]
-    return {"steps": len(steps), "committed": committed, "gen_length": _gen_length(trace), **values,
+    return {"steps": len(steps), "committed": committed, "revisions": revisions, "gen_length": _gen_length(trace), **values,
             "other_share": values["other_s"] / busy if busy else 0.0, "finished": finished}
 
 
@@ -451,6 +453,8 @@ def numbers_html(nums: dict) -> str:
         ("mean G", _fmt(nums.get("mean_g"), ".1f"), "positions / forward"),
         ("cache hits", _fmt(nums.get("hit_rate"), ".0%"), "cumulative"),
     ]
+    if nums.get("revisions"):
+        cards.insert(2, ("revisions", _fmt(nums["revisions"], "d"), "tokens taken back"))
     card = ("display:inline-block;margin:3px;padding:4px 8px;border:1px solid #ddd;border-radius:6px;"
             "min-width:6.5em;vertical-align:top;background:#fafafa;")
     body = "".join(
