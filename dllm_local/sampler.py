@@ -167,10 +167,10 @@ class Run:
         self._banned = torch.tensor([h.mask_id, *range(len(h.tokenizer), rows)], device=h.device)
         self._max_forwards = s.gen_length + s.num_blocks
         self.recorder = Recorder(h, s, self.prompt_ids, self.cache, self._banned)
+        self.state = state
         # The current step's forward, for policies that read more of it (verification, revision).
         self._positions: torch.Tensor | None = None
         self._logits: torch.Tensor | None = None
-        self._sequence = x
         return state
 
     # ---------------------------------------------------------------- the loop
@@ -262,7 +262,7 @@ class Run:
         if not torch.equal(self._positions[index.clamp(max=len(self._positions) - 1)], positions):
             raise ValueError("current_probabilities: a position outside this step's forward")
         logits = self._logits[index].index_fill(-1, self._banned, float("-inf"))
-        tokens = self._sequence[0, positions]
+        tokens = self.state.x[0, positions]
         return F.softmax(logits.double(), dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
 
     def guider_forward(self, input_ids: torch.Tensor, past):

@@ -75,7 +75,7 @@ def check_value(value: Any, kind: type, where: str, rule: str, ok: Callable[[Any
     if isinstance(value, str) and kind is not str:
         text = value.strip().lower()
         try:
-            value = {"true": True, "false": False}[text] if kind is bool else kind(float(text)) if kind is int and float(text).is_integer() else kind(text)
+            value = _parse(text, kind)
         except (KeyError, ValueError, OverflowError):
             typed = rule if rule.startswith(("a ", "an ", "true")) else f"{_TYPES[kind]} {rule}"
             raise SettingsError(f"{where} must be {typed}, not {value!r}") from None
@@ -95,6 +95,15 @@ def check_value(value: Any, kind: type, where: str, rule: str, ok: Callable[[Any
     if not ok(value):
         raise bad
     return value
+
+
+def _parse(text: str, kind: type) -> Any:
+    """Text typed for a knob as ``kind``; raises KeyError, ValueError or OverflowError."""
+    if kind is bool:
+        return {"true": True, "false": False}[text]
+    if kind is int and float(text).is_integer():
+        return int(float(text))  # "3" and "3.0" alike
+    return kind(text)
 
 
 @dataclass(frozen=True)
