@@ -82,13 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     except DllmError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from ui.page import CSS
+    from ui.page import LAUNCH_OPTIONS
 
     page.queue(default_concurrency_limit=1)
     # A plain `kill` ends the page like Ctrl-C: the engine closed, the export folder deleted.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        page.launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS, footer_links=[],
+        page.launch(server_name=args.host, server_port=args.port, share=args.share, **LAUNCH_OPTIONS,
                     prevent_thread_lock=True)
         print(f"dllm-local: serving on http://{args.host}:{args.port}", flush=True)
         page.block_thread()

@@ -67,7 +67,7 @@ def main() -> int:
     from playwright.sync_api import sync_playwright
 
     from ui.controls import controls_from_settings, settings_from_controls
-    from ui.page import CSS
+    from ui.page import LAUNCH_OPTIONS
 
     presets = load_presets()[0]
     name = args.preset or next(iter(presets))
@@ -80,7 +80,8 @@ def main() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    _, url, _ = page_app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, css=CSS)
+    _, url, _ = page_app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
+                                **LAUNCH_OPTIONS)
     ready = time.perf_counter() - t0
     prompt = preset["prompt"]
     # The page runs a preset through its controls (full trace); time the engine on exactly that.

@@ -88,6 +88,14 @@ def guider_for(args: argparse.Namespace, handle, needed: bool | None = None):
     return load_guider(args.guider or "tiny-guider", device=handle.device)
 
 
+def warn_past_trained_length(settings, handle) -> None:
+    from .settings import length_notice
+
+    notice = length_notice(settings.gen_length, handle.trained_length)
+    if notice:
+        print(f"notice: {notice}", file=sys.stderr)
+
+
 def _info(args: argparse.Namespace) -> None:
     from .models.loader import load
 
@@ -103,6 +111,7 @@ def _generate(args: argparse.Namespace) -> None:
     if not args.prompt.strip():
         raise SettingsError("--prompt is empty: give the question or message to answer")
     handle = load(args.model, device=args.device, quantization=args.quantize)
+    warn_past_trained_length(settings, handle)
     result = generate(handle, args.prompt, settings, guider_for(args, handle))
     if args.json:
         print(result.trace.to_json())
@@ -130,6 +139,7 @@ def _eval(args: argparse.Namespace) -> None:
 
     settings = settings_from_args(args)
     handle = load(args.model, device=args.device, quantization=args.quantize)
+    warn_past_trained_length(settings, handle)
     report = evaluate(handle, args.task, args.n, args.seed_data, settings, guider_for(args, handle), progress=not args.json)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
 

@@ -119,6 +119,7 @@ class Recorder:
             record.kv = self._kv_record(cache.drift_cosines())
             if self.level == "full":
                 record.recomputed = cache.last_positions.tolist()
+                record.top_candidates = _top_candidates(cand.positions, masked_positions, logits)
             self.trace.steps.append(record)
         self._count(record)
         now = time.perf_counter()
@@ -206,6 +207,8 @@ class Recorder:
         cut = next((i for i, t in enumerate(answer) if t in h.stop_ids or t == h.mask_id), len(answer))
         trace.text = h.tokenizer.decode(answer[:cut], skip_special_tokens=True)
         ids = set(answer) | set(trace.prompt_ids) | {h.mask_id}
+        ids |= {token for s in trace.steps for _, top in s.top_candidates for token, _ in top}
+        ids |= {token for s in trace.steps for _, token, _ in s.policy.get("rejected_at", [])}
         trace.vocab = {str(i): h.tokenizer.decode([i]) for i in sorted(ids)}
         st.gen_length = self.settings.gen_length
         st.content_tokens = cut
@@ -221,3 +224,17 @@ class Recorder:
         st.tokens_per_s = round(committed / st.model_s, 2) if st.model_s else 0.0
         st.content_tokens_per_s = round(content / st.model_s, 2) if st.model_s else 0.0
         return trace
+
+
+TOP_CANDIDATES = 3
+
+
+def _top_candidates(block_positions: torch.Tensor, masked_positions: torch.Tensor, logits: torch.Tensor) -> list[list]:
+    """[position, [[token, probability], ...]] for the block's masked positions: the likeliest
+    tokens before any sampling, so a viewer can see why a pair of commits did not fit together."""
+    rows = torch.isin(masked_positions, block_positions)
+    if not rows.any():
+        return []
+    probs, tokens = F.softmax(logits[rows], dim=-1).topk(min(TOP_CANDIDATES, logits.shape[-1]), dim=-1)
+    return [[p, [[t, round(q, 4)] for t, q in zip(ts, qs)]]
+            for p, ts, qs in zip(masked_positions[rows].tolist(), tokens.tolist(), probs.tolist())]

@@ -100,3 +100,12 @@ class Settings:
 
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def length_notice(gen_length: int, trained_length: int | None) -> str:
+    """A warning (not a refusal) when ``gen_length`` is past the longest answer region the model
+    was trained on; empty when it is not, or when the model does not say (real checkpoints)."""
+    if trained_length is None or gen_length <= trained_length:
+        return ""
+    return (f"Generation length {gen_length} is past the longest this model was trained for ({trained_length}): "
+            f"it may not end cleanly or answer at all there.")

@@ -33,6 +33,9 @@ class StepRecord:
     exact_ms: float = 0.0
     policy: dict[str, Any] = field(default_factory=dict)
     revoked: list[list] = field(default_factory=list)  # [position, token, confidence at commit, now]: back to mask
+    # Full trace only: the block's masked positions this forward scored, each with its three
+    # likeliest tokens: [position, [[token, probability], ...]].
+    top_candidates: list[list] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         """The record as a dict sharing its lists: a record is never changed once emitted, and a
@@ -199,6 +202,16 @@ def _step(step: Any, where: str, answer: range) -> None:
     if len(confidence) != len(positions):
         _fail(f"{where}.masked_confidence", f"has {len(confidence)} values for {len(positions)} masked_positions")
     _numbers(confidence, f"{where}.masked_confidence")
+    for j, entry in enumerate(_typed(step.get("top_candidates", []), list, f"{where}.top_candidates", "a list")):
+        at = f"{where}.top_candidates[{j}]"
+        if type(entry) is not list or len(entry) != 2 or type(entry[1]) is not list:
+            _fail(at, f"must be [position, [[token, probability], ...]], not {_show(entry)}")
+        _position(entry[0], f"{at}[0]", answer)
+        for k, pair in enumerate(entry[1]):
+            if type(pair) is not list or len(pair) != 2:
+                _fail(f"{at}[1][{k}]", f"must be [token, probability], not {_show(pair)}")
+            _int(pair[0], f"{at}[1][{k}][0]")
+            _number(pair[1], f"{at}[1][{k}][1]")
     if step.get("recomputed") is not None:
         for j, position in enumerate(_typed(step["recomputed"], list, f"{where}.recomputed", "a list or null")):
             _position(position, f"{where}.recomputed[{j}]", range(answer.stop))

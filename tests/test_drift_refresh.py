@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dllm_local
 from dllm_local import Settings
+from dllm_local.serving.session import load_presets
 from dllm_local.tiny.tasks import make_problems
 
 PROMPT = make_problems("arithmetic", 1, 7)[0].prompt
@@ -39,3 +40,19 @@ def test_the_drift_decides_the_refresh_and_is_in_the_trace(tiny):
     inside = [s for s in steps if s.step_in_block]
     refreshed = sum(s.full_refresh for s in inside)
     assert 0 < refreshed < len(inside) / 2
+
+
+def test_the_kv_panel_marks_each_decision_next_to_its_drift(tiny):
+    from ui import plots
+
+    preset = next(p for p in load_presets()[0].values() if p["settings"]["cache"] == "drift_refresh")
+    trace = dllm_local.generate(tiny, preset["prompt"], Settings.from_dict(preset["settings"])).trace.to_dict()
+    probe = next(t for t in plots.kv_heatmap(trace, layer=3).data if t.name == "attention drift probe")
+    measured = [(i, s["policy"]["drift"], s["policy"]["refresh_next"]) for i, s in enumerate(trace["steps"])
+                if s["policy"].get("drift") is not None]
+    assert list(probe.y) == [i for i, _, _ in measured]
+    decided = [i for i, _, refresh in measured if refresh]
+    assert decided, "the preset should show at least one drift-triggered refresh"
+    for i in decided:  # a refresh decision is followed by a full-refresh row
+        assert trace["steps"][i + 1]["full_refresh"]
+        assert "the next step refreshes" in probe.hovertext[[j for j, _, _ in measured].index(i)]

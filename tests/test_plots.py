@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import copy
+import html
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -96,6 +98,30 @@ def test_token_grid_by_confidence_and_bad_mode(trace):
         plots.token_grid_html(trace, 0, color_by="colour")
 
 
+def test_token_grid_numbers_positions_collapses_padding_and_marks_tokens_after_the_end(trace):
+    last = len(trace["steps"]) - 1
+    n, stop = trace["gen_length"], set(trace["model"]["stop_ids"])
+    page = plots.token_grid_html(trace, last)
+    numbers = re.findall(r'class="dl-pos"[^>]*>(\d+)<', page)
+    assert numbers == [str(p) for p in range(n)]  # every position, in order, padding included
+    final = trace["final_ids"]
+    first_end = next(p for p, t in enumerate(final) if t in stop)
+    assert page.count("dl-pad-chip") == 1 and f"× {n - first_end} end of text" in page
+    assert "dl-after-end" not in page
+    # A content token committed after the first end of text is marked, and the padding run after it
+    # is what collapses.
+    stray = copy.deepcopy(trace)
+    token = final[first_end - 2]
+    for record in stray["steps"]:
+        record["committed"] = [[pos, token if pos - len(trace["prompt_ids"]) == first_end + 3 else tok, c]
+                               for pos, tok, c in record["committed"]]
+    page = plots.token_grid_html(stray, last)
+    assert page.count("dl-after-end") == 1 and "committed after the end of text" in page
+    assert f"× {n - first_end - 4} end of text" in page
+    # Before the run ends nothing is collapsed: the masked tail stays position by position.
+    assert "dl-pad-chip" not in plots.token_grid_html(trace, -1)
+
+
 # ----------------------------------------------------------------------------- confidence
 
 def test_confidence_heatmap_cells_and_commits(trace):
@@ -125,6 +151,49 @@ def test_confidence_heatmap_upto_step(trace):
     assert len(_trace_named(fig, "commit").x) == sum(len(s["committed"]) for s in trace["steps"][:4])
 
 
+def test_theorem1_marks_each_step(trace):
+    full_pair = plots.theorem1({"committed": [[40, 7, 0.4], [41, 9, 0.6]]})
+    assert full_pair["verdict"] == "no guarantee" and full_pair["epsilon"] == pytest.approx(0.6)
+    assert full_pair["bound"] == pytest.approx(1.8) and "1.80 > 1" in full_pair["text"]
+    sure = plots.theorem1({"committed": [[40, 7, 0.95], [41, 9, 0.99], [42, 1, 0.9]]})
+    assert sure["verdict"] == "guaranteed" and sure["bound"] == pytest.approx(0.4)
+    edge = plots.theorem1({"committed": [[40, 7, 0.75], [41, 9, 0.8], [42, 1, 0.9]]})  # (3 + 1) x 0.25 = 1
+    assert edge["verdict"] == "guaranteed"
+    assert plots.theorem1({"committed": [[40, 7, 0.2]]})["verdict"] == "serial"
+    fig = plots.confidence_heatmap(trace)
+    marked = [*_trace_named(fig, "Theorem 1: guaranteed").y, *_trace_named(fig, "Theorem 1: no guarantee").y]
+    assert sorted(marked) == [i for i, s in enumerate(trace["steps"]) if len(s["committed"]) > 1]
+    i = next(i for i, s in enumerate(trace["steps"]) if len(s["committed"]) > 1)
+    page = plots.token_grid_html(trace, i)
+    assert f'data-verdict="{plots.theorem1(trace["steps"][i])["verdict"]}"' in page and f"Step {i}: Theorem 1" in page
+
+
+def test_what_if_threshold_replays_the_stored_confidences(trace):
+    P, steps = len(trace["prompt_ids"]), trace["steps"]
+    actual = [sorted(p - P for p, _, _ in s["committed"]) for s in steps]
+    # The run's own threshold (0.7) reproduces every step's commits: the replay never diverges.
+    same = plots.what_if(trace, trace["settings"]["unmask_params"]["threshold"])
+    assert same["diverges_at"] is None and same["commits"] == actual
+    # A stricter τ′ commits a subset at the first step, and the replay stops there.
+    strict = plots.what_if(trace, 0.8)
+    first = steps[0]
+    scored = dict(zip(first["masked_positions"], first["masked_confidence"]))
+    assert strict["diverges_at"] == 0 and strict["commits"] == [sorted(p - P for p, c in scored.items()
+                                                                       if c >= 0.8 and p - P < 16)]
+    # Equal commits up to the divergence step, which is the first where the sets differ.
+    later = plots.what_if(trace, 0.72)
+    d = later["diverges_at"]
+    assert d == 1 and later["commits"][:d] == actual[:d] and later["commits"][d] != actual[d]
+    # The grid frames what τ′ would commit and says where it diverges.
+    page = plots.token_grid_html(trace, 1, what_if_threshold=0.72)
+    assert page.count("dl-whatif-box") == len(later["commits"][1]) and "diverges here" in page
+    assert "dl-whatif-box" not in plots.token_grid_html(trace, 1)
+    assert "diverged at step 1" in plots.token_grid_html(trace, 3, what_if_threshold=0.72)
+    sampled = copy.deepcopy(trace)
+    sampled["settings"]["temperature"] = 1.0
+    assert "greedy" in plots.what_if(sampled, 0.5)["reason"]
+
+
 # ----------------------------------------------------------------------------- KV
 
 def test_kv_drift_cached_vs_recomputed(trace):
@@ -141,10 +210,27 @@ def test_kv_drift_cached_vs_recomputed(trace):
     # A full refresh recomputes everything: nothing in the cached layer on that row.
     r = next(i for i, s in enumerate(steps) if s["full_refresh"])
     assert all(_nan(v) for v in cached[r])
-    # Negative cosines in the data stay on the colour scale.
-    heat = _trace_named(fig, "drift")
-    assert heat.zmax == 1.0 and heat.zmin <= min(v for row in drift for v in row if not _nan(v))
     json.loads(fig.to_json())
+
+
+def test_kv_views_share_one_fixed_scale_mean_layers_and_mark_commits(trace):
+    steps = trace["steps"]
+    for view in plots.KV_VIEWS:
+        for layer in ("mean", 0, 3):
+            heat = _trace_named(plots.kv_heatmap(trace, layer=layer, which="v", view=view), view)
+            assert (heat.zmin, heat.zmax) == (0.0, 1.0) and "1 unchanged" in heat.colorbar.ticktext
+    # "mean": the mean over every layer's cosine, cell by cell.
+    mean = _trace_named(plots.kv_heatmap(trace, layer="mean", which="k"), "drift").z
+    layers = [_trace_named(plots.kv_heatmap(trace, layer=l, which="k"), "drift").z for l in steps[1]["kv"]]
+    np.testing.assert_allclose(mean[1][3], np.mean([z[1][3] for z in layers]), rtol=1e-5)
+    assert "all layers (mean)" in plots.kv_heatmap(trace).layout.title.text
+    # The staircase sits under each position's commit step.
+    line = _trace_named(plots.kv_heatmap(trace, layer=2), "committed below")
+    commit = plots.state_at(trace, len(steps) - 1)["commit_step"]
+    assert list(line.y[::2]) == [c + 0.5 for c in commit]
+    one = copy.deepcopy(trace)
+    one["steps"] = one["steps"][:1]
+    assert any("one step only" in a for a in _annotations(plots.kv_heatmap(one, layer=0)))
 
 
 def test_kv_step_without_drift_record(trace):
@@ -167,7 +253,7 @@ def test_kv_refresh_rows_marked_and_upto(trace):
 
 def test_kv_exact_views(trace):
     P, n, steps = len(trace["prompt_ids"]), trace["gen_length"], trace["steps"]
-    true = _trace_named(plots.kv_heatmap(trace, view="true_drift"), "true_drift").z.tolist()
+    true = _trace_named(plots.kv_heatmap(trace, layer=0, view="true_drift"), "true_drift").z.tolist()
     assert all(_nan(v) for v in true[0])  # no previous exact K at the first step
     # the figure holds float32 grids
     np.testing.assert_allclose(true[1], np.array(steps[1]["exact"]["true_drift"]["0"]["k"][P:P + n], float), rtol=1e-6)
@@ -200,7 +286,13 @@ def test_summary_level_trace(trace):
 def test_cache_panel(trace):
     steps = trace["steps"]
     fig = plots.cache_panel(trace)
-    assert list(_trace_named(fig, "G (recomputed)").y) == [s["g"] for s in steps]
+    full, partial = _trace_named(fig, "G, full refresh"), _trace_named(fig, "G, partial")
+    assert list(full.x) == [i for i, s in enumerate(steps) if s["full_refresh"]]
+    assert sorted([*full.x, *partial.x]) == list(range(len(steps)))
+    assert dict(zip([*full.x, *partial.x], [*full.y, *partial.y])) == {i: s["g"] for i, s in enumerate(steps)}
+    no_cache = copy.deepcopy(trace)
+    no_cache["settings"]["cache"] = "none"
+    assert any("no cache" in a for a in _annotations(plots.cache_panel(no_cache)))
     rate = _trace_named(fig, "hit rate").y
     assert rate[1] == pytest.approx(steps[1]["reads"] / (steps[1]["reads"] + steps[1]["g"]))
     assert _trace_named(fig, "cumulative").y[-1] == pytest.approx(trace["stats"]["cache_hit_rate"], abs=1e-4)
@@ -218,6 +310,8 @@ def test_numbers_match_engine_stats(trace):
     assert nums["mean_g"] == pytest.approx(st["mean_g"], abs=0.01)
     assert nums["hit_rate"] == pytest.approx(st["cache_hit_rate"], abs=1e-4)
     assert nums["tokens_per_s"] == pytest.approx(st["tokens_per_s"], rel=1e-3)
+    assert nums["content_tokens_per_s"] == pytest.approx(st["content_tokens_per_s"], rel=1e-3)
+    assert nums["content_tokens_per_s"] < nums["tokens_per_s"]  # padding is not answer
     assert nums["wall_s"] == st["wall_s"]
     assert nums["other_share"] == pytest.approx(st["other_s"] / (st["model_s"] + st["other_s"]), rel=1e-3)
     partial = plots.numbers(trace, upto_step=3)
@@ -226,6 +320,12 @@ def test_numbers_match_engine_stats(trace):
     assert partial["wall_s"] == pytest.approx(sum(s["model_ms"] + s["other_ms"] for s in trace["steps"][:4]) / 1e3)
     page = plots.numbers_html(nums)
     assert "NFE" in page and "tokens / s" in page and f">{st['nfe']}<" in page
+    # The first card, the headline, is the answer-token speed, not the rate that counts padding.
+    first = re.search(r'dl-card.*?</div><div[^>]*>([^<]*)</div>', page)
+    assert first.group(1) == f"{st['content_tokens_per_s']:.1f}"
+    content_before = sum(1 for t in plots.state_at(trace, 3)["ids"][:plots._first_end(trace, plots.state_at(trace, 3)["ids"])]
+                         if t is not None)
+    assert partial["content_tokens_per_s"] == pytest.approx(content_before / partial["model_s"])
     assert "—" in plots.numbers_html(partial)  # content tau not known yet
 
 
@@ -242,6 +342,29 @@ def test_compare(trace):
     assert diff["first_difference"] == 5
     assert diff["agreement"] == pytest.approx((trace["gen_length"] - 1) / trace["gen_length"])
     assert diff["speedup_wall"] == pytest.approx(2.0)
+    other["text"] = "a different answer"
+    table = plots.compare_html(plots.compare(trace, other))
+    for shown in (trace["text"], "a different answer", "answer position 5", "content τ", "model time",
+                  f"{trace['stats']['wall_s']:.3f} s", f"{trace['stats']['wall_s'] / 2:.3f} s"):
+        assert html.escape(shown) in table
+
+
+def test_compare_changes_to_b_are_parsed_against_the_policies():
+    from dllm_local.policies import registry
+    from ui.page import apply_changes
+
+    specs = registry.all_specs()
+    base = {"cache": "dual", "unmask": "threshold", "unmask_params": {"threshold": 0.9}, "cache_params": {},
+            "block_size": 32, "seed": 3}
+    out = apply_changes(base, "threshold=0.5, block_size=16, cache=prefix", specs)
+    assert out["unmask_params"] == {"threshold": 0.5} and out["block_size"] == 16 and out["cache"] == "prefix"
+    assert base["unmask_params"] == {"threshold": 0.9}  # the preset is not changed in place
+    with pytest.raises(Exception, match="neither a setting nor a parameter"):
+        apply_changes(base, "rho=0.5", specs)
+    with pytest.raises(Exception, match="not key=value"):
+        apply_changes(base, "threshold", specs)
+    with pytest.raises(ValueError, match="must be one of"):
+        apply_changes(base, "cache=turbo", specs)
 
 
 # ----------------------------------------------------------------------------- edge cases, purity
@@ -271,3 +394,33 @@ def test_import_is_torch_free():
             "assert 'dllm_local' not in sys.modules")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+# ----------------------------------------------------------------------------- tuning
+
+def test_sweep_figure_labels_points_zooms_to_the_data_and_shows_intervals():
+    rows = [({"threshold": 0.9, "block_size": 32}, 0.95, 50.0, True), ({"threshold": 0.5, "block_size": 8}, 0.9, 80.0, True),
+            ({"threshold": 0.7, "block_size": 16}, 0.85, 40.0, False)]
+    report = {"problems": 20, "rows": [{"point": p, "accuracy": a, "model_tok_s": x, "pareto": f} for p, a, x, f in rows]}
+    fig = plots.sweep_figure(report)
+    points = _trace_named(fig, "points")
+    assert list(points.text) == ["τ 0.9 · B 32", "τ 0.5 · B 8", "τ 0.7 · B 16"]
+    low, high = fig.layout.yaxis.range
+    assert 0.4 < low < 0.85 and 0.95 < high <= 1.05  # zoomed to the points and their intervals, not 0-100%
+    assert "n = 20" in fig.layout.yaxis.title.text
+    assert plots.wilson_interval(1.0, 20) == pytest.approx((0.8389, 1.0), abs=1e-4)
+    assert points.error_y.arrayminus[0] == pytest.approx(0.95 - plots.wilson_interval(0.95, 20)[0])
+    assert list(_trace_named(fig, "Pareto frontier").x) == [50.0, 80.0]
+
+
+def test_sweep_inputs_are_checked_with_a_message_naming_the_box():
+    from dllm_local.errors import SettingsError
+    from ui.page import _numbers
+
+    assert _numbers("0.5, 0.9", float, "Thresholds", lambda v: 0 < v <= 1, "between 0 and 1") == [0.5, 0.9]
+    with pytest.raises(SettingsError, match="Thresholds: 'abc' is not a number"):
+        _numbers("0.5, abc", float, "Thresholds", lambda v: 0 < v <= 1, "between 0 and 1")
+    with pytest.raises(SettingsError, match="Block sizes: 0 is out of range"):
+        _numbers("8, 0", int, "Block sizes", lambda v: v >= 1, "whole numbers >= 1")
+    with pytest.raises(SettingsError, match="no values"):
+        _numbers(" , ", float, "Thresholds", lambda v: 0 < v <= 1, "between 0 and 1")

@@ -54,9 +54,6 @@ class DescribedSession:
     def model_options(self) -> list:
         return [("tiny", True, "")]
 
-    def cost_devices(self) -> list:
-        return ["H100"]
-
     def policy_specs(self) -> dict:
         return registry.all_specs()
 

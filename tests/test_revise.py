@@ -5,6 +5,7 @@ import pytest
 
 import dllm_local
 from dllm_local import Settings
+from dllm_local.serving.session import load_presets
 from dllm_local.tiny.tasks import make_problems, score
 
 PROMPT = make_problems("arithmetic", 1, 7)[0].prompt
@@ -70,3 +71,24 @@ def test_the_numbers_card_counts_revisions_and_net_commits(tiny):
     assert nums["revisions"] == result.stats.revisions > 0
     assert nums["committed"] == 64  # every position once, net of the tokens taken back
     assert "tokens taken back" in plots.numbers_html(nums)
+
+
+def test_revise_preset_takes_a_word_back_and_the_grid_shows_its_history(tiny):
+    from ui import plots
+
+    preset = next(p for p in load_presets()[0].values() if p["settings"]["unmask"] == "revise")
+    result = dllm_local.generate(tiny, preset["prompt"], Settings.from_dict(preset["settings"]))
+    assert score(make_problems("poker", 1, 0)[0], result.text)  # a real hand in the end
+    trace = result.trace.to_dict()
+    first = next(i for i, s in enumerate(trace["steps"]) if s["revoked"])
+    position, token, then, now = trace["steps"][first]["revoked"][0]
+    assert now < preset["settings"]["unmask_params"]["verify_threshold"] <= 1 and then >= 0.3
+    p = position - len(trace["prompt_ids"])
+    state = plots.state_at(trace, first)
+    committed_at = next(i for i, s in enumerate(trace["steps"]) if any(c[0] == position for c in s["committed"]))
+    assert state["ids"][p] is None and state["history"][p][0][:3] == [token, committed_at, first]
+    page = plots.token_grid_html(trace, len(trace["steps"]) - 1)
+    box = next(b for b in page.split('<span class="dl-tok') if f'"pos {p} ·' in b)
+    old = trace["vocab"][str(token)]
+    assert "dl-revised" in box and f"<s class=\"dl-revoked\"" in box and f"history: '{old.replace(' ', '␣')}'" in box
+    assert result.stats.nfe <= len(trace["steps"])  # no verification forward

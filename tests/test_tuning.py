@@ -7,7 +7,8 @@ import threading
 import pytest
 
 from dllm_local.experiments.bench import SCORERS, Strategy, format_table, jsonl_problems, run_bench, task_problems
-from dllm_local.experiments.costmodel import DEVICES, cost_rows, crossover_positions, reuse_beats_recompute, step_floor_s
+from dllm_local.experiments.costmodel import (DEVICES, TARGET_MODELS, crossover_positions, project,
+                                              reuse_beats_recompute, step_floor_s)
 from dllm_local.errors import DllmError, SettingsError
 from dllm_local.settings import Settings
 from dllm_local.experiments.sweep import apply, grid, pareto, run_sweep
@@ -25,15 +26,17 @@ def test_cost_model_reproduces_the_cost_write_up_table():
     assert step_floor_s(weights, params, 600, h100) == pytest.approx(600 * per_position_ms / 1e3)
 
 
-def test_cost_rows_classify_the_bound_and_predict_speedups():
-    rows = cost_rows(1.4e10, 7e9, [
-        {"name": "dual", "g": 32, "tau": 3.25, "measured_step_s": 0.006},
-        {"name": "none", "g": 512, "tau": 1.0},
-    ], DEVICES["H100"])
-    assert rows[0]["bound"] == "bandwidth" and rows[1]["bound"] == "compute"
-    assert rows[0]["floor_ms"] == pytest.approx(4.18, abs=0.005) and rows[0]["measured_ms"] == pytest.approx(6.0)
-    assert rows[0]["speedup_low_batch"] == 3.25 and rows[0]["ratio_compute_bound"] == pytest.approx(3.25 / 32)
-    assert rows[1]["floor_ms"] == pytest.approx(512 * 2 * 7e9 / 989.4e12 * 1e3)
+def test_a_run_projected_onto_llada_8b_on_an_h100():
+    stats = {"mean_g": 32.0, "content_tokens_per_forward": 2.0, "content_tokens": 20}
+    run, baseline, ar = project(stats, 40, 256, TARGET_MODELS["LLaDA-8B-Instruct"], DEVICES["H100"])
+    read_ms = 16.031e9 / 3.352e12 * 1e3  # the weight read: 4.78 ms
+    assert run["floor_ms"] == pytest.approx(read_ms) and run["bound"] == "bandwidth"
+    assert run["compute_ms"] == pytest.approx(32 * 2 * 8.016e9 / 989.4e12 * 1e3)
+    assert run["tokens_per_s"] == pytest.approx(2.0 / read_ms * 1e3) and run["speedup_vs_ar"] == pytest.approx(2.0)
+    # The baseline recomputes prompt + answer (296 positions) every forward: past the crossover.
+    assert baseline["g"] == 296 and baseline["bound"] == "compute"
+    assert baseline["tau"] == pytest.approx(20 / 256) and baseline["speedup_vs_ar"] < 0.1
+    assert (ar["g"], ar["tau"], ar["speedup_vs_ar"]) == (1.0, 1.0, 1.0)
 
 
 def test_reusing_kv_beats_recomputing_on_every_listed_gpu_for_an_8b_model():

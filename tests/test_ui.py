@@ -14,6 +14,7 @@ from dllm_local.errors import EngineError, ModelLoadError, SequenceTooLongError,
 from dllm_local.policies import registry
 from dllm_local.serving.session import BusyError, Session, load_presets
 from dllm_local.settings import Settings
+from dllm_local.tiny.tasks import verdict
 from ui.controls import controls_from_settings, fit_block, settings_from_controls, visible_knobs
 
 OUT = Path(__file__).resolve().parents[1] / "test-output"
@@ -162,7 +163,7 @@ def server():
     page, session = app.create(app.parse_args([]))
     page.queue(default_concurrency_limit=1)
     _, url, _ = page.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True, quiet=True,
-                            css=__import__("ui.page", fromlist=["CSS"]).CSS)
+                            **__import__("ui.page", fromlist=["LAUNCH_OPTIONS"]).LAUNCH_OPTIONS)
     yield url
     page.close()
     session.close()
@@ -180,7 +181,9 @@ def test_gradio_client_run_streams_updates_and_ends_with_the_answer(server, tiny
     presets, _ = load_presets()
     settings = Settings.from_dict(presets["Fast-dLLM DualCache (paper default)"]["settings"])
     expected = dllm_local.generate(tiny, ARITHMETIC, settings).text
-    assert final_status.startswith("Done") and f"**Answer:** {expected} (" in final_status
+    judged = verdict(ARITHMETIC, expected)  # an arithmetic prompt of the task suite: the answer is judged
+    mark = "✓" if judged == "right" else "✗"
+    assert final_status.startswith("Done") and f"**Answer:** {expected} — {mark} **{judged}** (" in final_status
 
 
 # ---------------------------------------------------------------- a real browser
@@ -276,7 +279,7 @@ def test_browser_threshold_slider_then_run_again(page, tiny):
     preset = presets["Fast-dLLM DualCache (paper default)"]
     settings = Settings.from_dict(dict(preset["settings"], unmask_params={"threshold": 0.3}))
     expected = dllm_local.generate(tiny, preset["prompt"], settings)
-    assert f"Done in {expected.stats.nfe} steps" in second
+    assert f"Done: {expected.stats.nfe} steps (" in second
     assert f"Answer: {expected.text}" in second
     page.screenshot(path=str(OUT / "threshold-0.3.png"), full_page=True)
 
@@ -298,7 +301,7 @@ def test_browser_stop_mid_run_leaves_the_page_usable_and_a_second_tab_waits_its_
     other.wait_for_selector("#run-btn")
     other_run = _shown_run(other)
     other.click("#run-btn")
-    other.wait_for_function("() => document.querySelector('#status').innerText.includes('queue')", timeout=20_000)
+    other.wait_for_function("() => document.querySelector('#status').innerText.includes('ahead of yours')", timeout=20_000)
     assert int(page.get_attribute("#token-grid .dl-run", "data-done")) == 0  # the first run is still going
     page.click("#stop-btn")
     status = _wait_run_ended(page, run)
@@ -325,7 +328,9 @@ def test_browser_compare_mode(page):
     page.click("#cmp-btn")
     _wait_done(page, "#cmp-status", "Done.", timeout=120_000)
     table = page.inner_text("#cmp-table")
-    assert "speedup" in table and "token agreement" in table
+    assert "speedup" in table and "token agreement" in table and "answer" in table and "model time" in table
+    # A is the Run tab's current settings, B the chosen preset; each grid says which.
+    assert page.inner_text("#grid-a").startswith("A: ") and page.inner_text("#grid-b").startswith("B: ")
     assert page.locator("#grid-a [title]").count() >= 128 and page.locator("#grid-b [title]").count() >= 128
     page.screenshot(path=str(OUT / "compare.png"), full_page=True)
 

@@ -7,6 +7,7 @@ session; callbacks that need no session are plain module functions.
 from __future__ import annotations
 
 import atexit
+import html
 import itertools
 import json
 import math
@@ -15,7 +16,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,7 +24,10 @@ from typing import Any
 
 import gradio as gr
 
-from dllm_local.errors import DllmError, ModelLoadError
+from dllm_local.errors import DllmError, ModelLoadError, SettingsError
+from dllm_local.experiments.costmodel import DEVICES, TARGET_MODELS, project
+from dllm_local.settings import length_notice
+from dllm_local.tiny.tasks import verdict
 from dllm_local.trace import load_trace_file
 
 from . import plots
@@ -59,12 +63,39 @@ EXPORTS_KEPT = 20  # export files kept on disk while the page runs (older ones a
 # Gradio's own cache of files handed to browsers: swept every hour of anything older than an hour.
 DELETE_CACHE = (3600, 3600)
 CANCELLED = "Your queued request was cancelled before it started."
+SWEEP_REDRAW_S = 2.0
 CSS = """
 .tok-grid {line-height: 2.1em}
 #status {min-height: 1.5em}
-.caption {color: #666; font-size: 0.85em; margin-top: -6px}
-.policy-info {color: #555; font-size: 0.9em; padding: 4px 12px}
+.caption, .caption p {color: #444; font-size: 15px !important; margin-top: -6px}
+.policy-info, .policy-info p {color: #444; font-size: 15px !important; padding: 4px 12px}
+#status, #status p {font-size: 16px !important}
 """
+
+# Gradio's queue line ("queue: 2/3 | 1.2/4.0s") read as words: every run ahead (the one going and
+# those waiting before yours) counts.
+JS = """
+() => {
+  const words = (node) => {
+    const m = node.nodeValue && node.nodeValue.match(/queue: (\\d+)\\/\\d+ \\|/);
+    if (!m) return;
+    const ahead = Number(m[1]);
+    node.nodeValue = node.nodeValue.replace(m[0], `waiting: ${ahead} run${ahead === 1 ? "" : "s"} ahead of yours |`);
+  };
+  const walk = (root) => {
+    if (root.nodeType === Node.TEXT_NODE) return words(root);
+    const it = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+    for (let n = it.nextNode(); n; n = it.nextNode()) words(n);
+  };
+  new MutationObserver((changes) => {
+    for (const c of changes) {
+      if (c.type === "characterData") words(c.target);
+      else c.addedNodes.forEach(walk);
+    }
+  }).observe(document.body, {subtree: true, childList: true, characterData: true});
+}
+"""
+LAUNCH_OPTIONS = {"css": CSS, "js": JS, "footer_links": []}
 
 
 def throttled(events: Iterable[dict], every: float = REDRAW_EVERY_S,
@@ -88,7 +119,7 @@ def throttled(events: Iterable[dict], every: float = REDRAW_EVERY_S,
             gap = max(every, (last - yielded) * (1 - page_share) / page_share)
 
 
-def _views(trace: dict, step: int | None, color_by: str, layer: int, which: str, kv_view: str,
+def _views(trace: dict, step: int | None, color_by: str, layer: str, which: str, kv_view: str, what_if: float = 0.0,
            with_plots: bool = True) -> tuple:
     """Everything drawn from a trace at one step: the only way views are produced.
     ``with_plots=False`` leaves the three plots as they are (grid and numbers only)."""
@@ -99,9 +130,10 @@ def _views(trace: dict, step: int | None, color_by: str, layer: int, which: str,
         figures = [gr.update()] * 3
     else:
         figures = [plots.confidence_heatmap(trace, upto),
-                   plots.kv_heatmap(trace, layer=int(layer), which=which, upto_step=upto, view=kv_view),
+                   plots.kv_heatmap(trace, layer=layer, which=which, upto_step=upto, view=kv_view),
                    plots.cache_panel(trace, upto)]
-    return (plots.token_grid_html(trace, at, color_by=color_by), plots.numbers_html(plots.numbers(trace, upto)), *figures)
+    grid = plots.token_grid_html(trace, at, color_by=color_by, what_if_threshold=float(what_if) or None)
+    return (grid, plots.numbers_html(plots.numbers(trace, upto)), *figures)
 
 
 # ---------------------------------------------------------------- layout
@@ -209,7 +241,7 @@ def _layout(session, presets: dict, problems: list[str], default_preset: str | N
                 with gr.Column(scale=5):
                     _run_views(w, session)
         with gr.Tab("Compare", id="compare"):
-            _compare_tab(w, presets, default_preset, start_prompt)
+            _compare_tab(w, presets, default_preset)
         with gr.Tab("Tune", id="tune"):
             _tune_tab(w, presets, default_preset)
     return w
@@ -217,13 +249,27 @@ def _layout(session, presets: dict, problems: list[str], default_preset: str | N
 
 def _run_inputs(w: SimpleNamespace, presets: dict, default_preset: str | None, start_prompt: str) -> None:
     w.preset = gr.Dropdown(list(presets), value=default_preset, label="Preset", elem_id="preset")
-    w.preset_info = gr.Markdown(presets[default_preset]["description"] if default_preset else "")
+    w.preset_info = gr.Markdown(presets[default_preset]["description"] if default_preset else "", elem_id="preset-info")
     w.prompt = gr.Textbox(start_prompt, label="Prompt", lines=3, elem_id="prompt")
     gr.Examples([[e] for e in TINY_EXAMPLES], inputs=[w.prompt], label="Examples for the tiny model")
     with gr.Row():
         w.run_btn = gr.Button("Run", variant="primary", elem_id="run-btn")
         w.stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
     w.status = gr.Markdown("", elem_id="status")
+
+
+KV_VIEW_DEFAULTS = {"which": "v", "kv_view": "drift"}
+
+
+def layer_choices(layers: int) -> dict:
+    """The KV panel's layer menu: the mean over layers, then each layer; it opens on a middle
+    layer, since layer 0's K/V depend on the token alone and never drift."""
+    choices = [("all layers (mean)", plots.MEAN_LAYERS)] + [(f"layer {i}", str(i)) for i in range(max(1, layers))]
+    return {"choices": choices, "value": str(max(1, layers) // 2)}
+
+
+# Past the tiny model's trained 512 (a notice says so), short of its 1,024 positions.
+SLIDER_MAX_LENGTH = 768
 
 
 def _controls(w: SimpleNamespace, start: dict, specs: Specs) -> dict[str, gr.Component]:
@@ -239,9 +285,10 @@ def _controls(w: SimpleNamespace, start: dict, specs: Specs) -> dict[str, gr.Com
                                               elem_id=f"{kind}-info", elem_classes="policy-info")
             controls.update(policy_knobs(specs, kind, start, shown))
     controls["block_size"] = gr.Slider(4, 128, start["block_size"], step=4, label="Block size", elem_id="block-size")
-    controls["gen_length"] = gr.Slider(16, 512, start["gen_length"], step=16, label="Generation length",
+    controls["gen_length"] = gr.Slider(16, SLIDER_MAX_LENGTH, start["gen_length"], step=16, label="Generation length",
                                        elem_id="gen-length")
-    controls["steps"] = gr.Slider(1, 512, start["steps"], step=1, label="Steps (fixed schedule)", elem_id="steps",
+    w.length_notice = gr.Markdown("", elem_id="length-notice")
+    controls["steps"] = gr.Slider(1, SLIDER_MAX_LENGTH, start["steps"], step=1, label="Steps (fixed schedule)", elem_id="steps",
                                   visible=shown["steps"])
     with gr.Row():
         controls["temperature"] = gr.Slider(0.0, 2.0, start["temperature"], step=0.1, label="Temperature")
@@ -298,37 +345,48 @@ def _model_and_files(w: SimpleNamespace, session) -> None:
 def _run_views(w: SimpleNamespace, session) -> None:
     with gr.Row():
         w.scrub = gr.Slider(0, 1, 0, step=1, label="Step", elem_id="scrubber")
-        w.follow = gr.Checkbox(True, label="Follow live", scale=0)
+        w.follow = gr.Checkbox(True, label="Follow live", scale=0, elem_id="follow")
         w.color_by = gr.Radio(["step", "confidence"], value="step", label="Colour tokens by", scale=0)
     w.grid = gr.HTML(elem_id="token-grid")
     gr.Markdown(plots.CAPTIONS["token_grid"], elem_classes="caption")
+    w.what_if = gr.Slider(0, 1, 0, step=0.05, elem_id="what-if",
+                          label="What-if threshold τ′ (0 = off): the positions τ′ would commit at this step, replayed "
+                                "from the stored confidences without running the model")
     w.nums = gr.HTML(elem_id="numbers")
-    with gr.Accordion("Cost model: predicted step floor vs measured", open=False):
-        w.cost_device = gr.Dropdown(session.cost_devices(), value="H100", label="GPU for the prediction")
+    with gr.Accordion("Cost model: this run projected onto a real model on a GPU", open=False):
+        with gr.Row():
+            w.cost_target = gr.Dropdown(list(TARGET_MODELS), value="LLaDA-8B-Instruct", label="Real model")
+            w.cost_device = gr.Dropdown(list(DEVICES), value="H100", label="GPU")
         w.cost_html = gr.HTML(elem_id="cost-model")
     # Each plot starts with its empty figure: the browser loads the plotting
     # library with the page, not on the first run's first step.
     w.conf_plot = gr.Plot(plots.confidence_heatmap({}), label="Confidence", elem_id="conf-plot")
     gr.Markdown(plots.CAPTIONS["confidence"], elem_classes="caption")
     with gr.Row():
-        w.layer = gr.Slider(0, max(0, session.info().get("layers", 1) - 1), 0, step=1, label="Layer")
-        w.which = gr.Radio(["k", "v"], value="v", label="K or V")
-        w.kv_view = gr.Radio(["drift", "true_drift", "cache_error"], value="drift", label="KV view")
+        w.layer = gr.Dropdown(**layer_choices(session.info().get("layers", 1)), label="Layer", elem_id="kv-layer")
+        w.which = gr.Radio(["k", "v"], value=KV_VIEW_DEFAULTS["which"], label="K or V")
+        w.kv_view = gr.Radio(["drift", "true_drift", "cache_error"], value=KV_VIEW_DEFAULTS["kv_view"], label="KV view")
     w.kv_plot = gr.Plot(plots.kv_heatmap({}, which="v"), label="KV cosine similarity", elem_id="kv-plot")
     gr.Markdown(plots.CAPTIONS["kv"], elem_classes="caption")
     w.cache_plot = gr.Plot(plots.cache_panel({}), label="Cache", elem_id="cache-plot")
     gr.Markdown(plots.CAPTIONS["cache"], elem_classes="caption")
-    w.view_inputs = [w.color_by, w.layer, w.which, w.kv_view]
+    w.view_inputs = [w.color_by, w.layer, w.which, w.kv_view, w.what_if]
     w.view_outputs = [w.grid, w.nums, w.conf_plot, w.kv_plot, w.cache_plot]
 
 
-def _compare_tab(w: SimpleNamespace, presets: dict, default_preset: str | None, start_prompt: str) -> None:
-    gr.Markdown("Two settings on the same prompt and seed, run one after the other so each run's time is its own.")
+CURRENT = "Current Run settings"
+SETTING_FIELDS = ("gen_length", "block_size", "steps", "temperature", "seed", "exact_drift", "early_stop")
+
+
+def _compare_tab(w: SimpleNamespace, presets: dict, default_preset: str | None) -> None:
+    gr.Markdown("Two settings on the Run tab's prompt and seed, run one after the other so each run's time is its "
+                "own. Either side can be the Run tab's current settings or a preset; B can be changed further.")
+    choices = [CURRENT, *presets]
     with gr.Row():
-        w.preset_a = gr.Dropdown(list(presets), value=_pick(presets, "LLaDA baseline"), label="Settings A",
-                                 elem_id="preset-a")
-        w.preset_b = gr.Dropdown(list(presets), value=default_preset, label="Settings B", elem_id="preset-b")
-    w.cmp_prompt = gr.Textbox(start_prompt, label="Prompt", lines=2, elem_id="cmp-prompt")
+        w.preset_a = gr.Dropdown(choices, value=CURRENT, label="Settings A", elem_id="preset-a")
+        w.preset_b = gr.Dropdown(choices, value=_pick(presets, "LLaDA baseline"), label="Settings B", elem_id="preset-b")
+    w.cmp_changes = gr.Textbox("", label="Changes to B (optional), e.g. threshold=0.5, block_size=16, cache=prefix",
+                               elem_id="cmp-changes")
     w.cmp_btn = gr.Button("Run both", variant="primary", elem_id="cmp-btn")
     w.cmp_status = gr.Markdown("", elem_id="cmp-status")
     with gr.Row():
@@ -364,21 +422,26 @@ def _wire(w: SimpleNamespace, cb: Callbacks) -> None:
     for kind, info in w.policy_info.items():  # each policy its own controls: no race between the two
         toggled = [w.controls[name] for name in toggled_controls(cb.specs, kind)]
         w.controls[kind].change(partial(cb.show_policy, kind), [w.controls[kind]], [info, *toggled], queue=False)
-    w.preset.change(cb.apply_preset, [w.preset], [w.preset_info, w.prompt, *controls], queue=False)
+    w.preset.change(cb.apply_preset, [w.preset], [w.preset_info, w.prompt, *controls, w.layer, w.which, w.kv_view],
+                    queue=False)
+    w.controls["gen_length"].change(cb.length_notice, [w.controls["gen_length"]], [w.length_notice], queue=False)
     _wire_run(w, cb)
     _wire_stop(w.stop_btn, cb, w.status, w.run_events, api_name="stop")
     views = [w.trace, w.scrub, *w.view_inputs]
     w.scrub.input(redraw, views, w.view_outputs, queue=False)
-    for view in w.view_inputs:
+    for view in (v for v in w.view_inputs if v is not w.what_if):
         view.change(redraw, views, w.view_outputs, queue=False)
+    # The what-if threshold changes the grid only: no plot redraw, no model run.
+    w.what_if.change(redraw_grid, [w.trace, w.scrub, w.color_by, w.what_if], [w.grid], queue=False)
     # Checked in full (size, schema, lengths) before anything is drawn: a bad file is one message.
     w.import_file.upload(cb.import_trace, [w.import_file, *w.view_inputs],
                          [w.trace, *w.view_outputs, w.scrub, w.status, w.export_btn, w.prompt, *controls],
                          api_name="import_trace", concurrency_limit=2, concurrency_id="import")
     w.load_btn.click(cb.load_model, [w.model_pick, w.quant], [w.model_line, w.status, w.layer],
                      api_name="load_model", **ENGINE)
-    w.cost_device.change(cb.show_cost, [w.trace, w.cost_device], [w.cost_html], api_name="cost_model", **ENGINE)
-    w.cmp_btn.click(cb.run_compare, [w.preset_a, w.preset_b, w.cmp_prompt],
+    for box in (w.cost_target, w.cost_device):  # arithmetic on the trace: no model, no queue
+        box.change(show_cost, [w.trace, w.cost_target, w.cost_device], [w.cost_html], queue=False)
+    w.cmp_btn.click(cb.run_compare, [w.preset_a, w.preset_b, w.cmp_changes, w.prompt, *controls],
                     [w.grid_a, w.grid_b, w.cmp_table, w.cmp_status], api_name="compare", **ENGINE)
     tune_event = w.tune_btn.click(cb.run_sweep, [w.tune_preset, w.tune_task, w.tune_n, w.tune_thresholds, w.tune_blocks,
                                                  w.tune_gen],
@@ -399,7 +462,7 @@ def _wire_run(w: SimpleNamespace, cb: Callbacks) -> None:
     w.run_events = [w.run_event, submit_event]
     for event in w.run_events:
         event.then(cb.export_ready, [w.trace], [w.export_btn], api_visibility="private").then(
-            cb.show_cost, [w.trace, w.cost_device], [w.cost_html], api_visibility="private", **ENGINE)
+            show_cost, [w.trace, w.cost_target, w.cost_device], [w.cost_html], api_visibility="private", queue=False)
 
 
 def _wire_stop(button: gr.Button, cb: Callbacks, status: gr.Markdown, events: list, api_name: str) -> None:
@@ -462,7 +525,7 @@ class Callbacks:
         # After the final state is drawn: writing a long trace is not what the user waits to see.
         return self.exports.write(trace) if trace.get("steps") else gr.update()
 
-    def import_trace(self, file, color: str, lay: int, wh: str, view: str) -> tuple:
+    def import_trace(self, file, color: str, lay: str, wh: str, view: str, what_if: float) -> tuple:
         """A trace file, checked in full before anything is drawn; its prompt and settings go into
         the Run tab's controls. A bad file is one message in the status line."""
         keep = [gr.update()] * (1 + len(self.control_names))
@@ -482,7 +545,7 @@ class Callbacks:
             values = [gr.update()] * len(self.control_names)  # a trace of policies this build lacks
         status = (f"Replaying an imported trace: {n} steps, {trace['settings'].get('cache')} + "
                   f"{trace['settings'].get('unmask')}. Move the step slider.")
-        return (trace, *_views(trace, None, color, lay, wh, view), gr.update(maximum=max(1, n - 1), value=max(0, n - 1)),
+        return (trace, *_views(trace, None, color, lay, wh, view, what_if), gr.update(maximum=max(1, n - 1), value=max(0, n - 1)),
                 status, self.exports.write(trace), gr.update() if prompt is None else prompt, *values)
 
     def show_policy(self, kind: str, name: str) -> list:
@@ -494,9 +557,20 @@ class Callbacks:
         values = controls_from_settings(settings, self.specs)
         return [values[name] for name in self.control_names]
 
+    def length_notice(self, gen_length: float) -> str:
+        notice = length_notice(int(gen_length or 0), self.session.info().get("trained_length"))
+        return f"⚠ {notice}" if notice else ""
+
     def apply_preset(self, name: str) -> list:
+        """The preset's description, prompt and controls, and the KV view it opens on (its "view":
+        layer, which, kv_view; the defaults where it names none)."""
         p = self.presets[name]
-        return [p["description"], p.get("prompt", gr.update()), *self._control_values(p["settings"])]
+        layers = layer_choices(self.session.info().get("layers", 1))
+        view = {"layer": layers["value"], **KV_VIEW_DEFAULTS, **p.get("view", {})}
+        if view["layer"] not in [value for _, value in layers["choices"]]:  # a smaller model than the preset's
+            view["layer"] = layers["value"]
+        return [p["description"], p.get("prompt", gr.update()), *self._control_values(p["settings"]),
+                view["layer"], view["which"], view["kv_view"]]
 
     def load_point(self, report: dict, evt: gr.SelectData) -> list:
         rows = report.get("rows") or []
@@ -504,8 +578,8 @@ class Callbacks:
             return [gr.update()] * (len(self.control_names) + 1)
         return [gr.Tabs(selected="run"), *self._control_values(rows[evt.index[0]]["settings"])]
 
-    def run(self, request: gr.Request, prompt_text: str, trace: dict, following: bool, color: str, lay: int, wh: str,
-            view: str, *values) -> Iterator[tuple]:
+    def run(self, request: gr.Request, prompt_text: str, trace: dict, following: bool, color: str, lay: str, wh: str,
+            view: str, what_if: float, *values) -> Iterator[tuple]:
         client = self._started(request)
         if self._take_cancel(client):
             yield _status_only(CANCELLED, trace)
@@ -515,6 +589,7 @@ class Callbacks:
         except (ValueError, TypeError) as exc:
             yield _status_only(f"⚠ {exc}", trace)
             return
+        notice = " ".join(filter(None, [notice, self.length_notice(settings["gen_length"])]))
         clicked = time.perf_counter()
         run_no = next(self.run_numbers)
         live: dict = {}
@@ -529,7 +604,7 @@ class Callbacks:
                     # The grid at every redraw; the plots, far dearer to draw, less often.
                     with_plots = done or time.perf_counter() - plots_drawn >= PLOTS_EVERY_S
                     plots_drawn = time.perf_counter() if with_plots else plots_drawn
-                    grid_html, *others = _views(live, None, color, lay, wh, view, with_plots=with_plots)
+                    grid_html, *others = _views(live, None, color, lay, wh, view, what_if, with_plots=with_plots)
                     views = (_mark_run(grid_html, run_no, n, done), *others)
                     scrubber = gr.update(maximum=max(1, n - 1), value=max(0, n - 1))
                 else:  # the user is looking at an earlier step: keep it, let the slider reach further
@@ -548,35 +623,40 @@ class Callbacks:
                                              on_wait=lambda s: progress((int(s), None), desc=f"loading {name}", unit="s"))
         except Exception as exc:  # noqa: BLE001
             return gr.update(), f"⚠ {_message(exc)}", gr.update()
-        return _model_line(info), f"Loaded {info['name']}.", gr.update(maximum=max(0, info["layers"] - 1), value=0)
+        return _model_line(info), f"Loaded {info['name']}.", gr.update(**layer_choices(info["layers"]))
 
-    def run_compare(self, request: gr.Request, name_a: str, name_b: str, prompt_text: str) -> Iterator[tuple]:
+    def _compare_settings(self, name: str, current: dict) -> dict:
+        return dict(current) if name == CURRENT else dict(self.presets[name]["settings"], seed=current["seed"])
+
+    def run_compare(self, request: gr.Request, name_a: str, name_b: str, changes: str, prompt_text: str,
+                    *values) -> Iterator[tuple]:
         client = self._started(request)
         if self._take_cancel(client):
             yield gr.update(), gr.update(), gr.update(), CANCELLED
             return
+        try:
+            current, _ = settings_from_controls(dict(zip(self.control_names, values)), self.specs)
+            sides = {"a": self._compare_settings(name_a, current),
+                     "b": apply_changes(self._compare_settings(name_b, current), changes, self.specs)}
+        except (ValueError, TypeError, DllmError) as exc:
+            yield gr.update(), gr.update(), gr.update(), f"⚠ {exc}"
+            return
         results = {}
         grids = {"a": "", "b": ""}
-        for key, name in (("a", name_a), ("b", name_b)):
-            settings = dict(self.presets[name]["settings"], seed=0)
+        for key, settings in sides.items():
+            label = f"{key.upper()}: {_settings_line({'unmask_params': {}, **settings})}"
             try:
                 for live, _ in throttled(self.session.run(prompt_text, settings, run_id=client)):
-                    grids[key] = plots.token_grid_html(live, len(live["steps"]) - 1)
-                    yield grids["a"], grids["b"], "", f"Running {key.upper()}: {name}…"
+                    grids[key] = f'<div class="dl-side"><b>{html.escape(label)}</b></div>' + plots.token_grid_html(
+                        live, len(live["steps"]) - 1)
+                    yield grids["a"], grids["b"], "", f"Running {label}…"
                 results[key] = live
             except Exception as exc:  # noqa: BLE001
                 yield grids["a"], grids["b"], "", f"⚠ {_message(exc)}"
                 return
-        yield grids["a"], grids["b"], plots.compare_html(plots.compare(results["a"], results["b"])), "Done."
-
-    def show_cost(self, request: gr.Request, trace: dict, device: str) -> str:
-        client = self._started(request)
-        if not trace or not trace.get("stats", {}).get("nfe"):
-            return "Run something to compare its measured step time with the prediction."
-        try:
-            return plots.cost_table_html(self.session.cost_model(trace, device, run_id=client), device)
-        except Exception as exc:  # noqa: BLE001
-            return f"⚠ {_message(exc)}"
+        seed = sides["a"]["seed"]
+        yield (grids["a"], grids["b"], plots.compare_html(plots.compare(results["a"], results["b"])),
+               f"Done. Both on the Run tab's prompt, seed {seed}.")
 
     def run_sweep(self, request: gr.Request, preset_name: str, task: str, n: int, thresholds: str, blocks: str,
                   gen: int, progress=gr.Progress()) -> Iterator[tuple]:
@@ -585,18 +665,24 @@ class Callbacks:
             yield gr.update(), gr.update(), gr.update(), CANCELLED
             return
         try:
-            axes = {"threshold": _numbers(thresholds, float), "block_size": _numbers(blocks, int)}
+            axes = {"threshold": _numbers(thresholds, float, "Thresholds", lambda v: 0 < v <= 1, "between 0 and 1"),
+                    "block_size": _numbers(blocks, int, "Block sizes", lambda v: v >= 1, "whole numbers >= 1")}
             base = dict(self.presets[preset_name]["settings"], gen_length=int(gen), trace="off", exact_drift=False)
             unmask = spec_named(self.specs, "unmask", base.get("unmask", "fixed"))
             if not any(p["name"] == "threshold" for p in unmask["params"]):  # the axis needs a policy with one
                 base.update(unmask="threshold", unmask_params={"threshold": 0.9})
-            report: dict = {"axes": axes, "rows": []}
+            report: dict = {"axes": axes, "rows": [], "problems": int(n)}
+            drawn = -math.inf
             for event in self.session.sweep(task, int(n), base, axes, run_id=client):
                 if "progress" in event:
                     p = event["progress"]
                     report["rows"].append({**p["row"], "point": p["point"], "pareto": False})
                     progress(p["done"] / p["total"], desc=f"point {p['done']}/{p['total']}")
-                    yield report, plots.sweep_figure(report), plots.sweep_table(report), f"Point {p['done']}/{p['total']}…"
+                    # The figure at most every SWEEP_REDRAW_S: the browser's drawing shares the CPU with the sweep.
+                    figure = gr.update()
+                    if time.perf_counter() - drawn >= SWEEP_REDRAW_S:
+                        figure, drawn = plots.sweep_figure(report), time.perf_counter()
+                    yield report, figure, plots.sweep_table(report), f"Point {p['done']}/{p['total']}…"
                 else:
                     report = event["report"]
             word = "Cancelled" if report["cancelled"] else "Done"
@@ -605,10 +691,26 @@ class Callbacks:
             yield gr.update(), gr.update(), gr.update(), f"⚠ {_message(exc)}"
 
 
-def redraw(trace: dict, step: int, color: str, lay: int, wh: str, view: str) -> list | tuple:
+def redraw(trace: dict, step: int, color: str, lay: str, wh: str, view: str, what_if: float = 0.0) -> list | tuple:
     if not trace or not trace.get("steps"):
         return [gr.update()] * 5
-    return _views(trace, step, color, lay, wh, view)
+    return _views(trace, step, color, lay, wh, view, what_if)
+
+
+def show_cost(trace: dict, model: str, device: str) -> str:
+    """This run's G and τ projected onto a real model on a GPU (see costmodel.project)."""
+    stats = (trace or {}).get("stats") or {}
+    if not stats.get("nfe"):
+        return "Run something to project its G and τ onto a real model."
+    rows = project(stats, len(trace["prompt_ids"]), int(trace["gen_length"]), TARGET_MODELS[model], DEVICES[device])
+    return plots.cost_table_html(rows, model, DEVICES[device].name, trace)
+
+
+def redraw_grid(trace: dict, step: int, color: str, what_if: float) -> str | dict:
+    if not trace or not trace.get("steps"):
+        return gr.update()
+    at = min(int(step), len(trace["steps"]) - 1)
+    return plots.token_grid_html(trace, at, color_by=color, what_if_threshold=float(what_if) or None)
 
 
 _TURNS = (re.compile(r"<\|start_header_id\|>user<\|end_header_id\|>\s*(.*?)<\|eot_id\|>", re.DOTALL),  # LLaDA
@@ -634,7 +736,7 @@ def prompt_of(trace: dict) -> str | None:
 
 def _fit_slider(name: str, value):
     """A control value from an imported trace; a length past the slider's range widens it."""
-    if name in ("gen_length", "steps") and isinstance(value, int) and value > 512:
+    if name in ("gen_length", "steps") and isinstance(value, int) and value > SLIDER_MAX_LENGTH:
         return gr.update(value=value, maximum=value)
     return value
 
@@ -648,11 +750,52 @@ def _status_only(msg: str, trace: dict) -> tuple:
     return (trace, *[gr.update()] * 5, gr.update(), msg, gr.update())
 
 
-def _numbers(text: str, kind) -> list:
-    values = [kind(v) for v in str(text).replace(" ", "").split(",") if v]
+def _numbers(text: str, kind: type, what: str, ok: Callable[[float], bool], rule: str) -> list:
+    """Comma-separated numbers from a text box, or a SettingsError that names the box and the rule."""
+    values = []
+    for piece in str(text).replace(" ", "").split(","):
+        if not piece:
+            continue
+        try:
+            value = kind(piece)
+        except ValueError:
+            raise SettingsError(f"{what}: {piece!r} is not a number; give values {rule}, separated by commas "
+                             f"(e.g. {'0.5, 0.9' if kind is float else '8, 16, 32'})") from None
+        if not ok(value):
+            raise SettingsError(f"{what}: {piece} is out of range; give values {rule}")
+        values.append(value)
     if not values:
-        raise ValueError(f"no values in {text!r}")
+        raise SettingsError(f"{what}: no values given; give values {rule}, separated by commas")
     return values
+
+
+def apply_changes(settings: dict, changes: str, specs: Specs) -> dict:
+    """``settings`` with "key=value, ..." applied: a settings field (block_size, gen_length,
+    temperature, cache, unmask, ...) or a parameter of the chosen policies (threshold, ...)."""
+    out = {**settings, "cache_params": dict(settings.get("cache_params", {})),
+           "unmask_params": dict(settings.get("unmask_params", {}))}
+    pairs = [p.strip() for p in str(changes or "").split(",") if p.strip()]
+    for pair in pairs:
+        key, sep, text = (part.strip() for part in pair.partition("="))
+        if not sep or not key or not text:
+            raise SettingsError(f"Changes to B: {pair!r} is not key=value (e.g. threshold=0.5)")
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+        if key in ("cache", "unmask"):
+            spec_named(specs, key, value)  # an unknown policy is an error here, with the names
+            out[key], out[f"{key}_params"] = value, {}
+        elif key in SETTING_FIELDS:
+            out[key] = value
+        else:
+            kind = next((k for k in ("unmask", "cache")
+                         if any(p["name"] == key for p in spec_named(specs, k, out[k])["params"])), None)
+            if kind is None:
+                raise SettingsError(f"Changes to B: {key!r} is neither a setting nor a parameter of "
+                                    f"{out['cache']} or {out['unmask']}")
+            out[f"{kind}_params"][key] = value
+    return out
 
 
 def _pick(presets: dict, name: str) -> str | None:
@@ -676,14 +819,30 @@ def _settings_line(settings: dict) -> str:
     return f"{settings['cache']} + {unmask} · block {settings['block_size']} · length {settings['gen_length']} · seed {settings['seed']}"
 
 
+def _verdict_text(trace: dict, answer: str) -> str:
+    """" — ✓ valid" and the like, when the prompt is one of the tiny task suite's."""
+    judged = verdict(prompt_of(trace) or "", answer)
+    if judged is None:
+        return ""
+    mark = "✓" if judged in ("right", "valid") else "✗"
+    return f" — {mark} **{judged}**"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def _run_status(trace: dict, notice: str, first_paint: float | None, done: bool) -> str:
     n = len(trace.get("steps", []))
     parts = [notice] if notice else []
     if done:
         st = trace.get("stats", {})
         answer = trace.get("text", "")
-        parts.append(("Stopped" if st.get("stopped") else "Done") + f" in {n} steps ({_settings_line(trace['settings'])})."
-                     f" **Answer:** {answer}")
+        # A step is one record of the trace; a policy that verifies runs more than one forward in it.
+        forwards = st.get("nfe", sum(int(s.get("forwards") or 0) for s in trace.get("steps", [])))
+        work = _count(n, "step") + ("" if forwards == n else f", {_count(forwards, 'forward')}")
+        parts.append(("Stopped" if st.get("stopped") else "Done") + f": {work} ({_settings_line(trace['settings'])})."
+                     f" **Answer:** {answer}{_verdict_text(trace, answer)}")
     else:
         parts.append(f"Running… step {n}")
     if first_paint is not None:

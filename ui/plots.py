@@ -31,9 +31,15 @@ CAPTIONS: dict[str, str] = {
     "token_grid": "Each box is one answer position: colour says when (or how confidently) it was committed; "
                   "outlined boxes were committed in this step, grey boxes are still masked.",
     "confidence": "Each row is one forward: colour is the model's confidence at still-masked positions, "
-                  "x marks a commit; a policy that commits early on bright cells saves steps.",
-    "kv": "Bright cells: the position's K/V barely moved since it was last computed; grey: reused from cache; "
-          "refresh rows show how stale the cache had become.",
+                  "x marks a commit; a policy that commits early on bright cells saves steps. Left of each row: "
+                  "Fast-dLLM's Theorem 1. When a step commits n tokens, all with confidence above 1 − ε, and "
+                  "(n+1)ε ≤ 1, greedy parallel decoding commits exactly what one-at-a-time decoding would (green "
+                  "dot); otherwise there is no guarantee (red cross), and the tokens may not fit together.",
+    "kv": "Yellow: the position's K/V barely moved (cosine near 1); dark: it changed. Below the black staircase "
+          "a position holds a decoded token, above it the position is still masked. Decoded tokens' K/V barely "
+          "move, so reusing them is nearly exact; still-masked positions' K/V drift as their neighbours get "
+          "decoded, so a cache of the later blocks goes stale, which is why DualCache refreshes at every block start "
+          "(▶ marks a refresh; grey cells were reused from the cache).",
     "cache": "Bars: positions recomputed per forward (G); lines: share of K/V read from cache, per step and "
              "cumulative; fewer recomputes at a high hit rate is where the speedup comes from.",
 }
@@ -63,11 +69,12 @@ def _num(value: Any) -> float:
 
 def _style(fig: go.Figure, title: str, height: int = HEIGHT) -> go.Figure:
     # A white style set directly: applying a named template costs ~20 ms per figure per redraw.
-    fig.update_xaxes(gridcolor="#ebebeb", linecolor="#cccccc")
-    fig.update_yaxes(gridcolor="#ebebeb", linecolor="#cccccc")
+    # 14 px and up everywhere: the page is read from the back of a lecture hall.
+    fig.update_xaxes(gridcolor="#ebebeb", linecolor="#cccccc", tickfont={"size": 14}, title_font={"size": 15})
+    fig.update_yaxes(gridcolor="#ebebeb", linecolor="#cccccc", tickfont={"size": 14}, title_font={"size": 15})
     fig.update_layout(
-        template=None, plot_bgcolor="white", paper_bgcolor="white", font={"color": "#2a3f5f"},
-        height=height, title={"text": title, "font": {"size": 14}, "x": 0.01},
+        template=None, plot_bgcolor="white", paper_bgcolor="white", font={"color": "#2a3f5f", "size": 14},
+        height=height, title={"text": title, "font": {"size": 17}, "x": 0.01},
         margin={"l": 55, "r": 20, "t": 40, "b": 40},
         legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0},
     )
@@ -77,7 +84,7 @@ def _style(fig: go.Figure, title: str, height: int = HEIGHT) -> go.Figure:
 def _message_figure(message: str, title: str = "") -> go.Figure:
     fig = go.Figure()
     fig.add_annotation(text=message, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
-                       font={"size": 14, "color": "#666"})
+                       font={"size": 16, "color": "#555"})
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
     return _style(fig, title)
@@ -148,8 +155,10 @@ def state_at(trace: Trace, step: int) -> dict:
     """The answer region as it stood after step ``step`` (inclusive; -1 = before any step).
 
     Returns ``ids`` (token id or None while masked), ``commit_step`` (step that committed each
-    position, or None), ``confidence`` (confidence at commit, or None), ``step`` (the step shown,
-    clamped to the recorded range) and ``masked`` (count of still-masked positions).
+    position, or None), ``confidence`` (confidence at commit, or None), ``history`` (per position,
+    the tokens a revising policy took back: [token, step committed, step taken back, confidence
+    then, probability when taken back]), ``step`` (the step shown, clamped to the recorded range)
+    and ``masked`` (count of still-masked positions).
     """
     P, n = _prompt_len(trace), _gen_length(trace)
     steps = trace.get("steps") or []
@@ -157,46 +166,150 @@ def state_at(trace: Trace, step: int) -> dict:
     ids: list[int | None] = [None] * n
     commit_step: list[int | None] = [None] * n
     confidence: list[float | None] = [None] * n
+    history: list[list] = [[] for _ in range(n)]
     for index, record in enumerate(steps[: step + 1]):
         for position, token, conf in record.get("committed") or []:
             p = int(position) - P
             if 0 <= p < n:
                 ids[p], commit_step[p], confidence[p] = int(token), index, float(conf)
-    return {"ids": ids, "commit_step": commit_step, "confidence": confidence, "step": step,
+        # Taken back after this step's commits, in the same forward (a revising policy).
+        for position, token, then, now in record.get("revoked") or []:
+            p = int(position) - P
+            if 0 <= p < n:
+                history[p].append([int(token), commit_step[p], index, float(then), float(now)])
+                ids[p] = commit_step[p] = confidence[p] = None
+    return {"ids": ids, "commit_step": commit_step, "confidence": confidence, "history": history, "step": step,
             "masked": sum(t is None for t in ids)}
 
 
 # ----------------------------------------------------------------------------- token grid
 
-def token_grid_html(trace: Trace, step: int, color_by: str = "step") -> str:
-    """HTML boxes for the answer region after ``step``; ``color_by`` is "step" or "confidence"."""
+# A run of end-of-text tokens collapses into one chip when at least this long.
+COLLAPSE_PADDING = 4
+_BOX = ("display:inline-flex;flex-direction:column;align-items:center;margin:2px;padding:1px 5px;border-radius:4px;"
+        "font-family:ui-monospace,monospace;font-size:18px;white-space:pre;min-width:1.6em;vertical-align:top;")
+_WHAT_IF_FRAME = "box-shadow:0 0 0 3px #1a9850;border-radius:6px;"
+_POS = '<span class="dl-pos" style="font-size:14px;opacity:0.7;line-height:1.1;">{}</span>'
+
+
+def _first_end(trace: Trace, ids: list[int | None]) -> int | None:
+    """The first answer position holding a committed end-of-text token, or None."""
+    return next((p for p, t in enumerate(ids) if _is_end_token(trace, t)), None)
+
+
+def _end_runs(trace: Trace, ids: list[int | None]) -> list[tuple[int, int]]:
+    """(start, stop) of every run of at least COLLAPSE_PADDING committed end-of-text tokens."""
+    runs, start = [], None
+    for p, token in enumerate([*ids, None]):
+        if _is_end_token(trace, token):
+            start = p if start is None else start
+        elif start is not None:
+            if p - start >= COLLAPSE_PADDING:
+                runs.append((start, p))
+            start = None
+    return runs
+
+
+def _history(trace: Trace, history: list[list]) -> tuple[str, str]:
+    """A position's taken-back tokens: struck through under the box, and told in the hover."""
+    if not history:
+        return "", ""
+    struck = "".join(f'<s class="dl-revoked" style="font-size:14px;color:#b00020;">'
+                     f"{html.escape(_visible(_token_text(trace, token)))}</s>" for token, *_ in history)
+    told = "; ".join(f"'{_visible(_token_text(trace, token))}' committed at step {at} (confidence {then:.2f}), "
+                     f"taken back at step {back} (probability then {now:.2f})"
+                     for token, at, back, then, now in history)
+    return struck, f" · history: {told}"
+
+
+def _what_if_line(replay: dict | None, threshold: float | None, shown: int) -> str:
+    if replay is None or shown < 0:
+        return ""
+    style = 'class="dl-whatif-line" style="font-size:16px;color:#1a6b3a;"'
+    if replay["reason"]:
+        return f"<div {style}>What-if τ′ = {threshold:.2f}: {html.escape(replay['reason'])}</div>"
+    d = replay["diverges_at"]
+    if d is None or shown < d:
+        n = len(replay["commits"][shown]) if shown < len(replay["commits"]) else 0
+        return (f"<div {style}>What-if τ′ = {threshold:.2f}: green frames are the {n} position(s) it would commit "
+                f"at step {shown}; the same as this run so far.</div>")
+    if shown == d:
+        return (f'<div {style} data-diverges="{d}">What-if τ′ = {threshold:.2f}: <b>diverges here</b> (step {d}): '
+                f"it would commit the green-framed positions instead; run to see the rest.</div>")
+    return (f'<div {style} data-diverges="{d}">What-if τ′ = {threshold:.2f} diverged at step {d}: '
+            f"run with τ′ to see the rest.</div>")
+
+
+def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_threshold: float | None = None) -> str:
+    """HTML boxes for the answer region after ``step``; ``color_by`` is "step" or "confidence".
+
+    Each box shows its answer position above its token. Tokens committed after the first end of
+    text are marked (they are not part of the answer); each run of end-of-text tokens collapses into
+    one chip that expands on click. With ``what_if_threshold`` (τ′), the positions τ′ would have
+    committed at this step get a dotted green frame (see :func:`what_if`).
+    """
     if color_by not in ("step", "confidence"):
         raise ValueError(f"color_by must be 'step' or 'confidence', not {color_by!r}")
     state = state_at(trace, step)
     shown = state["step"]
     last = max(1, len(trace.get("steps") or []) - 1)  # palette spans the whole run: stable colours while scrubbing
-    box = ("display:inline-block;margin:2px;padding:1px 5px;border-radius:4px;font-family:ui-monospace,monospace;"
-           "font-size:13px;white-space:pre;min-width:1.2em;text-align:center;")
+    ids = state["ids"]
+    first_end = _first_end(trace, ids)
+    record = (trace.get("steps") or [])[shown] if shown >= 0 else {}
+    P = _prompt_len(trace)
+    top = {int(pos) - P: pairs for pos, pairs in record.get("top_candidates") or []}
+    rejected = {int(pos) - P: (tok, score) for pos, tok, score in (record.get("policy") or {}).get("rejected_at") or []}
+    replay = what_if(trace, what_if_threshold) if what_if_threshold is not None else None
+    would = set()
+    if replay and 0 <= shown < len(replay["commits"]):
+        would = set(replay["commits"][shown])
     boxes = []
-    for p, (token, s, conf) in enumerate(zip(state["ids"], state["commit_step"], state["confidence"])):
+    for p, (token, s, conf) in enumerate(zip(ids, state["commit_step"], state["confidence"])):
+        number = _POS.format(p)
+        past, past_title = _history(trace, state["history"][p])
         if token is None:
-            title = f"pos {p} · masked"
-            boxes.append(f'<span class="dl-tok dl-masked" title="{_attr(title)}" '
-                         f'style="{box}background:#e5e5e5;color:#888;">▢</span>')
+            title = f"pos {p} · masked" + past_title
+            if p in top:
+                title += f" · step {shown}'s top candidates: " + ", ".join(
+                    f"'{_visible(_token_text(trace, t))}' {q:.2f}" for t, q in top[p])
+            style, classes = f"{_BOX}background:#e5e5e5;color:#777;", "dl-tok dl-masked"
+            if p in rejected:
+                tok, score = rejected[p]
+                title += (f" · self-verify sent '{_visible(_token_text(trace, tok))}' back to mask at step {shown}"
+                          f" (conflict score {score:.3f})")
+                style += "border:3px solid #d73027;"
+                classes += " dl-rejected"
+            if p in would:
+                style += _WHAT_IF_FRAME
+                classes += " dl-whatif-box"
+            boxes.append(f'<span class="{classes}" title="{_attr(title)}" style="{style}">{number}▢{past}</span>')
             continue
         vis = _visible(_token_text(trace, token))
         rgb = _interp(_CONF_STOPS, conf) if color_by == "confidence" else _interp(_STEP_STOPS, 0.1 + 0.9 * s / last)
-        style = f"{box}background:{_css(rgb)};color:{_text_colour(rgb)};"
+        style = f"{_BOX}background:{_css(rgb)};color:{_text_colour(rgb)};"
         classes = ["dl-tok"]
+        title = f"pos {p} · token '{vis}' · step {s} · confidence {conf:.2f}" + past_title
         if s == shown:
-            style += "outline:2px solid #e4572e;outline-offset:-1px;"
+            style += "outline:3px solid #e4572e;outline-offset:-1px;"
             classes.append("dl-new")
         if _is_end_token(trace, token):
             style += "opacity:0.35;"
             classes.append("dl-end")
-        title = f"pos {p} · token '{vis}' · step {s} · confidence {conf:.2f}"
+        elif first_end is not None and p > first_end:
+            style += "border:2px dashed #b00020;text-decoration:line-through;"
+            classes.append("dl-after-end")
+            title += " · committed after the end of text: not part of the answer"
+        if p in would:
+            style += _WHAT_IF_FRAME
+            classes.append("dl-whatif-box")
+        if past:
+            classes.append("dl-revised")
         boxes.append(f'<span class="{" ".join(classes)}" title="{_attr(title)}" style="{style}">'
-                     f"{html.escape(vis)}</span>")
+                     f"{number}{html.escape(vis)}{past}</span>")
+    for start, stop in reversed(_end_runs(trace, ids)):  # from the end, so earlier indices stay valid
+        chip = (f'<summary class="dl-pad-chip" style="{_BOX}display:inline-block;background:#f0f0f0;color:#555;'
+                f'cursor:pointer;">× {stop - start} end of text (pos {start}–{stop - 1})</summary>')
+        boxes[start:stop] = [f'<details class="dl-pad" style="display:inline;">{chip}{"".join(boxes[start:stop])}</details>']
     swatch = "display:inline-block;width:1.1em;height:0.9em;border-radius:3px;vertical-align:middle;margin:0 3px;"
     if color_by == "confidence":
         scale = (f'<span style="{swatch}background:{_css(_CONF_STOPS[0])}"></span>low → high confidence at commit'
@@ -204,13 +317,84 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step") -> str:
     else:
         scale = (f'<span style="{swatch}background:{_css(_interp(_STEP_STOPS, 0.1))}"></span>step 0 → step {last}'
                  f'<span style="{swatch}background:{_css(_interp(_STEP_STOPS, 1.0))}"></span>')
-    committed = len(state["ids"]) - state["masked"]
+    committed = len(ids) - state["masked"]
     where = "before any step" if shown < 0 else f"after step {shown}"
-    legend = (f'<div class="dl-legend" style="font-size:12px;color:#555;margin-top:4px;">'
-              f"{where} · {committed}/{len(state['ids'])} committed · {scale} · "
+    after_end = ""
+    if rejected:
+        after_end += f' · <span style="{swatch}border:3px solid #d73027;"></span>sent back by self-verify'
+    if any(t is not None and not _is_end_token(trace, t) for t in ids[(first_end if first_end is not None else len(ids)) + 1:]):
+        after_end += f' · <span style="{swatch}border:2px dashed #b00020;"></span>committed after the end of text'
+    steps = trace.get("steps") or []
+    verdict = theorem1(steps[shown]) if 0 <= shown < len(steps) else None
+    theorem = ""
+    if verdict and verdict["verdict"] != "serial":
+        colour = "#1a9850" if verdict["verdict"] == "guaranteed" else "#d73027"
+        theorem = (f'<div class="dl-theorem" data-verdict="{verdict["verdict"]}" style="font-size:16px;'
+                   f'color:{colour};font-weight:600;">Step {shown}: {html.escape(verdict["text"])}</div>')
+    theorem += _what_if_line(replay, what_if_threshold, shown)
+    legend = (f'{theorem}<div class="dl-legend" style="font-size:14px;color:#444;margin-top:4px;">'
+              f"{where} · {committed}/{len(ids)} committed · {scale} · "
               f'<span style="{swatch}outline:2px solid #e4572e;"></span>committed this step · '
-              f'<span style="{swatch}background:#e5e5e5;"></span>masked · faded: end of text</div>')
-    return f'<div class="dl-grid" style="line-height:1.9;">{"".join(boxes)}</div>{legend}'
+              f'<span style="{swatch}background:#e5e5e5;"></span>masked · faded: end of text{after_end} · '
+              f"small numbers: answer position</div>")
+    return f'<div class="dl-grid" style="line-height:1.2;">{"".join(boxes)}</div>{legend}'
+
+
+# ----------------------------------------------------------------------------- Theorem 1
+
+def theorem1(record: dict) -> dict:
+    """Whether Fast-dLLM's Theorem 1 guarantees a step's commits: n positions, each with
+    confidence above 1 - ε, and (n + 1)ε <= 1; then greedy parallel decoding commits what greedy
+    one-at-a-time decoding would. ε is 1 - the least confidence among the commits.
+
+    Returns ``n``, ``epsilon``, ``bound`` ((n + 1)ε), ``verdict`` ("serial" for one commit or
+    none, "guaranteed", "no guarantee") and ``text`` (one line for a caption or hover).
+    """
+    confidences = [float(c) for _, _, c in record.get("committed") or []]
+    n = len(confidences)
+    if n <= 1:
+        return {"n": n, "epsilon": None, "bound": None, "verdict": "serial",
+                "text": f"{n} commit: one token at a time, nothing to guarantee"}
+    epsilon = 1.0 - min(confidences)
+    bound = (n + 1) * epsilon
+    verdict = "guaranteed" if bound <= 1.0 else "no guarantee"
+    sign = "≤" if bound <= 1.0 else ">"
+    return {"n": n, "epsilon": epsilon, "bound": bound, "verdict": verdict,
+            "text": f"Theorem 1: {verdict} (n = {n}, ε = {epsilon:.2f}, (n+1)ε = {bound:.2f} {sign} 1)"}
+
+
+# ----------------------------------------------------------------------------- what-if threshold
+
+def what_if(trace: Trace, threshold: float) -> dict:
+    """Replay the run's stored confidences under the threshold rule with ``threshold`` (τ′),
+    without the model: at each step, the block's masked positions with confidence >= τ′ (at
+    least the most confident one) are what τ′ would commit.
+
+    The replay is exact while its commits equal the run's: the model then saw the same tokens.
+    ``diverges_at`` is the first step where they differ (None if never); from there on the run
+    would have gone elsewhere, so ``commits`` (answer positions per step) stops at that step.
+    Sampled runs (temperature > 0) store the top probability, not the sampled token's, so there
+    the replay says nothing (``reason``).
+    """
+    settings = trace.get("settings") or {}
+    if float(settings.get("temperature") or 0.0) > 0:
+        return {"commits": [], "diverges_at": None, "reason": "what-if needs a greedy run (temperature 0)"}
+    P, block_size = _prompt_len(trace), int(settings.get("block_size") or _gen_length(trace) or 1)
+    commits: list[list[int]] = []
+    for i, record in enumerate(trace.get("steps") or []):
+        start = P + int(record.get("block") or 0) * block_size
+        scored = [(int(p), float(c)) for p, c in zip(record.get("masked_positions") or [],
+                                                      record.get("masked_confidence") or [])
+                  if start <= int(p) < start + block_size]
+        if not scored:
+            return {"commits": commits, "diverges_at": None, "reason": "this trace has no per-step confidences"}
+        chosen = [p for p, c in scored if c >= threshold] if threshold < 1 else []
+        chosen = chosen or [max(scored, key=lambda pc: pc[1])[0]]
+        commits.append(sorted(p - P for p in chosen))
+        actual = sorted(int(p) - P for p, _, _ in record.get("committed") or [])
+        if commits[-1] != actual or record.get("revoked"):
+            return {"commits": commits, "diverges_at": i, "reason": ""}
+    return {"commits": commits, "diverges_at": None, "reason": ""}
 
 
 # ----------------------------------------------------------------------------- confidence
@@ -250,12 +434,57 @@ def confidence_heatmap(trace: Trace, upto_step: int | None = None) -> go.Figure:
         x=cx, y=cy, mode="markers", name="commit", hovertext=ctext, hoverinfo="text",
         marker={"symbol": "x", "color": "white", "size": 8, "line": {"color": "#222", "width": 1}},
     ))
-    fig.update_xaxes(title_text="answer position", range=[-0.5, n - 0.5])
+    rx, ry, rtext = [], [], []
+    for i, record in enumerate(steps):
+        for position, token, score in (record.get("policy") or {}).get("rejected_at") or []:
+            rx.append(int(position) - P)
+            ry.append(i)
+            rtext.append(f"self-verify sent '{html.escape(_visible(_token_text(trace, token)))}' back to mask · "
+                         f"conflict score {score:.3f}")
+    if rx:
+        fig.add_trace(go.Scatter(
+            x=rx, y=ry, mode="markers", name="sent back (self-verify)", hovertext=rtext, hoverinfo="text",
+            marker={"symbol": "square-open", "color": "#d73027", "size": 13, "line": {"width": 3}},
+        ))
+    verdicts = [theorem1(record) for record in steps]
+    for verdict, symbol, colour in (("guaranteed", "circle", "#1a9850"), ("no guarantee", "x-thin-open", "#d73027")):
+        rows = [i for i, v in enumerate(verdicts) if v["verdict"] == verdict]
+        fig.add_trace(go.Scatter(
+            x=[-1.2] * len(rows), y=rows, mode="markers", name=f"Theorem 1: {verdict}", cliponaxis=False,
+            hovertext=[verdicts[i]["text"] for i in rows], hoverinfo="text",
+            marker={"symbol": symbol, "size": 11, "color": colour, "line": {"color": colour, "width": 3}},
+        ))
+    fig.update_xaxes(title_text="answer position", range=[-1.7, n - 0.5])
     _step_axis(fig, len(steps))
     return _style(fig, title)
 
 
 # ----------------------------------------------------------------------------- KV
+
+MEAN_LAYERS = "mean"
+# One colour scale for every cosine view, fixed, so a colour means the same value everywhere.
+# Most of the range goes to cosines near 1, where committed positions live; anything at or
+# below 0 (unrelated or opposite) takes the darkest colour, its true value in the hover.
+COS_SCALE = [[0.0, "#2d0a4e"], [0.5, "#3b528b"], [0.9, "#21918c"], [0.99, "#7ad151"], [1.0, "#fde725"]]
+COS_TICKS = {0.0: "≤ 0 unrelated", 0.5: "0.5", 1.0: "1 unchanged"}
+
+
+def _layer_values(record: dict, view: str, layer: str, which: str) -> list | None:
+    """One step's cosines for one layer (or the mean over every recorded layer)."""
+    if view == "drift":
+        by_layer = record.get("kv") or {}
+    else:
+        key = "true_drift" if view == "true_drift" else "cache_vs_exact"
+        by_layer = (record.get("exact") or {}).get(key) or {}
+    if layer != MEAN_LAYERS:
+        return (by_layer.get(layer) or {}).get(which)
+    rows = [[_num(v) for v in (data or {}).get(which) or []] for data in by_layer.values()]
+    rows = [r for r in rows if r]
+    if not rows or len({len(r) for r in rows}) != 1:
+        return None
+    # A null (nothing cached there yet) is null in every layer alike, so the plain mean keeps it.
+    return np.array(rows, dtype=np.float64).mean(axis=0).tolist()
+
 
 def _kv_rows(trace: Trace, steps: list[dict], layer: str, which: str, view: str):
     """Per-step rows of the chosen view plus, for "drift", the rows of reused (cached) cells."""
@@ -263,9 +492,9 @@ def _kv_rows(trace: Trace, steps: list[dict], layer: str, which: str, view: str)
     values = np.full((len(steps), n), NAN, dtype=np.float32)
     cached = np.full((len(steps), n), NAN, dtype=np.float32)
     for i, record in enumerate(steps):
+        cos = _layer_values(record, view, layer, which) or []
         if view == "drift":
             recomputed = record.get("recomputed") or []
-            cos = ((record.get("kv") or {}).get(layer) or {}).get(which) or []
             cached[i] = 1.0  # reused, except where this step recomputed
             for j, position in enumerate(recomputed):
                 p = int(position) - P
@@ -274,23 +503,35 @@ def _kv_rows(trace: Trace, steps: list[dict], layer: str, which: str, view: str)
                     values[i, p] = _num(cos[j] if j < len(cos) else None)
                     cached[i, p] = NAN
         else:
-            exact = record.get("exact") or {}
-            key = "true_drift" if view == "true_drift" else "cache_vs_exact"
-            cos = ((exact.get(key) or {}).get(layer) or {}).get(which) or []
             for p, c in enumerate(cos[P:P + n]):
                 values[i, p] = _num(c)
     return values, cached
 
 
-def kv_heatmap(trace: Trace, layer: int | str = 0, which: str = "k", upto_step: int | None = None,
+def _commit_line(trace: Trace, steps: list[dict]) -> tuple[list[float], list[float]]:
+    """The step at which each answer position was committed, as a staircase: cells below it
+    (later steps) hold a decoded token, cells above it are still masked."""
+    commit = state_at(trace, len(steps) - 1)["commit_step"]
+    x, y = [], []
+    for p, s in enumerate(commit):
+        y_p = (len(steps) - 0.5) if s is None else s + 0.5  # the edge between commit step and the next
+        x += [p - 0.5, p + 0.5]
+        y += [y_p, y_p]
+    return x, y
+
+
+def kv_heatmap(trace: Trace, layer: int | str = MEAN_LAYERS, which: str = "k", upto_step: int | None = None,
                view: str = "drift") -> go.Figure:
-    """KV cosine per (step, answer position) for one layer and K or V.
+    """KV cosine per (step, answer position) for one layer (or ``"mean"``: the mean over layers)
+    and K or V, on one fixed colour scale (``COS_SCALE``).
 
     view "drift": cosine between each recomputed entry and what the cache held (from ``kv``);
     positions reused from the cache are a flat grey layer (trace "cached"). view "true_drift":
     cosine between consecutive exact (uncached) K/V; view "cache_error": cosine between the cached
-    and the exact entry; both come from ``exact`` and are NaN on steps without it. Full-refresh
-    rows carry a "refresh" marker left of the grid (trace "refresh").
+    and the exact entry; both come from ``exact`` and are NaN on steps without it. A black
+    staircase (trace "committed") marks each position's commit step: below it the position holds
+    a decoded token, above it is still masked. Full-refresh rows carry a "refresh" marker left of
+    the grid (trace "refresh").
     """
     if which not in ("k", "v"):
         raise ValueError(f"which must be 'k' or 'v', not {which!r}")
@@ -298,22 +539,22 @@ def kv_heatmap(trace: Trace, layer: int | str = 0, which: str = "k", upto_step: 
         raise ValueError(f"view must be one of {KV_VIEWS}, not {view!r}")
     layer = str(layer)
     names = {"drift": "KV drift", "true_drift": "True KV drift (exact)", "cache_error": "Cache vs exact"}
-    title = f"{names[view]} · layer {layer} · {which.upper()}"
+    where = "all layers (mean)" if layer == MEAN_LAYERS else f"layer {layer}"
+    title = f"{names[view]} · {where} · {which.upper()}"
     steps = _steps(trace, upto_step)
     if not steps:
         return _message_figure(EMPTY_MESSAGE, title)
     if view == "drift":
         if not any(s.get("recomputed") is not None for s in steps):
             return _message_figure(SUMMARY_MESSAGE, title)
-        if not any(layer in (s.get("kv") or {}) for s in steps):
+        if layer != MEAN_LAYERS and not any(layer in (s.get("kv") or {}) for s in steps):
             return _message_figure(f"layer {layer} is not in this trace", title)
     elif not any(s.get("exact") for s in steps):
         return _message_figure("exact-drift data needs the setting exact_drift on", title)
+    if len(steps) == 1:
+        return _message_figure("one step only: there is no earlier K/V to compare with", title)
     n = _gen_length(trace)
     values, cached = _kv_rows(trace, steps, layer, which, view)
-    data = values[np.isfinite(values)]
-    # Cosines live near 1 and can dip below 0: start at 0.9 at most so small moves stay visible.
-    zmin = max(-1.0, min(0.9, float(data.min()))) if data.size else 0.9
     rows, columns = np.arange(len(steps)), np.arange(n)
     gaps = {"xgap": 1 if n <= 64 else 0, "ygap": 1 if len(steps) <= 64 else 0}
     fig = go.Figure()
@@ -325,17 +566,39 @@ def kv_heatmap(trace: Trace, layer: int | str = 0, which: str = "k", upto_step: 
         ))
     label = {"drift": "cos to cached value", "true_drift": "cos to previous exact", "cache_error": "cos cached vs exact"}
     fig.add_trace(go.Heatmap(
-        z=values, x=columns, y=rows, name=view, zmin=zmin, zmax=1.0, colorscale="Viridis",
-        hoverongaps=False, colorbar={"title": {"text": "cos"}, "thickness": 12},
-        hovertemplate=f"pos %{{x}} · step %{{y}}<br>{label[view]} %{{z:.4f}}<extra></extra>", **gaps,
+        z=values, x=columns, y=rows, name=view, zmin=0.0, zmax=1.0, colorscale=COS_SCALE,
+        hoverongaps=False, **gaps,
+        colorbar={"title": {"text": "cosine"}, "thickness": 14, "tickvals": list(COS_TICKS),
+                  "ticktext": list(COS_TICKS.values()), "tickfont": {"size": 14}},
+        hovertemplate=f"pos %{{x}} · step %{{y}}<br>{label[view]} %{{z:.4f}}<extra></extra>",
+    ))
+    line_x, line_y = _commit_line(trace, steps)
+    fig.add_trace(go.Scatter(
+        x=line_x, y=line_y, mode="lines", name="committed below", line={"color": "#111", "width": 2.5},
+        hoverinfo="skip",
     ))
     refresh = [i for i, s in enumerate(steps) if s.get("full_refresh")]
     fig.add_trace(go.Scatter(
         x=[-1.0] * len(refresh), y=refresh, mode="markers", name="refresh", cliponaxis=False,
-        marker={"symbol": "triangle-right", "size": 9, "color": "#e4572e"},
+        marker={"symbol": "triangle-right", "size": 11, "color": "#e4572e"},
         hovertemplate="step %{y}: full refresh (every position recomputed)<extra></extra>",
     ))
-    fig.update_xaxes(title_text="answer position", range=[-1.6, n - 0.5])
+    right = n - 0.5
+    probes = [(i, s["policy"]["drift"], bool(s["policy"].get("refresh_next")))
+              for i, s in enumerate(steps) if (s.get("policy") or {}).get("drift") is not None]
+    if probes:  # drift_refresh: the attention drift it measured, and what it decided, right of each row
+        gamma = ((trace.get("settings") or {}).get("cache_params") or {}).get("gamma")
+        below = f" < γ {gamma}" if gamma is not None else ""
+        fig.add_trace(go.Scatter(
+            x=[n + 0.4] * len(probes), y=[i for i, _, _ in probes], mode="markers", name="attention drift probe",
+            cliponaxis=False, hoverinfo="text",
+            hovertext=[f"step {i}: attention drift cos {d:.3f}" + (f"{below} → the next step refreshes" if r else
+                                                                    " → keep reusing the cache") for i, d, r in probes],
+            marker={"symbol": ["diamond" if r else "circle" for *_, r in probes], "size": 11,
+                    "color": ["#e4572e" if r else "#999" for *_, r in probes]},
+        ))
+        right = n + 1.0
+    fig.update_xaxes(title_text="answer position", range=[-1.6, right])
     _step_axis(fig, len(steps))
     return _style(fig, title)
 
@@ -348,6 +611,8 @@ def cache_panel(trace: Trace, upto_step: int | None = None) -> go.Figure:
     steps = _steps(trace, upto_step)
     if not steps:
         return _message_figure(EMPTY_MESSAGE, title)
+    if (trace.get("settings") or {}).get("cache") == "none":
+        return _message_figure("no cache in this run: every forward recomputes every position (hit rate 0)", title)
     x = np.arange(len(steps))
     g = np.array([int(s.get("g") or 0) for s in steps])
     reads = np.array([int(s.get("reads") or 0) for s in steps])
@@ -357,11 +622,11 @@ def cache_panel(trace: Trace, upto_step: int | None = None) -> go.Figure:
     cumulative = np.divide(np.cumsum(reads), total_seen, out=np.zeros(len(steps)), where=total_seen > 0)
     refresh = np.array([bool(s.get("full_refresh")) for s in steps])
     fig = go.Figure()
-    fig.add_trace(go.Bar(
-        x=x, y=g, name="G (recomputed)", marker_color=np.where(refresh, "#6a8fbf", "#a6c4e6"),
-        customdata=np.where(refresh, "full refresh", "partial"),
-        hovertemplate="step %{x}: G %{y} (%{customdata})<extra></extra>",
-    ))
+    # Two bar traces, so the legend names both shades.
+    for name, rows, colour in (("G, full refresh", refresh, "#3d6aa6"), ("G, partial", ~refresh, "#a6c4e6")):
+        fig.add_trace(go.Bar(x=x[rows], y=g[rows], name=name, marker_color=colour,
+                             hovertemplate=f"step %{{x}}: G %{{y}} ({name[3:]})<extra></extra>"))
+    fig.update_layout(barmode="overlay")
     # hit rates on a right-hand axis laid over the G axis (make_subplots cost a redraw 15 ms)
     fig.add_trace(go.Scatter(x=x, y=rate, name="hit rate", mode="lines+markers", line={"color": "#e4572e"},
                              yaxis="y2", hovertemplate="step %{x}: hit rate %{y:.0%}<extra></extra>"))
@@ -394,7 +659,9 @@ def numbers(trace: Trace, upto_step: int | None = None) -> dict:
       model_s          seconds inside the model (sum of ``model_ms``)
       other_s          seconds outside it: policies, sampling, bookkeeping (sum of ``other_ms``)
       exact_s          seconds of the exact-drift diagnostic, kept apart from both
-      tokens_per_s     committed tokens per second of model time
+      tokens_per_s     committed tokens per second of model time, end-of-text padding included
+      content_tokens_per_s  content tokens per second of model time: the headline speed. While
+                       running, the committed tokens before the first committed end of text
       wall_s           stats.wall_s once finished, else model_s + other_s
       other_share      other_s / (model_s + other_s): the share of time the model is not running
       mean_g           mean positions recomputed per forward (G)
@@ -408,6 +675,11 @@ def numbers(trace: Trace, upto_step: int | None = None) -> dict:
     revisions = sum(len(s.get("revoked") or []) for s in steps)
     committed = sum(len(s.get("committed") or []) for s in steps) - revisions
     values = _final_numbers(stats) if finished else _running_numbers(steps, committed)
+    if not finished:
+        ids = state_at(trace, len(steps) - 1)["ids"]
+        before_end = ids[:_first_end(trace, ids)]
+        content = sum(t is not None for t in before_end)
+        values["content_tokens_per_s"] = content / values["model_s"] if values["model_s"] else 0.0
     busy = values["model_s"] + values["other_s"]
     return {"steps": len(steps), "committed": committed, "revisions": revisions, "gen_length": _gen_length(trace), **values,
             "other_share": values["other_s"] / busy if busy else 0.0, "finished": finished}
@@ -416,7 +688,8 @@ def numbers(trace: Trace, upto_step: int | None = None) -> dict:
 def _final_numbers(stats: dict) -> dict:
     return {"nfe": stats["nfe"], "tau": stats["tokens_per_forward"], "content_tau": stats["content_tokens_per_forward"],
             "content_tokens": stats["content_tokens"], "model_s": stats["model_s"], "other_s": stats["other_s"],
-            "exact_s": stats["exact_s"], "tokens_per_s": stats["tokens_per_s"], "wall_s": stats["wall_s"],
+            "exact_s": stats["exact_s"], "tokens_per_s": stats["tokens_per_s"],
+            "content_tokens_per_s": stats["content_tokens_per_s"], "wall_s": stats["wall_s"],
             "mean_g": stats["mean_g"], "hit_rate": stats["cache_hit_rate"]}
 
 
@@ -442,11 +715,12 @@ def _fmt(value: Any, spec: str) -> str:
 def numbers_html(nums: dict) -> str:
     """Compact cards of :func:`numbers`, each with its unit."""
     cards = [
+        ("speed", _fmt(nums.get("content_tokens_per_s"), ".1f"), "answer tokens / s (model time)"),
+        ("all tokens", _fmt(nums.get("tokens_per_s"), ".1f"), "tokens / s, end-of-text padding included"),
         ("NFE", _fmt(nums.get("nfe"), "d"), "forwards"),
         ("committed", f"{_fmt(nums.get('committed'), 'd')}/{_fmt(nums.get('gen_length'), 'd')}", "tokens"),
         ("τ", _fmt(nums.get("tau"), ".2f"), "tokens / forward"),
         ("content τ", _fmt(nums.get("content_tau"), ".2f"), "content tokens / forward"),
-        ("speed", _fmt(nums.get("tokens_per_s"), ".1f"), "tokens / s (model time)"),
         ("model", _fmt(None if nums.get("model_s") is None else nums["model_s"] * 1e3, ".0f"), "ms"),
         ("wall", _fmt(nums.get("wall_s"), ".2f"), "s" if nums.get("finished") else "s (model + other, so far)"),
         ("outside model", _fmt(nums.get("other_share"), ".0%"), "of time"),
@@ -454,13 +728,15 @@ def numbers_html(nums: dict) -> str:
         ("cache hits", _fmt(nums.get("hit_rate"), ".0%"), "cumulative"),
     ]
     if nums.get("revisions"):
-        cards.insert(2, ("revisions", _fmt(nums["revisions"], "d"), "tokens taken back"))
+        cards.insert(4, ("revisions", _fmt(nums["revisions"], "d"), "tokens taken back"))
+    if nums.get("exact_s"):
+        cards.append(("exact-drift diagnostic", _fmt(nums["exact_s"] * 1e3, ".0f"), "ms, kept out of model time (in wall)"))
     card = ("display:inline-block;margin:3px;padding:4px 8px;border:1px solid #ddd;border-radius:6px;"
             "min-width:6.5em;vertical-align:top;background:#fafafa;")
     body = "".join(
-        f'<div class="dl-card" style="{card}"><div style="font-size:11px;color:#666;">{html.escape(label)}</div>'
-        f'<div style="font-size:17px;font-weight:600;">{html.escape(value)}</div>'
-        f'<div style="font-size:10px;color:#888;">{html.escape(unit)}</div></div>'
+        f'<div class="dl-card" style="{card}"><div style="font-size:14px;color:#555;">{html.escape(label)}</div>'
+        f'<div style="font-size:22px;font-weight:600;">{html.escape(value)}</div>'
+        f'<div style="font-size:14px;color:#666;">{html.escape(unit)}</div></div>'
         for label, value, unit in cards
     )
     return f'<div class="dl-numbers">{body}</div>'
@@ -472,9 +748,10 @@ def compare(trace_a: Trace, trace_b: Trace) -> dict:
     """How run b compares with run a (e.g. a = no cache, b = cached).
 
     Keys: ``speedup_wall`` and ``speedup_model`` (a's time / b's time: >1 means b is faster; None
-    when b's time is 0), ``nfe_a``/``nfe_b``, ``tau_a``/``tau_b``, ``agreement`` (fraction of answer
-    positions with equal final ids; positions only one run has count as different) and
-    ``first_difference`` (first differing answer position, None when identical).
+    when b's time is 0), per side (``_a``/``_b``): ``answer``, ``wall_s``, ``model_s``, ``nfe``,
+    ``tau``, ``content_tau``; ``agreement`` (fraction of answer positions with equal final ids;
+    positions only one run has count as different) and ``first_difference`` (first differing
+    answer position, None when identical).
     """
     na, nb = numbers(trace_a), numbers(trace_b)
     ids_a, ids_b = list(trace_a.get("final_ids") or []), list(trace_b.get("final_ids") or [])
@@ -483,31 +760,44 @@ def compare(trace_a: Trace, trace_b: Trace) -> dict:
     first = next((i for i, (x, y) in enumerate(zip(ids_a, ids_b)) if x != y), None)
     if first is None and len(ids_a) != len(ids_b):
         first = min(len(ids_a), len(ids_b))
+    sides = {}
+    for side, trace, nums in (("a", trace_a, na), ("b", trace_b, nb)):
+        sides.update({f"answer_{side}": trace.get("text", ""), f"wall_s_{side}": nums["wall_s"],
+                      f"model_s_{side}": nums["model_s"], f"nfe_{side}": nums["nfe"], f"tau_{side}": nums["tau"],
+                      f"content_tau_{side}": nums["content_tau"]})
     return {
         "speedup_wall": na["wall_s"] / nb["wall_s"] if nb["wall_s"] else None,
         "speedup_model": na["model_s"] / nb["model_s"] if nb["model_s"] else None,
-        "nfe_a": na["nfe"], "nfe_b": nb["nfe"],
-        "tau_a": na["tau"], "tau_b": nb["tau"],
+        **sides,
         "agreement": same / length if length else 1.0,
         "first_difference": first,
     }
 
 
 def compare_html(result: dict) -> str:
-    """The :func:`compare` numbers as one small table."""
-    def f(value: Any, spec: str) -> str:
-        return _fmt(value, spec)
+    """The :func:`compare` numbers as one table: a row per measure, a column per side."""
+    def pair(key: str, spec: str, unit: str = "") -> tuple[str, str]:
+        return (_fmt(result[f"{key}_a"], spec) + unit, _fmt(result[f"{key}_b"], spec) + unit)
 
     rows = [
-        ("speedup (wall)", f(result["speedup_wall"], ".2f") + "×"),
-        ("speedup (model time)", f(result["speedup_model"], ".2f") + "×"),
-        ("NFE A / B", f"{f(result['nfe_a'], 'd')} / {f(result['nfe_b'], 'd')}"),
-        ("τ A / B", f"{f(result['tau_a'], '.2f')} / {f(result['tau_b'], '.2f')}"),
-        ("token agreement", f(result["agreement"], ".1%")),
-        ("first difference", "none" if result["first_difference"] is None else f"answer position {result['first_difference']}"),
+        ("answer", (result["answer_a"], result["answer_b"])),
+        ("wall time", pair("wall_s", ".3f", " s")),
+        ("model time", pair("model_s", ".3f", " s")),
+        ("forwards (NFE)", pair("nfe", "d")),
+        ("τ (tokens / forward)", pair("tau", ".2f")),
+        ("content τ", pair("content_tau", ".2f")),
     ]
-    body = "".join(f"<tr><td>{html.escape(k)}</td><td><b>{html.escape(v)}</b></td></tr>" for k, v in rows)
-    return f'<table class="dl-compare">{body}</table>'
+    body = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(a)}</td><td>{html.escape(b)}</td></tr>"
+                   for k, (a, b) in rows)
+    first = result["first_difference"]
+    summary = [
+        ("speedup of B (wall)", _fmt(result["speedup_wall"], ".2f") + "×"),
+        ("speedup of B (model time)", _fmt(result["speedup_model"], ".2f") + "×"),
+        ("token agreement", _fmt(result["agreement"], ".1%")),
+        ("first difference", "none" if first is None else f"answer position {first}"),
+    ]
+    body += "".join(f'<tr><td>{html.escape(k)}</td><td colspan="2"><b>{html.escape(v)}</b></td></tr>' for k, v in summary)
+    return (f'<table class="dl-compare" style="font-size:15px;"><tr><th></th><th>A</th><th>B</th></tr>{body}</table>')
 
 
 REQUIRED_KEYS = ("schema_version", "settings", "prompt_ids", "gen_length", "steps", "final_ids", "vocab", "stats")
@@ -529,24 +819,47 @@ def check_trace(trace: Any) -> None:
 
 # ----------------------------------------------------------------------------- tuning
 
+def wilson_interval(correct: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of a share ``correct`` of ``n`` (sound at 0% and 100%)."""
+    if n <= 0:
+        return 0.0, 1.0
+    centre = (correct + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * (correct * (1 - correct) / n + z * z / (4 * n * n)) ** 0.5
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _point_label(point: dict) -> str:
+    short = {"threshold": "τ", "block_size": "B"}
+    return " · ".join(f"{short.get(k, k)} {v}" for k, v in point.items())
+
+
 def sweep_figure(report: dict) -> go.Figure:
-    """Accuracy against tokens/s for every sweep point, the Pareto frontier joined by a line."""
+    """Accuracy (with its 95% interval over the n problems) against answer tokens/s for every
+    sweep point, each labelled with its knobs; the Pareto frontier joined by a line. The axes
+    zoom to the data."""
     rows = report.get("rows") or []
     if not rows:
         return _message_figure("no sweep points yet", "Sweep: accuracy vs speed")
-    label = [", ".join(f"{k}={v}" for k, v in r["point"].items()) for r in rows]
+    n = int(report.get("problems") or 0)
+    accuracy = [r["accuracy"] for r in rows]
+    low, high = zip(*(wilson_interval(a, n) for a in accuracy))
     fig = go.Figure()
     fig.add_trace(go.Scatter(
-        x=[r["model_tok_s"] for r in rows], y=[r["accuracy"] for r in rows], mode="markers", name="points",
-        text=label, marker={"size": 10, "color": ["#e4572e" if r["pareto"] else "#888" for r in rows]},
+        x=[r["model_tok_s"] for r in rows], y=accuracy, mode="markers+text", name="points",
+        text=[_point_label(r["point"]) for r in rows], textposition="top center", textfont={"size": 14},
+        error_y={"type": "data", "symmetric": False, "array": [h - a for h, a in zip(high, accuracy)],
+                 "arrayminus": [a - lo for a, lo in zip(accuracy, low)], "color": "#aaa", "thickness": 1.5},
+        marker={"size": 12, "color": ["#e4572e" if r["pareto"] else "#888" for r in rows]},
         hovertemplate="%{text}<br>%{x:.1f} tok/s · accuracy %{y:.0%}<extra></extra>",
     ))
     front = sorted((r for r in rows if r["pareto"]), key=lambda r: r["model_tok_s"])
     fig.add_trace(go.Scatter(x=[r["model_tok_s"] for r in front], y=[r["accuracy"] for r in front], mode="lines",
-                             name="Pareto frontier", line={"color": "#e4572e", "dash": "dot"}, hoverinfo="skip"))
-    fig.update_xaxes(title="content tokens / s (model time)")
-    fig.update_yaxes(title="accuracy", tickformat=".0%", range=[-0.02, 1.02])
-    return _style(fig, "Sweep: accuracy vs speed (red: Pareto frontier)")
+                             name="Pareto frontier", line={"color": "#e4572e", "width": 2}, hoverinfo="skip"))
+    fig.update_xaxes(title="answer tokens / s (model time)")
+    span = max(0.05, max(high) - min(low))
+    fig.update_yaxes(title=f"accuracy (n = {n}, bars: 95% interval)", tickformat=".0%",
+                     range=[max(-0.02, min(low) - 0.1 * span), min(1.05, max(high) + 0.15 * span)])
+    return _style(fig, "Sweep: accuracy vs speed (red: Pareto frontier)", height=420)
 
 
 def sweep_table(report: dict) -> list[list]:
@@ -557,16 +870,29 @@ def sweep_table(report: dict) -> list[list]:
                                              "yes" if r["pareto"] else ""] for r in rows]
 
 
-def cost_table_html(rows: list[dict], device: str) -> str:
-    """The cost-model rows as a table: predicted floor next to the measured step time."""
-    head = ("<tr><th>strategy</th><th>G</th><th>step floor</th><th>bound</th><th>measured step</th>"
-            "<th>speedup vs AR ≈ τ</th><th>compute-bound ratio ≈ τ/G</th></tr>")
+def cost_table_html(rows: list[dict], model: str, device: str, trace: Trace) -> str:
+    """The projection of :func:`dllm_local.experiments.costmodel.project` as a table, with its
+    formula written out for this run, and this machine's measured step apart."""
+    run = rows[0]
+    head = ("<tr><th>strategy</th><th>G (positions / forward)</th><th>τ (answer tokens / forward)</th>"
+            "<th>step floor</th><th>bound</th><th>answer tokens / s</th><th>speedup vs AR</th></tr>")
     body = "".join(
-        f"<tr><td>{html.escape(r['strategy'])}</td><td>{r['g']:.0f}</td><td>{r['floor_ms']:.3f} ms</td>"
-        f"<td>{r['bound']}</td><td>{_fmt(r['measured_ms'], '.2f')}{' ms' if r['measured_ms'] is not None else ''}</td>"
-        f"<td>{_fmt(r['speedup_low_batch'], '.2f')}</td><td>{_fmt(r['ratio_compute_bound'], '.3f')}</td></tr>"
+        f"<tr><td>{html.escape(r['strategy'])}</td><td>{r['g']:.0f}</td><td>{r['tau']:.2f}</td>"
+        f"<td>{r['floor_ms']:.2f} ms</td><td>{r['bound']}</td><td>{r['tokens_per_s']:.0f}</td>"
+        f"<td><b>{r['speedup_vs_ar']:.2f}×</b></td></tr>"
         for r in rows
     )
-    return (f'<div style="font-size:12px;color:#555;">Cost model on {html.escape(device)}: step floor = '
-            f"max(weight bytes / bandwidth, G × 2 · params / FLOP rate)</div>"
-            f'<table class="dl-cost" style="font-size:12px;">{head}{body}</table>')
+    stats = trace.get("stats") or {}
+    measured = stats["model_s"] / max(1, stats["nfe"]) * 1e3 if stats.get("nfe") else None
+    model_name = (trace.get("model") or {}).get("name", "the loaded model")
+    formula = (f"step floor = max(weight bytes / bandwidth, G × 2 × params / FLOP rate) = "
+               f"max({run['read_ms']:.2f} ms, {run['g']:.0f} × 2 × params / FLOP rate = {run['compute_ms']:.2f} ms) "
+               f"= {run['floor_ms']:.2f} ms; tokens/s = τ / floor; speedup = this over the autoregressive row "
+               f"(one token per weight read at batch 1).")
+    note = ("" if measured is None else
+            f"Measured here: {html.escape(str(model_name))} took {measured:.2f} ms per forward of model time "
+            f"on this machine; the projection above uses only this run's G and τ.")
+    style = 'style="font-size:15px;color:#333;"'
+    return (f'<div {style}><b>This run projected onto {html.escape(model)} on {html.escape(device)}</b>, batch 1, '
+            f"bf16.</div><table class=\"dl-cost\" {style}>{head}{body}</table>"
+            f'<div class="dl-formula" {style}>{html.escape(formula)}</div><div {style}>{note}</div>')

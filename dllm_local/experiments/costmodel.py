@@ -2,6 +2,8 @@
 
 A forward at low batch is bounded below by reading the weights once and by the arithmetic
 of the positions it recomputes: ``max(weight_bytes / bandwidth, G * 2 * params / flops)``.
+The page imports this module to project a run onto a real model, so torch is imported only by
+the functions that measure this machine.
 """
 from __future__ import annotations
 
@@ -9,8 +11,10 @@ import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -28,12 +32,31 @@ DEVICES = {
     "RTX 3090": DeviceProfile("RTX 3090", 0.936e12, 71e12),
     "L4": DeviceProfile("L4", 0.3e12, 121e12),
 }
+
+
+@dataclass(frozen=True)
+class TargetModel:
+    name: str
+    params: float
+    weight_bytes: float  # bf16 on disk
+
+
+# The real models a run is projected onto: LLaDA-8B's weight index says 16,031,162,368 bytes
+# of bf16 (8.02 B parameters); Dream-v0-7B is Qwen2.5-7B's 7.62 B parameters.
+TARGET_MODELS = {
+    "LLaDA-8B-Instruct": TargetModel("LLaDA-8B-Instruct", 8.016e9, 16.031e9),
+    "Dream-v0-Instruct-7B": TargetModel("Dream-v0-Instruct-7B", 7.616e9, 15.232e9),
+}
 _measured: dict[str, DeviceProfile] = {}
 
 
-def measure_device(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> DeviceProfile:
-    """This machine's copy bandwidth and matmul rate, measured once per device and cached."""
+def measure_device(device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> DeviceProfile:
+    """This machine's copy bandwidth and matmul rate (float32 unless ``dtype``), measured once per
+    device and cached."""
+    import torch
+
     device = torch.device(device)
+    dtype = dtype or torch.float32
     key = f"{device}:{dtype}"
     if key in _measured:
         return _measured[key]
@@ -59,6 +82,8 @@ def measure_device(device: torch.device | str = "cpu", dtype: torch.dtype = torc
 
 
 def _sync(device: torch.device) -> None:
+    import torch
+
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -88,25 +113,36 @@ def machine_name() -> str:
                 break
     except OSError:
         pass
+    import torch
+
     gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
     return f"{cpu}, {torch.get_num_threads()} torch threads{gpu}"
 
 
-def cost_rows(weight_bytes: float, params: float, strategies: list[dict], device: DeviceProfile) -> list[dict]:
-    """The cost-model panel: per strategy, the predicted step floor next to the measured step.
+def project(stats: dict, prompt_len: int, gen_length: int, model: TargetModel, device: DeviceProfile) -> list[dict]:
+    """A run's measured G and tau projected onto ``model`` on ``device`` at batch 1.
 
-    Each strategy dict has ``name``, ``g`` (positions recomputed per forward), ``tau`` (tokens per
-    forward) and optionally ``measured_step_s``. The low-batch speedup over an autoregressive
-    model of the same size is about ``tau`` (each forward costs about one weight read, like an
-    AR step); where compute dominates, the throughput ratio is about ``tau / g``.
+    Rows: this run (its mean G, its content tau: answer tokens per forward), the LLaDA baseline
+    (no cache, one token per step: G = prompt + answer, gen_length forwards for the same answer)
+    and an autoregressive decoder of the same size (G = 1, one answer token per forward). Per row:
+    ``floor_ms`` = max(weight bytes / bandwidth, G x 2 x params / FLOP rate), which ``bound``
+    decides it, ``tokens_per_s`` = tau / floor and ``speedup_vs_ar`` against the last row.
     """
+    content = float(stats.get("content_tokens") or 0)
+    strategies = [
+        ("this run", float(stats["mean_g"]), float(stats["content_tokens_per_forward"])),
+        ("LLaDA baseline (no cache, 1 token/step)", float(prompt_len + gen_length), content / max(1, gen_length)),
+        ("autoregressive, same size", 1.0, 1.0),
+    ]
+    read_ms = model.weight_bytes / device.bandwidth * 1e3
     rows = []
-    for s in strategies:
-        floor = step_floor_s(weight_bytes, params, s["g"], device)
-        rows.append({
-            "strategy": s["name"], "g": s["g"], "tau": s["tau"], "floor_ms": floor * 1e3,
-            "bound": "bandwidth" if weight_bytes / device.bandwidth >= s["g"] * 2 * params / device.flops else "compute",
-            "measured_ms": None if s.get("measured_step_s") is None else s["measured_step_s"] * 1e3,
-            "speedup_low_batch": s["tau"], "ratio_compute_bound": s["tau"] / s["g"] if s["g"] else None,
-        })
+    for name, g, tau in strategies:
+        compute_ms = g * 2 * model.params / device.flops * 1e3
+        floor_ms = max(read_ms, compute_ms)
+        rows.append({"strategy": name, "g": g, "tau": tau, "read_ms": read_ms, "compute_ms": compute_ms,
+                     "floor_ms": floor_ms, "bound": "bandwidth" if read_ms >= compute_ms else "compute",
+                     "tokens_per_s": tau / floor_ms * 1e3})
+    ar = rows[-1]["tokens_per_s"]
+    for row in rows:
+        row["speedup_vs_ar"] = row["tokens_per_s"] / ar
     return rows

@@ -55,13 +55,16 @@ class ModelHandle:
     num_parameters: int
     memory_bytes: int
     max_length: int
+    # The longest answer region the model was trained on, when its config.json says (the tiny
+    # model's "trained_gen_length"); decoding past it is allowed, with a notice.
+    trained_length: int | None = None
 
     def summary(self) -> dict:
         return {
             "name": self.name, "path": str(self.path), "family": self.family, "device": str(self.device),
             "dtype": str(self.dtype).replace("torch.", ""), "quantization": self.quantization or "none",
             "parameters": self.num_parameters, "memory_mb": round(self.memory_bytes / 2**20, 1),
-            "max_length": self.max_length, "mask_id": self.mask_id, "stop_ids": list(self.stop_ids),
+            "max_length": self.max_length, "trained_length": self.trained_length, "mask_id": self.mask_id, "stop_ids": list(self.stop_ids),
             "layers": int(getattr(self.model.config, "num_hidden_layers", 0) or getattr(self.model.config, "n_layers", 0)),
         }
 
@@ -221,6 +224,11 @@ def _mask_id(raw: dict, config: Any, config_file: Path) -> int:
     return mask_id
 
 
+def _trained_length(raw: dict) -> int | None:
+    value = raw.get("trained_gen_length")
+    return value if type(value) is int and value > 0 else None
+
+
 def _config(raw: dict, family: str, config_file: Path):
     config_cls, _ = FAMILIES[family]
     try:
@@ -296,6 +304,7 @@ def load(
         device=next(model.parameters()).device, dtype=dtype, quantization=None if qconfig is None else quantization,
         num_parameters=sum(p.numel() for p in model.parameters()),
         memory_bytes=model.get_memory_footprint(), max_length=config.max_positions,
+        trained_length=_trained_length(raw),
     )
 
 

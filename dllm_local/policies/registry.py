@@ -119,8 +119,6 @@ class PolicySpec:
     uses_steps: bool = False  # the settings' ``steps`` (LLaDA's schedule length) applies
     # A cross-parameter rule: a message when ``params`` break it, else None.
     check: Callable[[dict], str | None] | None = None
-    # Cache policies: the typical positions a step recomputes, (prompt_len, gen_length, block_size) -> G.
-    typical_g: Callable[[int, int, int], float] | None = None
     defaults: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -197,29 +195,24 @@ def _refresh_every(help_: str = "also refresh every N steps inside a block (0: o
     return Param("refresh_every", int, 0, "Refresh every N steps", help_, low=0, slider=(0, 32, 1))
 
 
-def _suffix_g(prompt_len: int, gen_length: int, block_size: int) -> float:
-    window = [gen_length - b * block_size for b in range(gen_length // block_size)]
-    return sum(window) / len(window)  # from the block start to the end, averaged over blocks
-
-
 _CACHE_IMPL = "dllm_local.policies.cache"
 _UNMASK_IMPL = "dllm_local.policies.unmask"
 
 register(PolicySpec(
     "cache", "none", "No cache", "Recompute every position at every step: the plain full-recompute baseline.",
-    f"{_CACHE_IMPL}:NoCache", typical_g=lambda p, g, b: p + g))
+    f"{_CACHE_IMPL}:NoCache"))
 register(PolicySpec(
     "cache", "prefix", "PrefixCache (Fast-dLLM)",
     "Refresh the whole cache at each block start; then recompute the block and everything after it.",
-    f"{_CACHE_IMPL}:PrefixCache", (_refresh_every(),), typical_g=_suffix_g))
+    f"{_CACHE_IMPL}:PrefixCache", (_refresh_every(),)))
 register(PolicySpec(
     "cache", "dual", "DualCache (Fast-dLLM)",
     "Refresh the whole cache at each block start; then recompute only the current block.",
-    f"{_CACHE_IMPL}:DualCache", (_refresh_every(),), typical_g=lambda p, g, b: b))
+    f"{_CACHE_IMPL}:DualCache", (_refresh_every(),)))
 register(PolicySpec(
     "cache", "freecache", "FreeCache (FlashDLM)",
     "One full forward, then finished blocks stay frozen: the active window shrinks, no refresh.",
-    f"{_CACHE_IMPL}:FreeCache", typical_g=_suffix_g))
+    f"{_CACHE_IMPL}:FreeCache"))
 register(PolicySpec(
     "cache", "adaptive", "Adaptive I/O-aware cache",
     "Recompute where cache confidence (prediction certainty and age) is low or recomputing beats reading; "
@@ -315,5 +308,4 @@ register(PolicySpec(
               low=0, optional=True),
         Param("top_k", int, 8, "Most-attended positions", "how many positions the drift is measured over", low=1,
               slider=(1, 64, 1)),
-    ),
-    typical_g=lambda p, g, b: b))
+    )))

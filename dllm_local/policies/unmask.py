@@ -204,6 +204,10 @@ class SelfVerify(UnmaskPolicy):
         if not keep:
             keep = [max(picked, key=lambda i: float(cand.confidence[i]))]
         self._serial.update(int(cand.positions[i]) for i in rejected if i not in keep)
+        # Each sent-back draft with its conflict score, for the views.
+        rejected_at = [[int(cand.positions[picked[j]]), int(cand.tokens[picked[j]]), round(s, 4)]
+                       for j, s in zip(check, score.tolist()) if picked[j] in rejected and picked[j] not in keep]
         return Selection(cand.positions[keep], {"verified": len(check), "rejected": len(rejected),
-                                                 "min_conflict_score": round(float(score.min()), 4)})
+                                                 "min_conflict_score": round(float(score.min()), 4),
+                                                 "rejected_at": rejected_at})
 

@@ -51,11 +51,9 @@ class Engine:
 
     def describe(self) -> dict:
         """What the page shows without asking again: the model and which quantizations can work."""
-        from ..experiments.costmodel import DEVICES
-
         cuda = torch.cuda.is_available()
         reason = "" if cuda else "needs a CUDA GPU (bitsandbytes)"
-        return {"info": self.handle.summary(), "cost_devices": [*DEVICES, "this machine"],
+        return {"info": self.handle.summary(),
                 "quantization": [("none", True, ""), ("8bit", cuda, reason), ("4bit", cuda, reason)],
                 "policies": registry.all_specs()}
 
@@ -112,22 +110,6 @@ class Engine:
                                                                  "point": p.point, "row": p.row}}))
         emit({"report": report})
 
-    def cost_model(self, settings: dict, stats: dict, prompt_len: int, device: str) -> list[dict]:
-        """The cost-model panel for a finished run: step floors per strategy on ``device``."""
-        from ..experiments.costmodel import DEVICES, cost_rows, measure_device
-
-        profile = measure_device(self.handle.device) if device == "this machine" else DEVICES[device]
-        gen, bs = settings["gen_length"], settings["block_size"]
-        geometry = {name: spec.typical_g(prompt_len, gen, bs) for name, spec in registry.CACHE.items() if spec.typical_g}
-        strategies = [{"name": f"this run ({settings['cache']} + {settings['unmask']})", "g": stats["mean_g"],
-                       "tau": stats["tokens_per_forward"], "measured_step_s": stats["model_s"] / max(1, stats["nfe"])}]
-        strategies += [{"name": f"{name} (typical step)", "g": g, "tau": 1.0} for name, g in geometry.items()]
-        rows = cost_rows(self.handle.memory_bytes, self.handle.num_parameters, strategies, profile)
-        for row in rows[1:]:
-            row["tau"] = None  # the other strategies' tau is only known once they run
-            row["speedup_low_batch"] = row["ratio_compute_bound"] = None
-        return rows
-
 
 def free_device_memory() -> None:
     if torch.cuda.is_available():
@@ -135,7 +117,7 @@ def free_device_memory() -> None:
 
 
 STREAMED = {"run", "sweep"}  # these emit items as they go; the others return one value
-REQUESTS = STREAMED | {"switch_model", "cost_model"}
+REQUESTS = STREAMED | {"switch_model"}
 
 
 def serve(conn: Connection, stop: Event, spec: dict) -> None:

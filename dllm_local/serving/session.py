@@ -36,10 +36,25 @@ def load_presets(directory: Path = PRESETS_DIR) -> tuple[dict[str, dict], list[s
             if not isinstance(data, dict) or "name" not in data or "settings" not in data:
                 raise ValueError("needs 'name' and 'settings'")
             Settings.from_dict(data["settings"])
+            _check_view(data.get("view", {}))
             presets[data["name"]] = data
         except (ValueError, DllmError, TypeError) as exc:
             problems.append(f"preset {path.name} was skipped: {exc}")
     return presets, problems
+
+
+_VIEW_KEYS = {"layer": None, "which": ("k", "v"), "kv_view": ("drift", "true_drift", "cache_error")}
+
+
+def _check_view(view: object) -> None:
+    """A preset's "view": the KV panel it opens on (layer: a layer number or "mean" as text)."""
+    if not isinstance(view, dict) or set(view) - set(_VIEW_KEYS):
+        raise ValueError(f"'view' takes only {', '.join(_VIEW_KEYS)}")
+    for key, allowed in _VIEW_KEYS.items():
+        value = view.get(key)
+        ok = value is None or (value in allowed if allowed else isinstance(value, str) and (value == "mean" or value.isdigit()))
+        if not ok:
+            raise ValueError(f"'view' {key} {value!r} is not one of {allowed or 'mean, 0, 1, ...'}")
 
 
 class Session:
@@ -199,14 +214,6 @@ class Session:
     def owner(self) -> str | None:
         """The ``run_id`` of the request in progress (None when none, or started without one)."""
         return self._owner if self._lock.locked() else None
-
-    def cost_devices(self) -> list[str]:
-        return list(self._described["cost_devices"])
-
-    def cost_model(self, trace: dict, device: str, run_id: str | None = None) -> list[dict]:
-        """The cost-model panel for a finished run: step floors per strategy on ``device``."""
-        return next(self._request("cost_model", run_id=run_id, settings=trace["settings"], stats=trace["stats"],
-                                  prompt_len=len(trace["prompt_ids"]), device=device))
 
 
 def _read(conn, process, inbox: queue.Queue) -> None:

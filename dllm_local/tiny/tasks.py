@@ -141,6 +141,59 @@ def score(example: Example, output: str) -> bool:
     raise ValueError(f"unknown task {example.task!r}")
 
 
+# The arithmetic prompts' templates (see _arithmetic) read back: numbers in, the result out.
+_N = r"(\d+)"
+_ARITHMETIC_PROMPTS = [
+    (rf"has {_N} [a-z]+\. \w+ gets {_N} more", lambda a, b: a + b),
+    (rf"A box has {_N} [a-z]+ and a bag has {_N}", lambda a, b: a + b),
+    (rf"has {_N} [a-z]+ and gives away {_N}", lambda a, b: a - b),
+    (rf"A shop had {_N} [a-z]+ and sold {_N}", lambda a, b: a - b),
+    (rf"buys {_N} bags with {_N} [a-z]+ in each", lambda a, b: a * b),
+    (rf"There are {_N} rows of [a-z]+ with {_N} in each", lambda a, b: a * b),
+    (rf"has {_N} [a-z]+, finds {_N} more, then gives away {_N}", lambda a, b, c: a + b - c),
+    (rf"has {_N} boxes of {_N} [a-z]+ and {_N} loose", lambda a, b, c: a * b + c),
+]
+_SUM_PROMPT = re.compile(r"(?:add to|sum is) (\d+)")
+_RECORD_FACTS = re.compile(r"(\w+) is (\d+) years old\.|(\w+) lives in (\w+)\.|(\w+) works as an? (\w+)\.")
+
+
+def recognise(prompt: str) -> Example | None:
+    """The task problem a prompt poses, when it is one of the suite's (typed in by hand or taken
+    from a preset), with what its scorer needs; None for any other prompt."""
+    if "poker hand" in prompt:
+        return Example("poker", "poker", prompt, "")
+    m = _SUM_PROMPT.search(prompt)
+    if m and "numbers" in prompt:
+        return Example("sums", "sums", prompt, "", {"total": int(m.group(1))})
+    if prompt.startswith("Make a record from these facts."):
+        meta: dict = {}
+        for age_name, age, city_name, city, job_name, job in _RECORD_FACTS.findall(prompt):
+            if age:
+                meta.update(name=age_name, age=int(age))
+            elif city:
+                meta["city"] = city
+            elif job:
+                meta["job"] = job
+        return Example("records", "records", prompt, "", meta) if len(meta) == 4 else None
+    for pattern, result in _ARITHMETIC_PROMPTS:
+        m = re.search(pattern, prompt)
+        if m:
+            return Example("arithmetic", "arithmetic", prompt, "", {"result": result(*map(int, m.groups()))})
+    return None
+
+
+def verdict(prompt: str, answer: str) -> str | None:
+    """"right"/"wrong" (arithmetic, records) or "valid"/"invalid" (poker, sums) for an answer to a
+    task prompt; None when the prompt is not one of the task suite's."""
+    problem = recognise(prompt)
+    if problem is None:
+        return None
+    ok = score(problem, answer)
+    if problem.task in ("poker", "sums"):
+        return "valid" if ok else "invalid"
+    return "right" if ok else "wrong"
+
+
 def training_mix(n: int, seed: int) -> list[Example]:
     """The training data: a fixed mix weighted towards arithmetic's harder two-step problems."""
     rng = random.Random(f"mix:{seed}")

@@ -1,0 +1,153 @@
+"""Every preset in a real browser: each view draws something or says in words why it cannot, the KV
+panel opens on a middle layer with the fixed colour scale, masked positions show their top
+candidates, the what-if slider reframes the grid without a model run, and the high-house step reads
+"no guarantee". ``DLLM_SCREENSHOTS=docs/presets`` also saves a screenshot of each preset there
+(the README's pictures)."""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from dllm_local.serving.session import load_presets
+
+from test_ui import OUT, _choose, _shown_run, _wait_run_ended, browser, server  # noqa: F401 - fixtures
+
+PRESETS, _ = load_presets()
+PLOTS = ("#conf-plot", "#kv-plot", "#cache-plot")
+SHOTS = os.environ.get("DLLM_SCREENSHOTS")
+
+
+def _plot(pg, selector: str) -> dict:
+    """What plotly holds for a figure: its traces (name, type, scale, finite cells or points) and its
+    words. Grids sent as typed arrays ({dtype, bdata, shape}) are decoded here."""
+    return pg.evaluate(
+        """(sel) => { const gd = document.querySelector(`${sel} .js-plotly-plot`);
+             if (!gd || !gd.data) return null;
+             const values = (z) => {
+               if (!z) return [];
+               if (Array.isArray(z)) return z.flat();
+               if (ArrayBuffer.isView(z)) return Array.from(z);
+               if (z.bdata) {
+                 const bytes = Uint8Array.from(atob(z.bdata), (c) => c.charCodeAt(0));
+                 const kind = {f4: Float32Array, f8: Float64Array, i1: Int8Array, u1: Uint8Array, i2: Int16Array,
+                               i4: Int32Array}[z.dtype] || Float64Array;
+                 return Array.from(new kind(bytes.buffer));
+               }
+               return [];
+             };
+             const cells = (t) => t.type === 'heatmap' ? values(t.z).filter((v) => v !== null && !Number.isNaN(v)).length
+                                                         : values(t.x).length;
+             return {traces: gd.data.map((t) => ({name: t.name, type: t.type, zmin: t.zmin, zmax: t.zmax, cells: cells(t)})),
+                     words: (gd.layout.annotations || []).map((a) => a.text)}; }""",
+        selector,
+    )
+
+
+@pytest.fixture(scope="module")
+def pg(browser, server):  # noqa: F811 - the fixtures imported above
+    page = browser.new_page(viewport={"width": 1500, "height": 2200})
+    page.goto(server)
+    page.wait_for_selector("#run-btn")
+    yield page
+    page.close()
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_every_preset_draws_its_lesson(pg, name):
+    preset = PRESETS[name]
+    _choose(pg, "#preset", name)
+    pg.wait_for_function("(d) => document.querySelector('#preset-info').innerText.includes(d)",
+                         arg=preset["description"][:40])
+    before = _shown_run(pg)
+    pg.click("#run-btn")
+    status = _wait_run_ended(pg, before)
+    assert status.startswith("Done"), status
+    for selector in PLOTS:
+        pg.wait_for_function("(s) => { const gd = document.querySelector(`${s} .js-plotly-plot`);"
+                             " return gd && gd.data; }", arg=selector, timeout=30_000)
+    pg.wait_for_timeout(300)  # the last redraw of the plots lands after the status
+    for selector in PLOTS:
+        shown = _plot(pg, selector)
+        drawn = sum(t["cells"] for t in shown["traces"])
+        assert drawn > 0 or shown["words"], f"{name}: {selector} is empty axes"
+
+    # The KV panel: a middle layer (or the preset's), one fixed scale for every cosine view.
+    view = preset.get("view", {})
+    layer = pg.input_value("#kv-layer input")
+    assert layer == (f"layer {view['layer']}" if "layer" in view else "layer 3"), layer
+    kv = _plot(pg, "#kv-plot")
+    heat = [t for t in kv["traces"] if t["type"] == "heatmap" and t["name"] != "cached"]
+    assert all((t["zmin"], t["zmax"]) == (0, 1) for t in heat) and (heat or kv["words"])
+
+    steps = int(pg.locator("#token-grid .dl-run").get_attribute("data-steps"))
+    if steps > 1:
+        # An early step where the current block still has masked positions: they show the model's
+        # top candidates on hover (a policy that fills a block at once leaves none at step 0).
+        pg.locator("#follow input").uncheck()
+        masked = pg.locator("#token-grid .dl-masked[title*='top candidates']")
+        for step in range(min(steps - 1, 6)):
+            _set_slider(pg, "#scrubber", step)
+            pg.wait_for_function("(s) => document.querySelector('#token-grid').innerText.includes(`after step ${s} `)",
+                                 arg=step)
+            if masked.count():
+                break
+        assert masked.count() > 0, f"{name}: no top-3 hover on masked positions"
+        assert re.search(r"top candidates: '.+' 0\.\d\d", masked.first.get_attribute("title"))
+    # What-if: a threshold moves the green frames on the grid, and no run starts.
+    status = pg.inner_text("#status [data-testid=markdown]")
+    _set_slider(pg, "#what-if", 0.5)
+    pg.wait_for_selector("#token-grid .dl-whatif-line", timeout=10_000)
+    framed = pg.locator("#token-grid .dl-whatif-box").count()
+    line = pg.inner_text("#token-grid .dl-whatif-line")
+    assert framed > 0 or "greedy" in line, line
+    assert pg.inner_text("#status [data-testid=markdown]") == status  # the grid redrawn, no model run
+    _set_slider(pg, "#what-if", 0)
+    pg.wait_for_function("() => !document.querySelector('#token-grid .dl-whatif-line')")
+    if steps > 1:
+        _set_slider(pg, "#scrubber", steps - 1)
+        pg.locator("#follow input").check()  # the next preset's run is followed live again
+    if SHOTS:
+        Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        pg.screenshot(path=str(Path(SHOTS) / f"{_slug(name)}.png"), full_page=True)
+
+
+def test_high_house_reads_no_guarantee_and_invalid(pg):
+    name = next(n for n in PRESETS if "high house" in n)
+    _choose(pg, "#preset", name)
+    pg.wait_for_function("(d) => document.querySelector('#preset-info').innerText.includes(d)",
+                         arg=PRESETS[name]["description"][:40])
+    before = _shown_run(pg)
+    pg.click("#run-btn")
+    status = _wait_run_ended(pg, before)
+    assert "— ✗ invalid" in status, status  # the preset's seed draws halves of two hands
+    first = next(i for i, s in enumerate(_trace_steps(pg)) if s > 1)  # the step that wrote both words
+    if int(pg.locator("#token-grid .dl-run").get_attribute("data-steps")) > 1:
+        pg.locator("#follow input").uncheck()
+        _set_slider(pg, "#scrubber", first)
+    theorem = pg.locator("#token-grid .dl-theorem")
+    assert theorem.count() and "no guarantee" in theorem.inner_text()
+    assert theorem.get_attribute("data-verdict") == "no guarantee"
+
+
+def _trace_steps(pg) -> list[int]:
+    """Commits per step of the run shown, read from the confidence heatmap's commit marks."""
+    return pg.evaluate("""() => { const gd = document.querySelector('#conf-plot .js-plotly-plot');
+        const commits = gd.data.find((t) => t.name === 'commit'); const per = [];
+        for (const y of commits.y) per[y] = (per[y] || 0) + 1; return Array.from(per, (v) => v || 0); }""")
+
+
+def _set_slider(pg, selector: str, value: float) -> None:
+    """Type a value into a Gradio slider's number box (what a person does for an exact value)."""
+    box = pg.locator(f"{selector} input[type=number]")
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+OUT.mkdir(exist_ok=True)
