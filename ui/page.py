@@ -63,7 +63,6 @@ EXPORTS_KEPT = 20  # export files kept on disk while the page runs (older ones a
 # Gradio's own cache of files handed to browsers: swept every hour of anything older than an hour.
 DELETE_CACHE = (3600, 3600)
 CANCELLED = "Your queued request was cancelled before it started."
-SWEEP_REDRAW_S = 2.0
 CSS = """
 .tok-grid {line-height: 2.1em}
 #status {min-height: 1.5em}
@@ -672,17 +671,14 @@ class Callbacks:
             if not any(p["name"] == "threshold" for p in unmask["params"]):  # the axis needs a policy with one
                 base.update(unmask="threshold", unmask_params={"threshold": 0.9})
             report: dict = {"axes": axes, "rows": [], "problems": int(n)}
-            drawn = -math.inf
             for event in self.session.sweep(task, int(n), base, axes, run_id=client):
                 if "progress" in event:
                     p = event["progress"]
                     report["rows"].append({**p["row"], "point": p["point"], "pareto": False})
                     progress(p["done"] / p["total"], desc=f"point {p['done']}/{p['total']}")
-                    # The figure at most every SWEEP_REDRAW_S: the browser's drawing shares the CPU with the sweep.
-                    figure = gr.update()
-                    if time.perf_counter() - drawn >= SWEEP_REDRAW_S:
-                        figure, drawn = plots.sweep_figure(report), time.perf_counter()
-                    yield report, figure, plots.sweep_table(report), f"Point {p['done']}/{p['total']}…"
+                    # The figure waits for the end: while the sweep runs, the browser's drawing would take
+                    # CPU from it (the table, cheap, fills in point by point).
+                    yield report, gr.update(), plots.sweep_table(report), f"Point {p['done']}/{p['total']}…"
                 else:
                     report = event["report"]
             word = "Cancelled" if report["cancelled"] else "Done"
