@@ -246,7 +246,7 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
     Each box shows its answer position above its token. Tokens committed after the first end of
     text are marked (they are not part of the answer); each run of end-of-text tokens collapses into
     one chip that expands on click. With ``what_if_threshold`` (τ′), the positions τ′ would have
-    committed at this step get a dotted green frame (see :func:`what_if`).
+    committed at this step get a green frame (see :func:`what_if`).
     """
     if color_by not in ("step", "confidence"):
         raise ValueError(f"color_by must be 'step' or 'confidence', not {color_by!r}")
@@ -263,7 +263,7 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
     would = set()
     if replay and 0 <= shown < len(replay["commits"]):
         would = set(replay["commits"][shown])
-    boxes = []
+    boxes, stray = [], False
     for p, (token, s, conf) in enumerate(zip(ids, state["commit_step"], state["confidence"])):
         number = _POS.format(p)
         past, past_title = _history(trace, state["history"][p])
@@ -296,6 +296,7 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
             style += "opacity:0.35;"
             classes.append("dl-end")
         elif first_end is not None and p > first_end:
+            stray = True
             style += "border:2px dashed #b00020;text-decoration:line-through;"
             classes.append("dl-after-end")
             title += " · committed after the end of text: not part of the answer"
@@ -319,13 +320,12 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
                  f'<span style="{swatch}background:{_css(_interp(_STEP_STOPS, 1.0))}"></span>')
     committed = len(ids) - state["masked"]
     where = "before any step" if shown < 0 else f"after step {shown}"
-    after_end = ""
+    marks = ""
     if rejected:
-        after_end += f' · <span style="{swatch}border:3px solid #d73027;"></span>sent back by self-verify'
-    if any(t is not None and not _is_end_token(trace, t) for t in ids[(first_end if first_end is not None else len(ids)) + 1:]):
-        after_end += f' · <span style="{swatch}border:2px dashed #b00020;"></span>committed after the end of text'
-    steps = trace.get("steps") or []
-    verdict = theorem1(steps[shown]) if 0 <= shown < len(steps) else None
+        marks += f' · <span style="{swatch}border:3px solid #d73027;"></span>sent back by self-verify'
+    if stray:
+        marks += f' · <span style="{swatch}border:2px dashed #b00020;"></span>committed after the end of text'
+    verdict = theorem1(record) if record else None
     theorem = ""
     if verdict and verdict["verdict"] != "serial":
         colour = "#1a9850" if verdict["verdict"] == "guaranteed" else "#d73027"
@@ -335,7 +335,7 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
     legend = (f'{theorem}<div class="dl-legend" style="font-size:14px;color:#444;margin-top:4px;">'
               f"{where} · {committed}/{len(ids)} committed · {scale} · "
               f'<span style="{swatch}outline:2px solid #e4572e;"></span>committed this step · '
-              f'<span style="{swatch}background:#e5e5e5;"></span>masked · faded: end of text{after_end} · '
+              f'<span style="{swatch}background:#e5e5e5;"></span>masked · faded: end of text{marks} · '
               f"small numbers: answer position</div>")
     return f'<div class="dl-grid" style="line-height:1.2;">{"".join(boxes)}</div>{legend}'
 
