@@ -29,7 +29,9 @@ def add_settings_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cache", default="none", choices=list(registry.CACHE), help=_policy_help("cache"))
     ap.add_argument("--cache-param", action="append", default=[], metavar="KEY=VALUE", help="e.g. refresh_every=4, floor=0.5")
-    ap.add_argument("--unmask", default="fixed", choices=list(registry.UNMASK), help=_policy_help("unmask"))
+    ap.add_argument("--unmask", default=None, choices=list(registry.UNMASK),
+                    help="(default: threshold when --threshold is given, factor when --factor is, else fixed) "
+                    + _policy_help("unmask"))
     ap.add_argument("--unmask-param", action="append", default=[], metavar="KEY=VALUE", help="e.g. rho=0.5, rule=topk")
     ap.add_argument("--threshold", type=float, default=None, help="shorthand for --unmask-param threshold=...")
     ap.add_argument("--factor", type=float, default=None, help="shorthand for --unmask-param factor=...")
@@ -66,22 +68,23 @@ def settings_from_args(args: argparse.Namespace):
     from .settings import Settings
 
     unmask_params = _parse_params(args.unmask_param)
+    # A threshold or factor given alone names its policy: `--threshold 0.9` is threshold decoding.
+    unmask = args.unmask or ("threshold" if args.threshold is not None else "factor" if args.factor is not None
+                             else "fixed")
     for shorthand in ("threshold", "factor", "remasking"):
         if getattr(args, shorthand) is not None:
             unmask_params[shorthand] = getattr(args, shorthand)
     return Settings(
         gen_length=args.gen_length, block_size=args.block_size, steps=args.steps, temperature=args.temperature,
         seed=args.seed, cache=args.cache, cache_params=_parse_params(args.cache_param),
-        unmask=args.unmask, unmask_params=unmask_params, trace=args.trace, exact_drift=args.exact_drift,
+        unmask=unmask, unmask_params=unmask_params, trace=args.trace, exact_drift=args.exact_drift,
         early_stop=args.early_stop,
     )
 
 
-def guider_for(args: argparse.Namespace, handle, needed: bool | None = None):
-    """The guider model when the policy (or ``needed``) asks for one."""
-    from .policies import registry
-
-    if not (needed if needed is not None else registry.get("unmask", args.unmask).needs_guider):
+def guider_for(args: argparse.Namespace, handle, settings=None, needed: bool | None = None):
+    """The guider model when the settings' unmasking policy (or ``needed``) asks for one."""
+    if not (needed if needed is not None else settings.unmask_spec.needs_guider):
         return None
     from .models.loader import load_guider
 
@@ -96,23 +99,48 @@ def warn_past_trained_length(settings, handle) -> None:
         print(f"notice: {notice}", file=sys.stderr)
 
 
-def _info(args: argparse.Namespace) -> None:
+# A model this small runs a forward as hundreds of tiny kernels: on the CPU, one thread beats
+# several (a thread team costs more to wake than it saves; see the README's "Threads" section).
+SMALL_MODEL_PARAMETERS = 50_000_000
+
+
+def apply_threads(requested: int | None, handle) -> None:
+    """Set torch's thread count for this command: ``requested`` (--threads), else one thread for
+    a small model on the CPU and torch's default (every core) for anything else."""
+    import torch
+
+    if requested:
+        torch.set_num_threads(requested)
+    elif next(handle.model.parameters()).device.type == "cpu" and handle.num_parameters < SMALL_MODEL_PARAMETERS:
+        torch.set_num_threads(1)
+
+
+def _load(args: argparse.Namespace):
     from .models.loader import load
 
+    if getattr(args, "quiet", False):  # transformers' own bar (loading weights) goes quiet too
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     handle = load(args.model, device=args.device, quantization=args.quantize)
+    apply_threads(args.threads, handle)
+    return handle
+
+
+def _info(args: argparse.Namespace) -> None:
+    handle = _load(args)
     print(json.dumps(handle.summary(), indent=2))
 
 
 def _generate(args: argparse.Namespace) -> None:
-    from .models.loader import load
     from .sampler import generate
 
     settings = settings_from_args(args)
     if not args.prompt.strip():
         raise SettingsError("--prompt is empty: give the question or message to answer")
-    handle = load(args.model, device=args.device, quantization=args.quantize)
+    handle = _load(args)
     warn_past_trained_length(settings, handle)
-    result = generate(handle, args.prompt, settings, guider_for(args, handle))
+    result = generate(handle, args.prompt, settings, guider_for(args, handle, settings))
     if args.json:
         print(result.trace.to_json())
         return
@@ -128,19 +156,22 @@ def _generate(args: argparse.Namespace) -> None:
 
 def _eval(args: argparse.Namespace) -> None:
     from .experiments.evaluate import evaluate, evaluate_guider, format_report
-    from .models.loader import load, load_guider
+    from .models.loader import load_guider
 
     if args.autoregressive:
-        report = evaluate_guider(load_guider(args.model, device=args.device), args.task, args.n, args.seed_data)
+        guider = load_guider(args.model, device=args.device)
+        apply_threads(args.threads, guider)
+        report = evaluate_guider(guider, args.task, args.n, args.seed_data)
         print(json.dumps(report, indent=2) if args.json else
               f"task {args.task} (n={args.n}) | {args.model} alone, greedy | score {report['score']:.1%} | "
               f"{report['wall_s_per_answer'] * 1e3:.1f} ms per answer")
         return
 
     settings = settings_from_args(args)
-    handle = load(args.model, device=args.device, quantization=args.quantize)
+    handle = _load(args)
     warn_past_trained_length(settings, handle)
-    report = evaluate(handle, args.task, args.n, args.seed_data, settings, guider_for(args, handle), progress=not args.json)
+    report = evaluate(handle, args.task, args.n, args.seed_data, settings, guider_for(args, handle, settings),
+                      progress=not (args.json or args.quiet))
     print(json.dumps(report, indent=2) if args.json else format_report(report))
 
 
@@ -148,7 +179,6 @@ def _bench(args: argparse.Namespace) -> None:
     from pathlib import Path
 
     from .experiments.bench import STRATEGY_SETS, format_table, jsonl_problems, run_bench, task_problems
-    from .models.loader import load
 
     base = settings_from_args(args)
     _check_out(args.out)
@@ -156,14 +186,34 @@ def _bench(args: argparse.Namespace) -> None:
         problems = jsonl_problems(Path(args.jsonl), args.scorer, args.n)
     else:
         problems = task_problems(args.task, args.n, args.seed_data)
-    handle = load(args.model, device=args.device, quantization=args.quantize)
+    handle = _load(args)
     strategies = STRATEGY_SETS[args.set]()
-    guider = guider_for(args, handle, any(s.settings(base).unmask_spec.needs_guider for s in strategies))
-    report = run_bench(handle, problems, strategies, base, guider, args.repeats, progress=True)
+    guider = guider_for(args, handle, needed=any(s.settings(base).unmask_spec.needs_guider for s in strategies))
+    report = run_bench(handle, problems, strategies, base, guider, args.repeats, progress=not args.quiet)
     print(format_table(report))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
         print(f"wrote {args.out}")
+
+
+def _lm_eval(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    settings = settings_from_args(args)
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if not tasks:
+        raise SettingsError("--tasks is empty: name one or more harness tasks, such as gsm8k or tiny_arithmetic")
+    from .experiments.harness import format_harness, run_harness
+
+    _check_out(args.out)
+    handle = _load(args)
+    warn_past_trained_length(settings, handle)
+    report = run_harness(handle, settings, tasks, args.limit, guider_for(args, handle, settings), args.num_fewshot,
+                         args.include_path, progress=not args.quiet)
+    print(format_harness(report))
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.out} (the Tune tab's \"Add results\" shows it beside a sweep)")
 
 
 def _check_out(out: str | None) -> None:
@@ -199,75 +249,110 @@ def _sweep_axes(args: argparse.Namespace) -> dict[str, list]:
 def _sweep(args: argparse.Namespace) -> None:
     from pathlib import Path
 
+    from tqdm import tqdm
+
     from .experiments.bench import task_problems
-    from .models.loader import load
     from .experiments.sweep import format_sweep, plan, run_sweep
 
     base = settings_from_args(args)
     axes = _sweep_axes(args)
-    plan(base, axes)  # every point checked before the model loads
+    points = len(plan(base, axes))  # every point checked before the model loads
     _check_out(args.out)
     problems = task_problems(args.task, args.n, args.seed_data)
-    handle = load(args.model, device=args.device, quantization=args.quantize)
+    handle = _load(args)
+    with tqdm(total=points, unit="point", disable=args.quiet) as bar:
+        def progress(p) -> None:
+            if not args.quiet:
+                bar.write(f"[{p.done}/{p.total}] {p.point}: accuracy {p.row['accuracy']:.1%}, "
+                          f"{p.row['model_tok_s']:.1f} tok/s", file=sys.stderr)
+            bar.update(1)
 
-    def progress(p) -> None:
-        print(f"[{p.done}/{p.total}] {p.point}: accuracy {p.row['accuracy']:.1%}, {p.row['model_tok_s']:.1f} tok/s",
-              file=sys.stderr, flush=True)
-
-    report = run_sweep(handle, problems, base, axes, guider_for(args, handle), on_point=progress)
+        report = run_sweep(handle, problems, base, axes, guider_for(args, handle, base), on_point=progress)
     print(format_sweep(report))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
+
+
+EXAMPLES = {
+    "info": """examples:
+  python -m dllm_local info tiny
+  python -m dllm_local info GSAI-ML/LLaDA-8B-Instruct --quantize 4bit""",
+    "generate": """examples:
+  python -m dllm_local generate --prompt "Tom has 3 apples. He gets 4 more. How many apples does he have?"
+  python -m dllm_local generate --prompt "Give two numbers whose sum is 9." --cache dual --unmask threshold --threshold 0.9
+  python -m dllm_local generate --prompt "..." --trace full --json > trace.json""",
+    "eval": """examples:
+  python -m dllm_local eval --task arithmetic --n 50
+  python -m dllm_local eval --task arithmetic --n 50 --cache dual --unmask threshold --threshold 0.9
+  python -m dllm_local eval --model tiny-guider --autoregressive --task records""",
+    "bench": """examples:
+  python -m dllm_local bench --n 20
+  python -m dllm_local bench --set cache-x-unmask --n 10 --repeats 5 --out bench.json
+  python -m dllm_local bench --jsonl my_set.jsonl --scorer contains --model llada-8b-instruct""",
+    "lm-eval": """examples:
+  pip install -r requirements-lmeval.txt    # once: the harness is optional
+  python -m dllm_local lm-eval --tasks tiny_arithmetic --limit 20 --gen-length 64
+  python -m dllm_local lm-eval --model llada-8b-instruct --tasks gsm8k --cache dual --threshold 0.9 --limit 100""",
+    "sweep": """examples:
+  python -m dllm_local sweep --n 30
+  python -m dllm_local sweep --thresholds 0.7,0.9 --block-sizes 16,32 --axis floor=0.3,0.5 --cache adaptive --out sweep.json""",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
     from .experiments.bench import SCORERS, STRATEGY_SETS
     from .tiny.tasks import TASKS
 
-    ap = argparse.ArgumentParser(prog="python -m dllm_local", description="dllm-local engine")
+    ap = argparse.ArgumentParser(prog="python -m dllm_local", description="dllm-local engine",
+                                 epilog="python -m dllm_local COMMAND --help shows each command's options and examples")
     sub = ap.add_subparsers(dest="command", required=True)
 
-    def model_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--model", default="tiny", help="hub id, local folder, or a short name (default: tiny)")
+    def command(name: str, summary: str, run, model_flag: bool = True, progress: bool = False) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=summary, description=summary, epilog=EXAMPLES[name],
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        if model_flag:
+            p.add_argument("--model", default="tiny", help="hub id, local folder, or a short name (default: tiny)")
         p.add_argument("--device", default="auto")
         p.add_argument("--quantize", choices=["none", "8bit", "4bit"], default=None)
+        p.add_argument("--threads", type=_at_least_one, default=None,
+                       help="torch threads on the CPU (default: 1 for a model under 50M parameters, such as the tiny "
+                            "model, where one thread is fastest; every core for larger ones)")
+        if progress:
+            p.add_argument("--quiet", action="store_true", help="no progress bar")
+        p.set_defaults(run=run)
+        return p
 
-    info = sub.add_parser("info", help="load a model and print what was loaded")
-    model_args(info)
-    info.set_defaults(run=_info)
+    info = command("info", "load a model and print what was loaded", _info, model_flag=False)
+    info.add_argument("model", nargs="?", default="tiny", help="hub id, local folder, or a short name (default: tiny)")
 
-    gen = sub.add_parser("generate", help="decode one prompt and print the answer and stats")
-    model_args(gen)
+    gen = command("generate", "decode one prompt and print the answer and stats", _generate)
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--json", action="store_true", help="print the full result (trace included) as JSON")
     add_settings_args(gen)
-    gen.set_defaults(run=_generate)
 
-    ev = sub.add_parser("eval", help="score a model on one of the tiny model's tasks")
-    model_args(ev)
+    ev = command("eval", "score a model on one of the tiny model's tasks", _eval, progress=True)
     ev.add_argument("--task", default="arithmetic", choices=TASKS)
     ev.add_argument("--n", type=_at_least_one, default=200)
     ev.add_argument("--seed-data", type=int, default=1000, help="problem set seed (training uses others)")
     ev.add_argument("--json", action="store_true")
     ev.add_argument("--autoregressive", action="store_true", help="--model is a causal LM (the guider): decode it greedily")
     add_settings_args(ev)
-    ev.set_defaults(run=_eval)
 
-    be = sub.add_parser("bench", help="strategies side by side on an evaluation set: one table")
-    model_args(be)
+    be = command("bench", "strategies side by side on an evaluation set: one table", _bench, progress=True)
     be.add_argument("--set", default="headline", choices=list(STRATEGY_SETS), help="strategy set")
     be.add_argument("--task", default="arithmetic", choices=TASKS)
     be.add_argument("--jsonl", default=None, help="a file of {prompt, answer} lines instead of a tiny task")
     be.add_argument("--scorer", default="exact_number", choices=list(SCORERS), help="for --jsonl")
     be.add_argument("--n", type=_at_least_one, default=20)
     be.add_argument("--seed-data", type=int, default=1000)
-    be.add_argument("--repeats", type=_at_least_one, default=1)
+    be.add_argument("--repeats", type=_at_least_one, default=3,
+                    help="timed passes per row after one warm-up answer; the table shows the median (default: 3)")
     be.add_argument("--out", default=None, help="also write the report as JSON here")
     add_settings_args(be)
-    be.set_defaults(run=_bench, gen_length=256, block_size=32)
+    be.set_defaults(gen_length=256, block_size=32)
 
-    sw = sub.add_parser("sweep", help="grid over threshold x block size (and more): accuracy vs tokens/s, Pareto frontier")
-    model_args(sw)
+    sw = command("sweep", "grid over threshold x block size (and more): accuracy vs tokens/s, Pareto frontier", _sweep,
+                 progress=True)
     sw.add_argument("--thresholds", default="0.5,0.7,0.8,0.9")
     sw.add_argument("--block-sizes", default="8,16,32")
     from .experiments.sweep import sweepable
@@ -279,7 +364,18 @@ def main(argv: list[str] | None = None) -> int:
     sw.add_argument("--seed-data", type=int, default=1000)
     sw.add_argument("--out", default=None)
     add_settings_args(sw)
-    sw.set_defaults(run=_sweep, cache="dual", unmask="threshold", gen_length=64)
+    sw.set_defaults(cache="dual", unmask="threshold", gen_length=64)
+
+    le = command("lm-eval", "lm-evaluation-harness tasks (gsm8k, ...) decoded with these settings", _lm_eval,
+                 progress=True)
+    le.add_argument("--tasks", required=True, help="comma-separated harness tasks or YAML paths; bundled and offline: "
+                    "tiny_arithmetic")
+    le.add_argument("--limit", type=_at_least_one, default=None, help="the first N documents of each task")
+    le.add_argument("--num-fewshot", type=int, default=None, help="override the tasks' few-shot count")
+    le.add_argument("--include-path", default=None, help="a folder of your own task YAML files")
+    le.add_argument("--out", default=None, help="also write the report as JSON here")
+    add_settings_args(le)
+    le.set_defaults(gen_length=256, block_size=32)
 
     args = ap.parse_args(argv)
     try:

@@ -265,3 +265,28 @@ def test_browser_stop_cancels_a_queued_run_of_its_own_tab_only(served, browser):
     b.wait_for_function("() => /^Done/.test(document.querySelector('#status [data-testid=markdown]').innerText.trim())",
                         timeout=120_000)
     b.close()
+
+
+def test_added_results_join_the_sweep_chart_and_a_bad_file_is_a_message(served, tmp_path):
+    from gradio_client import handle_file
+
+    url, _, session, _ = served
+    # Another sweep's JSON report (as `sweep --out` writes it), made by the engine itself.
+    events = list(session.sweep("arithmetic", 3, {"cache": "dual", "unmask": "threshold", "gen_length": 32,
+                                                  "block_size": 32, "trace": "off"}, {"threshold": [0.3]}))
+    path = tmp_path / "other_sweep.json"
+    path.write_text(json.dumps(events[-1]["report"]))
+    client = _client(url)
+    swept = client.predict("Fast-dLLM DualCache (paper default)", "arithmetic", 3, "0.9", "32", 32, api_name="/sweep")
+    assert swept[-1].startswith("Done")
+    plot, table, status = client.predict(handle_file(str(path)), api_name="/add_results")
+    assert status == "Added 1 point from other_sweep.json."
+    sources = [row[0] for row in table["data"]]
+    assert sources == ["sweep", "other_sweep.json"]
+    figure = json.loads(plot["plot"])
+    assert figure["data"][0]["marker"]["symbol"] == ["circle", "diamond"]
+
+    bad = tmp_path / "notes.json"
+    bad.write_text(json.dumps({"hello": 1}))
+    _, _, status = client.predict(handle_file(str(bad)), api_name="/add_results")
+    assert status.startswith("⚠ could not add that file") and "no \"rows\"" in status

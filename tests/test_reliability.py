@@ -173,7 +173,9 @@ def _cli(capsys, *argv: str) -> tuple[int, str]:
     (["generate", "--prompt", "hi", "--cache", "adaptive", "--cache-param", "budget=abc"], "budget"),
     (["generate", "--prompt", ""], "--prompt is empty"),
     (["generate", "--prompt", "hi", "--device", "potato"], "device 'potato' is not a device name"),
-    (["info", "--model", "/no/such/model"], "model path '/no/such/model' does not exist"),
+    (["info", "/no/such/model"], "model path '/no/such/model' does not exist"),
+    (["eval", "--threads", "0", "--n", "1"], "argument --threads: must be an integer >= 1, not '0'"),
+    (["lm-eval", "--tasks", " , "], "--tasks is empty"),
 ])
 def test_cli_bad_input_is_one_error_line_and_exit_2(capsys, argv, message):
     code, err = _cli(capsys, *argv)

@@ -152,7 +152,7 @@ def test_freecache_window_shrinks_and_never_refreshes(tiny):
 def test_same_seed_same_tokens_with_sampling(tiny):
     s = Settings(gen_length=32, block_size=32, temperature=1.0, seed=5, unmask="threshold")
     assert tokens(tiny, s) == tokens(tiny, s)
-    poker = problems("poker", 1, 3)[0].prompt  # four equally valid answers: the seed picks one
+    poker = problems("poker", 1, 3)[0].prompt  # three valid answers: the seed picks one
     outputs = {tuple(tokens(tiny, s.with_(seed=k), poker)) for k in range(8)}
     assert len(outputs) > 1
 
@@ -284,15 +284,16 @@ def _invalid_rate(handle, problems, settings, guider=None) -> float:
 
 def test_parallel_commits_write_invalid_pairs_and_self_verify_sends_them_back(tiny):
     poker = problems("poker", 30, 77)
-    # Sampling (temperature 1) draws each committed word from the model's own marginal: four
-    # hands are equally likely, so two words drawn in one forward rarely belong to one hand.
-    base = Settings(gen_length=32, block_size=32, temperature=1.0)
+    # Greedy: the hands are full house 0.4, straight flush 0.3, straight 0.3, so the first word's
+    # argmax is "straight" (0.6) and the second's "house" (0.4): one forward writes "straight house".
+    base = Settings(gen_length=32, block_size=32)
     one_at_a_time = _invalid_rate(tiny, poker, base.with_(unmask="fixed"))
     parallel = _invalid_rate(tiny, poker, base.with_(unmask="threshold", unmask_params={"threshold": 0.1}))
     verified = _invalid_rate(tiny, poker, base.with_(unmask="self_verify", unmask_params={"threshold": 0.1}))
-    assert one_at_a_time <= 0.05
-    assert parallel >= 0.3, "low tau should commit incompatible halves (e.g. 'high house')"
-    assert verified <= parallel / 2
+    assert one_at_a_time == 0
+    # (About half the problems: the model's learned marginals are not the data's exactly.)
+    assert parallel >= 0.3, "threshold 0.1 should commit both argmaxes in one forward ('straight house')"
+    assert verified <= 1 / 30
     run = dllm_local.generate(tiny, poker[0].prompt, base.with_(unmask="self_verify", trace="full",
                                                                 unmask_params={"threshold": 0.1}))
     checked = [s for s in run.trace.steps if s.policy.get("verified")]

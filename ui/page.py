@@ -26,6 +26,7 @@ import gradio as gr
 
 from dllm_local.errors import DllmError, ModelLoadError, SettingsError
 from dllm_local.experiments.costmodel import DEVICES, TARGET_MODELS, project
+from dllm_local.experiments.frontier import add_points
 from dllm_local.settings import length_notice
 from dllm_local.tiny.tasks import verdict
 from dllm_local.trace import load_trace_file
@@ -59,6 +60,7 @@ PAGE_SHARE = 0.2  # at most this share of a run's time goes to drawing it
 # one queue group: one at a time, in order, so none meets a busy engine.
 ENGINE = {"concurrency_limit": 1, "concurrency_id": "engine", "queue": True}
 ON_MODEL = ENGINE  # the old name
+RESULTS_MAX_BYTES = 4 * 2**20  # an added results report (lm-eval, sweep JSON) is a few kB
 EXPORTS_KEPT = 20  # export files kept on disk while the page runs (older ones are deleted)
 # Gradio's own cache of files handed to browsers: swept every hour of anything older than an hour.
 DELETE_CACHE = (3600, 3600)
@@ -396,7 +398,9 @@ def _compare_tab(w: SimpleNamespace, presets: dict, default_preset: str | None) 
 
 def _tune_tab(w: SimpleNamespace, presets: dict, default_preset: str | None) -> None:
     gr.Markdown("Sweep threshold × block size on one of the tiny model's tasks: accuracy against speed, "
-                "the Pareto frontier in red. Click a table row to load its settings into the Run tab.")
+                "the Pareto frontier in red. Click a table row to load its settings into the Run tab. "
+                "*Add results* puts the points of a JSON report (`lm-eval --out`, `sweep --out`) beside "
+                "them as diamonds; a new sweep starts a new chart.")
     with gr.Row():
         w.tune_preset = gr.Dropdown(list(presets), value=default_preset, label="Base settings", elem_id="tune-preset")
         w.tune_task = gr.Dropdown(["arithmetic", "poker", "sums", "records"], value="arithmetic", label="Task")
@@ -408,9 +412,10 @@ def _tune_tab(w: SimpleNamespace, presets: dict, default_preset: str | None) -> 
     with gr.Row():
         w.tune_btn = gr.Button("Run sweep", variant="primary", elem_id="tune-btn")
         w.tune_stop = gr.Button("Cancel", variant="stop", elem_id="tune-stop")
+        w.tune_add = gr.UploadButton("Add results (JSON)", file_types=[".json"], elem_id="tune-add")
     w.tune_status = gr.Markdown("", elem_id="tune-status")
     w.tune_plot = gr.Plot(elem_id="tune-plot")
-    w.tune_table = gr.Dataframe(headers=["threshold", "block_size", "accuracy", "tok/s", "NFE", "pareto"],
+    w.tune_table = gr.Dataframe(headers=plots.SWEEP_TABLE_HEADERS,
                                 interactive=False, elem_id="tune-table")
     w.tune_state = gr.State({})
 
@@ -446,6 +451,8 @@ def _wire(w: SimpleNamespace, cb: Callbacks) -> None:
                                                  w.tune_gen],
                                   [w.tune_state, w.tune_plot, w.tune_table, w.tune_status], api_name="sweep", **ENGINE)
     _wire_stop(w.tune_stop, cb, w.tune_status, [tune_event], api_name="cancel_sweep")
+    w.tune_add.upload(cb.add_results, [w.tune_add, w.tune_state], [w.tune_state, w.tune_plot, w.tune_table, w.tune_status],
+                      api_name="add_results", concurrency_limit=2, concurrency_id="import")
     w.tune_table.select(cb.load_point, [w.tune_state], [w.tabs, *controls], queue=False)
 
 
@@ -524,6 +531,26 @@ class Callbacks:
         # After the final state is drawn: writing a long trace is not what the user waits to see.
         return self.exports.write(trace) if trace.get("steps") else gr.update()
 
+    def add_results(self, file, report: dict) -> tuple:
+        """The points of a JSON report (``lm-eval --out``, ``sweep --out``) added to the chart and
+        table beside the sweep's. A bad file is one message in the status line."""
+        try:
+            if file is None:
+                raise DllmError("no file was given; choose the JSON of `lm-eval --out` or `sweep --out`")
+            path = Path(file if isinstance(file, str) else file.name)
+            if path.stat().st_size > RESULTS_MAX_BYTES:
+                raise DllmError(f"it is over {RESULTS_MAX_BYTES // 2**20} MB; a results report is a few kB")
+            try:
+                added = json.loads(path.read_text())
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise DllmError(f"it is not JSON ({exc})") from exc
+            report = add_points(report or {}, added, path.name)
+        except DllmError as exc:
+            return gr.update(), gr.update(), gr.update(), f"⚠ could not add that file: {exc}"
+        count = len(added["rows"])
+        return (report, plots.sweep_figure(report), plots.sweep_table(report),
+                f"Added {count} point{'s' if count != 1 else ''} from {path.name}.")
+
     def import_trace(self, file, color: str, lay: str, wh: str, view: str, what_if: float) -> tuple:
         """A trace file, checked in full before anything is drawn; its prompt and settings go into
         the Run tab's controls. A bad file is one message in the status line."""
@@ -573,7 +600,7 @@ class Callbacks:
 
     def load_point(self, report: dict, evt: gr.SelectData) -> list:
         rows = report.get("rows") or []
-        if evt.index is None or evt.index[0] >= len(rows):
+        if evt.index is None or evt.index[0] >= len(rows) or "settings" not in rows[evt.index[0]]:
             return [gr.update()] * (len(self.control_names) + 1)
         return [gr.Tabs(selected="run"), *self._control_values(rows[evt.index[0]]["settings"])]
 

@@ -834,22 +834,26 @@ def _point_label(point: dict) -> str:
 
 
 def sweep_figure(report: dict) -> go.Figure:
-    """Accuracy (with its 95% interval over the n problems) against answer tokens/s for every
-    sweep point, each labelled with its knobs; the Pareto frontier joined by a line. The axes
-    zoom to the data."""
+    """Accuracy (with its 95% interval over each point's n problems) against answer tokens/s for
+    every sweep point, each labelled with its knobs, and every added result (an lm-eval run,
+    another sweep) as a diamond labelled with its source; the Pareto frontier joined by a line.
+    The axes zoom to the data."""
     rows = report.get("rows") or []
     if not rows:
         return _message_figure("no sweep points yet", "Sweep: accuracy vs speed")
     n = int(report.get("problems") or 0)
     accuracy = [r["accuracy"] for r in rows]
-    low, high = zip(*(wilson_interval(a, n) for a in accuracy))
+    low, high = zip(*(wilson_interval(a, int(r.get("n") or n)) for a, r in zip(accuracy, rows)))
     fig = go.Figure()
     fig.add_trace(go.Scatter(
         x=[r["model_tok_s"] for r in rows], y=accuracy, mode="markers+text", name="points",
-        text=[_point_label(r["point"]) for r in rows], textposition="top center", textfont={"size": 14},
+        text=[" · ".join(filter(None, [r.get("label"), _point_label(r["point"])])) for r in rows],
+        textposition="top center",
+        textfont={"size": 14},
         error_y={"type": "data", "symmetric": False, "array": [h - a for h, a in zip(high, accuracy)],
                  "arrayminus": [a - lo for a, lo in zip(accuracy, low)], "color": "#aaa", "thickness": 1.5},
-        marker={"size": 12, "color": ["#e4572e" if r["pareto"] else "#888" for r in rows]},
+        marker={"size": 12, "color": ["#e4572e" if r["pareto"] else "#888" for r in rows],
+                "symbol": ["diamond" if r.get("label") else "circle" for r in rows]},
         hovertemplate="%{text}<br>%{x:.1f} tok/s · accuracy %{y:.0%}<extra></extra>",
     ))
     front = sorted((r for r in rows if r["pareto"]), key=lambda r: r["model_tok_s"])
@@ -857,17 +861,20 @@ def sweep_figure(report: dict) -> go.Figure:
                              name="Pareto frontier", line={"color": "#e4572e", "width": 2}, hoverinfo="skip"))
     fig.update_xaxes(title="answer tokens / s (model time)")
     span = max(0.05, max(high) - min(low))
-    fig.update_yaxes(title=f"accuracy (n = {n}, bars: 95% interval)", tickformat=".0%",
+    sizes = sorted({int(r.get("n") or n) for r in rows})
+    fig.update_yaxes(title=f"accuracy (n = {', '.join(map(str, sizes))}, bars: 95% interval)", tickformat=".0%",
                      range=[max(-0.02, min(low) - 0.1 * span), min(1.05, max(high) + 0.15 * span)])
     return _style(fig, "Sweep: accuracy vs speed (red: Pareto frontier)", height=420)
 
 
+SWEEP_TABLE_HEADERS = ["source", "knobs", "accuracy", "tok/s", "NFE", "pareto"]
+
+
 def sweep_table(report: dict) -> list[list]:
-    """Rows for the sweep table: one per point, knob values first."""
-    rows = report.get("rows") or []
-    axes = list(report.get("axes", {}))
-    return [[r["point"][a] for a in axes] + [round(r["accuracy"], 4), round(r["model_tok_s"], 1), round(r["nfe"], 1),
-                                             "yes" if r["pareto"] else ""] for r in rows]
+    """Rows for the sweep table (:data:`SWEEP_TABLE_HEADERS`): one per point, where it came from
+    and its knobs first, whatever knobs the sweep or the added report varied."""
+    return [[r.get("label") or "sweep", _point_label(r["point"]), round(r["accuracy"], 4), round(r["model_tok_s"], 1),
+             round(r["nfe"], 1), "yes" if r["pareto"] else ""] for r in report.get("rows") or []]
 
 
 def cost_table_html(rows: list[dict], model: str, device: str, trace: Trace) -> str:

@@ -120,24 +120,32 @@ def jsonl_problems(path: Path, scorer: str, n: int | None = None) -> list[Proble
     return problems[:n] if n else problems
 
 
+# Repeats of one row whose times spread wider than this (max - min over the median) are flagged:
+# something else was using the machine, and the row's ratios are not to be trusted.
+SPREAD_WARNING = 0.2
+
+
 def run_strategy(handle: ModelHandle, problems: list[Problem], settings: Settings,
-                 guider: GuiderHandle | None = None, repeats: int = 1, progress: str | None = None) -> dict:
-    """One row of the table: per-answer means, and the median over repeats of the times."""
+                 guider: GuiderHandle | None = None, repeats: int = 3, bar: tqdm | None = None) -> dict:
+    """One row of the table: per-answer means, and the median over repeats of the times (after
+    one warm-up answer, so start-up costs stay out of it). ``bar`` advances once per answer."""
     repeats = registry.check_value(repeats, int, "repeats", "an integer >= 1", lambda v: v >= 1)
     walls, models = [], []
-    generate(handle, problems[0].prompt, settings, guider)  # warm-up: start-up costs stay out of the table
-    for rep in range(repeats):
+    generate(handle, problems[0].prompt, settings, guider)
+    for _ in range(repeats):
         stats, correct = [], []
         t0 = time.perf_counter()
-        for i, p in enumerate(tqdm(problems, desc=progress, disable=progress is None or rep > 0, leave=False,
-                                   mininterval=2)):
+        for i, p in enumerate(problems):
             r = generate(handle, p.prompt, settings.for_problem(i), guider)
             stats.append(r.stats)
             correct.append(p.is_correct(r.text))
+            if bar is not None:
+                bar.update(1)
         walls.append((time.perf_counter() - t0) / len(problems))
         models.append(sum(s.model_s for s in stats) / len(problems))
     content = sum(s.content_tokens for s in stats)
     model_total = sum(s.model_s for s in stats)
+    wall = statistics.median(walls)
     return {
         "settings": settings.to_dict(),
         "accuracy": sum(correct) / len(problems),
@@ -147,18 +155,22 @@ def run_strategy(handle: ModelHandle, problems: list[Problem], settings: Setting
         "g": statistics.mean(s.mean_g for s in stats),
         "model_tok_s": content / model_total if model_total else 0.0,
         "model_s": statistics.median(models),
-        "wall_s": statistics.median(walls),
+        "wall_s": wall,
+        "wall_s_repeats": walls,
+        "spread": (max(walls) - min(walls)) / wall if wall else 0.0,
         "other_share": sum(s.other_s for s in stats) / max(1e-9, sum(s.wall_s for s in stats)),
     }
 
 
 def run_bench(handle: ModelHandle, problems: list[Problem], strategies: list[Strategy], base: Settings,
-              guider: GuiderHandle | None = None, repeats: int = 1, progress: bool = True) -> dict:
+              guider: GuiderHandle | None = None, repeats: int = 3, progress: bool = True) -> dict:
     rows = []
-    for strat in strategies:
-        name = strat.name(base)
-        row = run_strategy(handle, problems, strat.settings(base), guider, repeats, name if progress else None)
-        rows.append({"strategy": name, **row})
+    with tqdm(total=len(strategies) * repeats * len(problems), unit="answer", disable=not progress,
+              mininterval=2) as bar:
+        for strat in strategies:
+            name = strat.name(base)
+            bar.set_description(name)
+            rows.append({"strategy": name, **run_strategy(handle, problems, strat.settings(base), guider, repeats, bar)})
     base_wall = rows[0]["wall_s"]
     for row in rows:
         row["speedup"] = base_wall / row["wall_s"] if row["wall_s"] else 0.0
@@ -177,4 +189,11 @@ def format_table(report: dict) -> str:
                      f"{r['model_tok_s']:>8.1f} {r['wall_s']:>8.3f} {r['speedup']:>7.1f}x {r['accuracy']:>6.1%}")
     lines.append("tau: tokens per forward (all; tau_c: content only, EOS padding excluded); G: positions recomputed per "
                  "forward; tok/s: content tokens over model time; wall s: per answer; speedup: wall, vs the first row")
+    unsteady = [r["strategy"] for r in report["rows"] if r.get("spread", 0.0) > SPREAD_WARNING]
+    if unsteady:
+        lines.append(f"WARNING: the repeats of {', '.join(unsteady)} differ by more than {SPREAD_WARNING:.0%} "
+                     "(max - min over the median wall time): something else used the machine, so these rows' "
+                     "speedups are not reliable. Run again on a quiet machine, or with more --repeats.")
+    elif report["repeats"] < 3:
+        lines.append(f"note: {report['repeats']} repeat(s) only: nothing shows whether the machine was quiet.")
     return "\n".join(lines)

@@ -116,7 +116,8 @@ def machine_name() -> str:
     import torch
 
     gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
-    return f"{cpu}, {torch.get_num_threads()} torch threads{gpu}"
+    threads = torch.get_num_threads()
+    return f"{cpu}, {threads} torch thread{'s' if threads != 1 else ''}{gpu}"
 
 
 def project(stats: dict, prompt_len: int, gen_length: int, model: TargetModel, device: DeviceProfile) -> list[dict]:

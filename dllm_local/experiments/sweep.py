@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .bench import Problem, run_strategy
+from .frontier import pareto
 from ..errors import SettingsError
 from ..policies import registry
 from ..models.loader import GuiderHandle, ModelHandle
@@ -57,18 +58,6 @@ def plan(base: Settings, axes: dict[str, list]) -> list[tuple[dict, Settings]]:
     return [(point, apply(base, point)) for point in grid(axes)]
 
 
-def pareto(points: list[dict], x: str = "model_tok_s", y: str = "accuracy") -> list[int]:
-    """Indices of points no other point beats on both ``x`` and ``y`` (higher is better)."""
-    front = []
-    for i, p in enumerate(points):
-        dominated = any(
-            q[x] >= p[x] and q[y] >= p[y] and (q[x] > p[x] or q[y] > p[y]) for j, q in enumerate(points) if j != i
-        )
-        if not dominated:
-            front.append(i)
-    return front
-
-
 @dataclass
 class SweepProgress:
     done: int
@@ -86,7 +75,9 @@ def run_sweep(handle: ModelHandle, problems: list[Problem], base: Settings, axes
     for i, (point, s) in enumerate(points):
         if cancel is not None and cancel.is_set():
             break
-        row = {"point": point, **run_strategy(handle, problems, s, guider)}
+        # One pass per point: a sweep compares accuracy against speed over many points, and a
+        # point's time is already a mean over every problem.
+        row = {"point": point, **run_strategy(handle, problems, s, guider, repeats=1)}
         rows.append(row)
         if on_point:
             on_point(SweepProgress(i + 1, len(points), point, row))

@@ -3,7 +3,7 @@
 Every generator is deterministic by seed and every task has a scorer. The tasks are chosen so
 that what the page teaches really happens: arithmetic is the accuracy benchmark (GSM8K's role
 for the real models), the conflict tasks have several equally valid multi-token answers whose
-tokens only fit together (parallel decoding writes "high house" there), and records mix easy
+tokens only fit together (parallel decoding writes "straight house" there), and records mix easy
 boilerplate with content copied from the prompt.
 """
 from __future__ import annotations
@@ -22,7 +22,11 @@ NAMES = [
 ITEMS = ["apples", "books", "coins", "pencils", "stamps", "marbles", "cookies", "cards", "shells", "stickers"]
 CITIES = ["Paris", "Berlin", "Tokyo", "Lima", "Cairo", "Oslo", "Rome", "Seoul", "Dublin", "Madrid", "Boston", "Delhi"]
 JOBS = ["teacher", "doctor", "pilot", "farmer", "baker", "painter", "nurse", "chef", "writer", "driver"]
-POKER_HANDS = ["full house", "high card", "straight flush", "two pair"]
+# Skewed so that the most likely first word ("straight", 0.3 + 0.3 = 0.6) and the most likely
+# second word ("house", 0.4; "flush" and the end of text 0.3 each) come from different hands: one
+# greedy forward over both words writes "straight house", a hand that does not exist. One word at
+# a time stays valid. Every word is one token of the tiny tokenizer, so words are positions.
+POKER_HANDS = {"full house": 0.4, "straight flush": 0.3, "straight": 0.3}
 
 TASKS = ("arithmetic", "poker", "sums", "records")
 
@@ -76,14 +80,16 @@ def _arithmetic(rng: random.Random) -> Example:
     return Example("arithmetic", kind, prompt, f"{work} The answer is {result}.", {"result": result})
 
 
-def _poker(rng: random.Random) -> Example:
+def _poker(rng: random.Random, hands: dict[str, float] | None = None) -> Example:
+    hands = hands or POKER_HANDS
     name = rng.choice(NAMES)
     prompt = rng.choice([
         f"{name} is playing cards. Name a poker hand {name} could hold.",
         f"Name one poker hand that {name} might have.",
         f"{name} asks for the name of a poker hand. Give one.",
     ])
-    return Example("poker", "poker", prompt, rng.choice(POKER_HANDS))
+    hand = rng.choices(list(hands), weights=list(hands.values()))[0]
+    return Example("poker", "poker", prompt, hand)
 
 
 def _sums(rng: random.Random) -> Example:
@@ -93,7 +99,10 @@ def _sums(rng: random.Random) -> Example:
         f"{name} wants two numbers that add to {total}. Give one pair.",
         f"Give two numbers whose sum is {total}.",
     ])
-    return Example("sums", "sums", prompt, f"{a} and {total - a}", {"total": total})
+    # Written as an equation ending in the total: the second number then follows from the first
+    # by the addition facts the arithmetic task teaches ("4 + ? = 9"), which the model learns far
+    # better than recalling the total from the prompt ("4 and ?" reached 32% one per step).
+    return Example("sums", "sums", prompt, f"{a} + {total - a} = {total}", {"total": total})
 
 
 def _records(rng: random.Random) -> Example:
@@ -120,7 +129,7 @@ def make_problems(task: str, n: int, seed: int) -> list[Example]:
 
 
 _ANSWER = re.compile(r"The answer is (-?\d+)")
-_PAIR = re.compile(r"^\s*(\d+) and (\d+)\s*$")
+_PAIR = re.compile(r"^\s*(\d+) \+ (\d+) = (\d+)\s*$")
 _FIELD = re.compile(r'"(name|age|city|job)":\s*("([^"]*)"|(\d+))')
 
 
@@ -133,7 +142,10 @@ def score(example: Example, output: str) -> bool:
         return output.strip() in POKER_HANDS
     if example.task == "sums":
         m = _PAIR.match(output)
-        return bool(m) and int(m.group(1)) + int(m.group(2)) == example.meta["total"] and min(map(int, m.groups())) > 0
+        if not m:
+            return False
+        a, b, total = map(int, m.groups())
+        return a > 0 and b > 0 and a + b == total == example.meta["total"]
     if example.task == "records":
         fields = {k: (s if s else int(d)) for k, _, s, d in _FIELD.findall(output)}
         want = {k: example.meta[k] for k in ("name", "age", "city", "job")}
@@ -194,9 +206,15 @@ def verdict(prompt: str, answer: str) -> str | None:
     return "right" if ok else "wrong"
 
 
-def training_mix(n: int, seed: int) -> list[Example]:
-    """The training data: a fixed mix weighted towards arithmetic's harder two-step problems."""
+MIX = {"arithmetic": 0.68, "poker": 0.07, "sums": 0.11, "records": 0.14}
+
+
+def training_mix(n: int, seed: int, weights: dict[str, float] | None = None,
+                 poker_hands: dict[str, float] | None = None) -> list[Example]:
+    """The training data: a fixed mix (``MIX`` unless ``weights`` are given) weighted towards
+    arithmetic's harder two-step problems; poker answers drawn from ``poker_hands`` (default
+    ``POKER_HANDS``)."""
     rng = random.Random(f"mix:{seed}")
-    weights = {"arithmetic": 0.7, "poker": 0.07, "sums": 0.08, "records": 0.15}
+    weights = weights or MIX
     tasks = rng.choices(list(weights), weights=list(weights.values()), k=n)
-    return [_GENERATORS[t](rng) for t in tasks]
+    return [_poker(rng, poker_hands) if t == "poker" else _GENERATORS[t](rng) for t in tasks]

@@ -1,11 +1,13 @@
-"""Rebuild the embedded tiny models from scratch: ``python -m dllm_local.tiny.train``.
+"""Train the embedded tiny models: ``python -m dllm_local.tiny.train`` (every stage, from scratch).
 
 The diffusion model is the project's LLaDA class trained with the masked-diffusion objective
 (t ~ U(eps, 1], each answer token masked with probability t, cross-entropy on masked tokens
-weighted 1/t, the prompt never masked). The guider is a tiny Llama trained autoregressively on
-the same data with the same tokenizer. Both train in float32 (this CPU has no fast bf16), are
-deterministic by seed and are saved in bf16 in the
-on-disk format of their real counterparts.
+weighted 1/t, the prompt never masked). A share of the rows (see ``STAGES``) is noised block by
+block instead, as semi-autoregressive decoding sees them: earlier blocks clean, the current block
+masked with probability t, later blocks fully masked (their masking time is 1, so their weight is
+1). The guider is a tiny Llama trained autoregressively on the same data with the same tokenizer.
+Both train in float32 (this CPU has no fast bf16), are deterministic by seed and are saved in
+bf16 in the on-disk format of their real counterparts.
 """
 from __future__ import annotations
 
@@ -14,12 +16,13 @@ import json
 import math
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from ..models import LLaDAConfig, LLaDAModelLM
 from .tasks import training_mix
@@ -27,8 +30,42 @@ from .tokenizer import EOT, build_tokenizer
 
 REFERENCE_CONFIG = Path(__file__).resolve().parents[2] / "assets" / "reference" / "llada-8b-instruct" / "config.json"
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "assets" / "models"
-# Answer-region lengths seen in training, so the model learns to end anywhere from 32 to 256.
-REGION_LENGTHS = {32: 0.7, 64: 0.15, 128: 0.1, 256: 0.05}
+# Block sizes drawn for the rows noised block by block (the page's range).
+BLOCK_SIZES = (8, 16, 32, 64)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the diffusion model's training: a cosine schedule of ``steps``, answer regions
+    of these lengths (so the model learns to end cleanly at any of them), and this share of rows
+    noised block by block."""
+
+    name: str
+    steps: int
+    lr: float
+    warmup: int
+    regions: dict[int, float]
+    block_suffix_share: float
+    mix: dict[str, float] | None = None  # task shares (None: tasks.MIX)
+    poker_hands: dict[str, float] | None = None  # (None: tasks.POKER_HANDS)
+
+
+# "base" learns the task content with independent masking on answers of 32 to 256 tokens (the
+# first release's recipe). "finish" continues from those weights with a lower learning rate: a
+# share of rows noised block by block teaches it to end cleanly after a finished block, and
+# answer regions to 512 teach it the page's longest lengths. Training block by block from the
+# start does not work: with half the rows mostly padding, the content never came (arithmetic 10%).
+# "tune" puts more rows on sums (75% -> 100% valid at one token per step) and poker, whose hands
+# it changes to single-token words: finish's hands had "one pair", and "one" is two tokens here,
+# so its words were not positions and greedy parallel decoding wrote "one" instead of a conflict.
+FINISH_POKER_HANDS = {"full house": 0.4, "two pair": 0.3, "one pair": 0.3}
+STAGES = (
+    Stage("base", 4000, 1.5e-3, 200, {32: 0.7, 64: 0.15, 128: 0.1, 256: 0.05}, 0.0),
+    Stage("finish", 1500, 5e-4, 50, {32: 0.5, 64: 0.18, 128: 0.12, 256: 0.1, 512: 0.1}, 0.3,
+          poker_hands=FINISH_POKER_HANDS),
+    Stage("tune", 300, 3e-4, 20, {32: 0.5, 64: 0.18, 128: 0.12, 256: 0.1, 512: 0.1}, 0.3,
+          {"arithmetic": 0.5, "poker": 0.1, "sums": 0.3, "records": 0.1}),
+)
 
 
 def diffusion_config(vocab: int, tokenizer) -> LLaDAConfig:
@@ -62,11 +99,11 @@ def _encode(tokenizer, examples) -> tuple[list[list[int]], list[list[int]]]:
     return p_ids, a_ids
 
 
-def diffusion_batch(tokenizer, rng: random.Random, seed: int, step: int, token_budget: int):
-    """Rows of prompt + answer + EOS padding; every row's answer region is at least ``L`` long."""
-    region = rng.choices(list(REGION_LENGTHS), weights=list(REGION_LENGTHS.values()))[0]
+def diffusion_batch(tokenizer, rng: random.Random, seed: int, step: int, token_budget: int, stage: Stage):
+    """Rows of prompt + answer + EOS padding, the answer region drawn from the stage's regions."""
+    region = rng.choices(list(stage.regions), weights=list(stage.regions.values()))[0]
     n = max(8, token_budget // (region + 40))
-    p_ids, a_ids = _encode(tokenizer, training_mix(n, seed * 1_000_003 + step))
+    p_ids, a_ids = _encode(tokenizer, training_mix(n, seed * 1_000_003 + step, stage.mix, stage.poker_hands))
     width = max(map(len, p_ids)) + region
     eos = tokenizer.eos_token_id
     ids = torch.full((n, width), eos, dtype=torch.long)
@@ -78,13 +115,35 @@ def diffusion_batch(tokenizer, rng: random.Random, seed: int, step: int, token_b
     return ids, answer
 
 
-def diffusion_loss(model, ids: torch.Tensor, answer: torch.Tensor, mask_id: int, gen: torch.Generator, eps: float = 1e-3):
-    t = (1 - eps) * torch.rand(ids.shape[0], 1, generator=gen) + eps
-    masked = (torch.rand(ids.shape, generator=gen) < t) & answer
+def masking_times(answer: torch.Tensor, gen: torch.Generator, block_suffix_share: float, eps: float = 1e-3) -> torch.Tensor:
+    """Per position, the probability it is masked (its masking time): 0 outside the answer.
+
+    Independent rows use one t ~ U(eps, 1] for the whole answer region. Block-suffix rows draw a
+    block size and a current block: earlier blocks get 0 (clean), the current block t and every
+    later block 1 (fully masked), the state a finished block followed by masked ones is in.
+    """
+    rows, width = answer.shape
+    t = (1 - eps) * torch.rand(rows, 1, generator=gen) + eps
+    start = answer.int().argmax(dim=1, keepdim=True)
+    region = answer.sum(dim=1, keepdim=True)
+    sizes = torch.tensor(BLOCK_SIZES)[torch.randint(len(BLOCK_SIZES), (rows, 1), generator=gen)]
+    blocks = (region + sizes - 1) // sizes
+    current = (torch.rand(rows, 1, generator=gen) * blocks).long()
+    block = (torch.arange(width) - start).clamp(min=0) // sizes
+    suffix = torch.where(block < current, 0.0, torch.where(block == current, t, 1.0))
+    by_block = torch.rand(rows, 1, generator=gen) < block_suffix_share
+    times = torch.where(by_block, suffix, t.expand(rows, width))
+    return times * answer
+
+
+def diffusion_loss(model, ids: torch.Tensor, answer: torch.Tensor, mask_id: int, gen: torch.Generator,
+                   block_suffix_share: float) -> torch.Tensor:
+    times = masking_times(answer, gen, block_suffix_share)
+    masked = torch.rand(ids.shape, generator=gen) < times
     noisy = torch.where(masked, torch.full_like(ids, mask_id), ids)
     logits = model(noisy).logits
     ce = F.cross_entropy(logits[masked].float(), ids[masked], reduction="none")
-    return (ce / t.expand_as(ids)[masked]).sum() / answer.sum()
+    return (ce / times[masked]).sum() / answer.sum()
 
 
 def guider_batch(tokenizer, seed: int, step: int, n: int, rng: random.Random):
@@ -114,32 +173,20 @@ def _save(model, tokenizer, target: Path) -> None:
     tokenizer.save_pretrained(target)
 
 
-def train(kind: str, out: Path, steps: int, seed: int, lr: float, token_budget: int, tokenizer,
-          save_every: int = 0) -> Path:
+def _loop(model, kind: str, target: Path, tokenizer, steps: int, seed: int, lr: float, warmup: int,
+          token_budget: int, save_every: int, log, stage: Stage | None = None, quiet: bool = False) -> None:
     torch.manual_seed(seed)
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
-    vocab = 64 * math.ceil(len(tokenizer) / 64)
-    if kind == "diffusion":
-        model = LLaDAModelLM(diffusion_config(vocab, tokenizer))
-        target = out / "tiny-llada"
-    else:
-        model = LlamaForCausalLM(guider_config(vocab, tokenizer))
-        target = out / "tiny-guider"
-    model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
-    target.mkdir(parents=True, exist_ok=True)
-    log = (target / "train_log.jsonl").open("w")
-    params = sum(p.numel() for p in model.parameters())
-    print(f"training {kind}: {params / 1e6:.2f}M parameters, {steps} steps -> {target}")
     start = time.time()
-    bar = tqdm(range(steps), desc=kind, mininterval=5)
+    bar = tqdm(range(steps), desc=kind if stage is None else f"{kind} ({stage.name})", mininterval=5, disable=quiet)
     for step in bar:
         for g in opt.param_groups:
-            g["lr"] = _lr(step, steps, lr)
-        if kind == "diffusion":
-            ids, answer = diffusion_batch(tokenizer, rng, seed, step, token_budget)
-            loss = diffusion_loss(model, ids, answer, tokenizer.mask_token_id, gen)
+            g["lr"] = _lr(step, steps, lr, warmup)
+        if stage is not None:
+            ids, answer = diffusion_batch(tokenizer, rng, seed, step, token_budget, stage)
+            loss = diffusion_loss(model, ids, answer, tokenizer.mask_token_id, gen, stage.block_suffix_share)
         else:
             ids, labels = guider_batch(tokenizer, seed, step, 96, rng)
             logits = model(input_ids=ids).logits
@@ -149,14 +196,44 @@ def train(kind: str, out: Path, steps: int, seed: int, lr: float, token_budget: 
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         bar.set_postfix(loss=f"{loss.item():.3f}")
-        log.write(json.dumps({"step": step, "loss": round(loss.item(), 5), "lr": opt.param_groups[0]["lr"],
-                              "elapsed_s": round(time.time() - start, 1)}) + "\n")
+        log.write(json.dumps({"stage": stage.name if stage else kind, "step": step, "loss": round(loss.item(), 5),
+                              "lr": opt.param_groups[0]["lr"], "elapsed_s": round(time.time() - start, 1)}) + "\n")
         log.flush()
         if save_every and (step + 1) % save_every == 0 and step + 1 < steps:
             _save(model, tokenizer, target)
-    log.close()
     _save(model, tokenizer, target)
     print(f"saved {target} after {(time.time() - start) / 60:.1f} min")
+
+
+def train(kind: str, out: Path, seed: int, token_budget: int, tokenizer, save_every: int = 0,
+          stages: tuple[Stage, ...] = STAGES, init: Path | None = None, guider_steps: int = 800,
+          guider_lr: float = 1.5e-3, quiet: bool = False) -> Path:
+    """Train the diffusion model (its ``stages`` in turn, each with seed + its index) or the guider."""
+    vocab = 64 * math.ceil(len(tokenizer) / 64)
+    if kind == "diffusion":
+        model = (LLaDAModelLM.from_pretrained(init, dtype=torch.float32) if init
+                 else LLaDAModelLM(diffusion_config(vocab, tokenizer)))
+        # The longest answer region this model has now been trained on, in its config.json.
+        model.config.trained_gen_length = max(getattr(model.config, "trained_gen_length", None) or 0,
+                                              *(max(stage.regions) for stage in stages))
+        target = out / "tiny-llada"
+    else:
+        model = LlamaForCausalLM(guider_config(vocab, tokenizer))
+        target = out / "tiny-guider"
+    model.train()
+    target.mkdir(parents=True, exist_ok=True)
+    params = sum(p.numel() for p in model.parameters())
+    with (target / "train_log.jsonl").open("w") as log:
+        if kind == "diffusion":
+            for index, stage in enumerate(stages):
+                print(f"training {kind}, stage {stage.name}: {params / 1e6:.2f}M parameters, {stage.steps} steps "
+                      f"-> {target}")
+                _loop(model, kind, target, tokenizer, stage.steps, seed + index, stage.lr,
+                      stage.warmup, token_budget, save_every, log, stage, quiet)
+        else:
+            print(f"training {kind}: {params / 1e6:.2f}M parameters, {guider_steps} steps -> {target}")
+            _loop(model, kind, target, tokenizer, guider_steps, seed, guider_lr, 200, token_budget,
+                  save_every, log, quiet=quiet)
     return target
 
 
@@ -165,20 +242,35 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--which", choices=["both", "diffusion", "guider"], default="both")
-    ap.add_argument("--steps", type=int, default=4000, help="diffusion model optimiser steps")
+    ap.add_argument("--stages", default=",".join(s.name for s in STAGES),
+                    help="diffusion model stages to run, in order (a later stage alone needs --init)")
+    ap.add_argument("--init", type=Path, default=None,
+                    help="start the diffusion model from this model folder's weights and tokenizer")
     ap.add_argument("--guider-steps", type=int, default=800)
-    ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--token-budget", type=int, default=6144, help="tokens per diffusion batch")
     ap.add_argument("--save-every", type=int, default=0, help="also save every N steps (0: only at the end)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
+    ap.add_argument("--quiet", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    tokenizer = build_tokenizer(args.seed)
+    by_name = {s.name: s for s in STAGES}
+    unknown = [n for n in args.stages.split(",") if n not in by_name]
+    if unknown:
+        ap.error(f"unknown stage(s) {', '.join(unknown)}; the stages are {', '.join(by_name)}")
+    stages = tuple(by_name[n] for n in args.stages.split(","))
+    if stages[0] != STAGES[0] and args.init is None:
+        ap.error(f"stage {stages[0].name} continues from earlier weights: name them with --init DIR")
+    # A later stage keeps the earlier stage's tokenizer (the vocabulary its weights were trained on).
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(args.init) if args.init else build_tokenizer(args.seed)
     if args.which in ("both", "diffusion"):
-        train("diffusion", args.out, args.steps, args.seed, args.lr, args.token_budget, tokenizer, args.save_every)
+        # Stage i runs with seed + its index in STAGES, whichever stages this command runs.
+        first = [s.name for s in STAGES].index(stages[0].name)
+        train("diffusion", args.out, args.seed + first, args.token_budget, tokenizer, args.save_every, stages, args.init,
+              quiet=args.quiet)
     if args.which in ("both", "guider"):
-        train("guider", args.out, args.guider_steps, args.seed, args.lr, args.token_budget, tokenizer, args.save_every)
+        train("guider", args.out, args.seed, args.token_budget, tokenizer, args.save_every,
+              guider_steps=args.guider_steps, quiet=args.quiet)
 
 
 if __name__ == "__main__":

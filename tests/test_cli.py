@@ -1,0 +1,74 @@
+"""The command line as a newcomer meets it: `info MODEL`, threads, help with examples, progress
+bars and --quiet, bench repeats and its warning when they disagree."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from dllm_local import Settings
+from dllm_local.__main__ import EXAMPLES, main as cli_main
+from dllm_local.experiments.bench import SPREAD_WARNING, Strategy, format_table, run_bench, task_problems
+
+
+@pytest.fixture
+def keep_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_info_takes_the_model_as_its_argument_and_threads_default_to_one_for_the_tiny_model(capsys, keep_threads):
+    torch.set_num_threads(2)
+    assert cli_main(["info", "tiny"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["family"] == "llada" and summary["trained_length"] == 512
+    assert torch.get_num_threads() == 1  # the measured default for a model this small (README "Threads")
+    assert cli_main(["info", "tiny", "--threads", "2"]) == 0 and torch.get_num_threads() == 2
+
+
+@pytest.mark.parametrize("command", list(EXAMPLES))
+def test_every_command_has_help_with_examples(capsys, command):
+    with pytest.raises(SystemExit) as done:
+        cli_main([command, "--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "examples:" in out and f"python -m dllm_local {command}" in out
+    assert "--threads" in out
+
+
+def test_progress_bar_with_eta_and_quiet(capsys, keep_threads):
+    from transformers.utils import logging as hf_logging
+
+    assert cli_main(["eval", "--n", "2", "--gen-length", "32"]) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"arithmetic: 100%.*2/2 \[[\d:]+<[\d:]+", err)  # tqdm: done/total [elapsed<remaining]
+    assert cli_main(["eval", "--n", "2", "--gen-length", "32", "--quiet"]) == 0
+    captured = capsys.readouterr()
+    hf_logging.enable_progress_bar()
+    assert "%|" not in captured.err and "task arithmetic (n=2" in captured.out
+
+
+def test_bench_repeats_three_times_and_warns_when_repeats_disagree(tiny, monkeypatch, keep_threads):
+    from dllm_local.experiments import bench
+
+    calls = []
+    real = bench.generate
+    monkeypatch.setattr(bench, "generate", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    torch.set_num_threads(1)
+    problems = task_problems("arithmetic", 2, 1000)
+    report = run_bench(tiny, problems, [Strategy({"cache": "none"}), Strategy({"cache": "dual"})],
+                       Settings(gen_length=32, block_size=32), progress=False)
+    assert len(calls) == 2 * (1 + 3 * len(problems))  # per row: one warm-up answer, then the set three times
+    assert report["repeats"] == 3 and all(len(r["wall_s_repeats"]) == 3 for r in report["rows"])
+    for row in report["rows"]:
+        walls = row["wall_s_repeats"]
+        assert row["spread"] == pytest.approx((max(walls) - min(walls)) / row["wall_s"])
+    steady = {**report, "rows": [dict(r, spread=0.05) for r in report["rows"]]}
+    assert "WARNING" not in format_table(steady)
+    noisy = {**report, "rows": [report["rows"][0], dict(report["rows"][1], spread=SPREAD_WARNING + 0.1)]}
+    table = format_table(noisy)
+    name = report["rows"][1]["strategy"]
+    assert f"WARNING: the repeats of {name} differ by more than 20%" in table and name.startswith("dual")
+    assert report["machine"].endswith(", 1 torch thread")  # the table names the threads it ran with
