@@ -304,6 +304,7 @@ def test_browser_stop_mid_run_leaves_the_page_usable_and_a_second_tab_waits_its_
     other.wait_for_function("() => document.querySelector('#status').innerText.includes('ahead of yours')", timeout=20_000)
     assert int(page.get_attribute("#token-grid .dl-run", "data-done")) == 0  # the first run is still going
     page.click("#stop-btn")
+    page.wait_for_function("() => document.querySelector('#stop-note').innerText.includes('Stopping')")
     status = _wait_run_ended(page, run)
     assert status.startswith("Stopped")
     other_status = _wait_run_ended(other, other_run)
@@ -318,6 +319,7 @@ def test_browser_stop_mid_run_leaves_the_page_usable_and_a_second_tab_waits_its_
     _wait_policy(page, "unmask", "threshold")
     stopped_run = _shown_run(page)
     page.click("#run-btn")
+    page.wait_for_function("() => document.querySelector('#stop-note').innerText.trim() === ''")  # a new run clears it
     again = _wait_run_ended(page, stopped_run)
     assert again.startswith("Done") and "dual + threshold" in again
     assert page.locator("#token-grid .dl-masked").count() == 0

@@ -256,6 +256,7 @@ def _run_inputs(w: SimpleNamespace, presets: dict, default_preset: str | None, s
     with gr.Row():
         w.run_btn = gr.Button("Run", variant="primary", elem_id="run-btn")
         w.stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
+    w.stop_note = gr.Markdown("", elem_id="stop-note")
     w.status = gr.Markdown("", elem_id="status")
 
 
@@ -413,6 +414,7 @@ def _tune_tab(w: SimpleNamespace, presets: dict, default_preset: str | None) -> 
         w.tune_btn = gr.Button("Run sweep", variant="primary", elem_id="tune-btn")
         w.tune_stop = gr.Button("Cancel", variant="stop", elem_id="tune-stop")
         w.tune_add = gr.UploadButton("Add results (JSON)", file_types=[".json"], elem_id="tune-add")
+    w.tune_stop_note = gr.Markdown("", elem_id="tune-stop-note")
     w.tune_status = gr.Markdown("", elem_id="tune-status")
     w.tune_plot = gr.Plot(elem_id="tune-plot")
     w.tune_table = gr.Dataframe(headers=plots.SWEEP_TABLE_HEADERS,
@@ -430,7 +432,7 @@ def _wire(w: SimpleNamespace, cb: Callbacks) -> None:
                     queue=False)
     w.controls["gen_length"].change(cb.length_notice, [w.controls["gen_length"]], [w.length_notice], queue=False)
     _wire_run(w, cb)
-    _wire_stop(w.stop_btn, cb, w.status, w.run_events, api_name="stop")
+    _wire_stop(w.stop_btn, cb, w.stop_note, [w.run_btn.click, w.prompt.submit], api_name="stop")
     views = [w.trace, w.scrub, *w.view_inputs]
     w.scrub.input(redraw, views, w.view_outputs, queue=False)
     for view in (v for v in w.view_inputs if v is not w.what_if):
@@ -450,7 +452,7 @@ def _wire(w: SimpleNamespace, cb: Callbacks) -> None:
     tune_event = w.tune_btn.click(cb.run_sweep, [w.tune_preset, w.tune_task, w.tune_n, w.tune_thresholds, w.tune_blocks,
                                                  w.tune_gen],
                                   [w.tune_state, w.tune_plot, w.tune_table, w.tune_status], api_name="sweep", **ENGINE)
-    _wire_stop(w.tune_stop, cb, w.tune_status, [tune_event], api_name="cancel_sweep")
+    _wire_stop(w.tune_stop, cb, w.tune_stop_note, [w.tune_btn.click], api_name="cancel_sweep")
     w.tune_add.upload(cb.add_results, [w.tune_add, w.tune_state], [w.tune_state, w.tune_plot, w.tune_table, w.tune_status],
                       api_name="add_results", concurrency_limit=2, concurrency_id="import")
     w.tune_table.select(cb.load_point, [w.tune_state], [w.tabs, *controls], queue=False)
@@ -471,14 +473,18 @@ def _wire_run(w: SimpleNamespace, cb: Callbacks) -> None:
             show_cost, [w.trace, w.cost_target, w.cost_device], [w.cost_html], api_visibility="private", queue=False)
 
 
-def _wire_stop(button: gr.Button, cb: Callbacks, status: gr.Markdown, events: list, api_name: str) -> None:
+def _wire_stop(button: gr.Button, cb: Callbacks, note: gr.Markdown, starts: list, api_name: str) -> None:
     """Stop for one tab: its own run stops within a step (and is drawn as it ended); its own
     request still waiting in the queue is taken out of it; another tab's run is left alone.
 
     Gradio's ``cancels`` would also end this tab's running event without its last update, so a
     queued request is cancelled on the server instead: it ends with a message, unrun, when its
-    turn comes (``Callbacks.stop`` / ``_take_cancel``)."""
-    button.click(cb.stop, None, [status], queue=False, api_name=api_name)
+    turn comes (``Callbacks.stop`` / ``_take_cancel``). Stop's reply goes to its own ``note``,
+    never to the run's status line: under load it can arrive after the run's final update, and
+    would then hide how the run ended. A new start clears the note."""
+    button.click(cb.stop, None, [note], queue=False, api_name=api_name)
+    for start in starts:
+        start(lambda: "", None, [note], queue=False, api_visibility="private")
 
 
 class Callbacks:
