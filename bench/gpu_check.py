@@ -1,44 +1,82 @@
-"""GPU check: per-step latency of the cache policies on a LLaDA-8B-shaped model with random weights.
+"""GPU check: per-step latency of every cache policy on a LLaDA-8B-shaped model, through the real sampler.
 
-    python bench/gpu_check.py                      # on a CUDA machine: bf16 and 4-bit, gen 256/512/1024
-    python bench/gpu_check.py --tiny --device cpu  # a small shape on the CPU (exercises the code)
+    python bench/gpu_check.py                                          # CUDA: bf16 8B, then bf16/4-bit/8-bit
+    python bench/gpu_check.py --tiny --device cpu --lengths 64 --prompt 32   # a small shape on the CPU
+    (add --quantized yes to run the quantized rows on the CPU too; --quantized no skips them)
 
 Needs nothing from the internet: the shape comes from assets/reference (LLaDA-8B-Instruct's
-config.json) and the weights are random. For each generation length (prompt 256, block 32) it
-times one representative decoding step of each policy (the middle block) and a full refresh,
-and prints the roofline floor max(weight bytes / bandwidth, G x 2 params / FLOP rate) beside it.
+config.json), the weights are random and the tokenizer is the tiny model's (its ids are a subset
+of the real vocabulary; the ids it has no text for are banned from drafts, as for any model).
+
+For each generation length (prompt about 256 tokens, block 32) every registered cache policy
+decodes through ``dllm_local.stream`` up to the middle block; the steps of that block are
+timed from the step records (``model_ms``: device-synchronised forwards). Rows give the block's
+first step (a full refresh for all but freecache, whose is the finished block's hand-over) and the
+median of its later steps, beside the roofline floor max(weight bytes / bandwidth, G x 2 params
+/ FLOP rate). A ``generate`` run (dual + threshold 0.9, summary trace) follows end to end,
+stopped at a time budget: random weights never reach the threshold, so it commits one token per
+step, the slowest case.
+
+Quantized weights go through the project's own path: a checkpoint in the LLaDA on-disk format
+(safetensors, 8B width, ``--quant-layers`` blocks: writing all 32 would be 16 GB of disk) is
+loaded by ``dllm_local.load`` in bf16, 4-bit and 8-bit (transformers' BitsAndBytesConfig). The
+blocks are timed apart, so those rows are also projected onto 32 layers (embedding, head and
+sampler cost the same at any depth; the blocks scale with it).
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import shutil
 import statistics
 import sys
+import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
-import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from dllm_local.experiments.costmodel import DEVICES, machine_name, measure_device, step_floor_s  # noqa: E402
-from dllm_local.models.loader import ASSETS  # noqa: E402
+import dllm_local  # noqa: E402
+from dllm_local import Settings  # noqa: E402
+from dllm_local.experiments.costmodel import DEVICES, DeviceProfile, machine_name, measure_device, step_floor_s  # noqa: E402
+from dllm_local.models.footprint import logical_parameters, stored_bytes, weight_read_bytes  # noqa: E402
 from dllm_local.models import LLaDAConfig, LLaDAModelLM  # noqa: E402
+from dllm_local.models.loader import ASSETS, TINY_MODEL, ModelHandle, load_tokenizer  # noqa: E402
+from dllm_local.policies import registry  # noqa: E402
+from dllm_local.sampler import encode_prompt  # noqa: E402
 
 REFERENCE = ASSETS / "reference" / "llada-8b-instruct" / "config.json"
+REAL_LAYERS = 32  # LLaDA-8B's depth, what the shallow checkpoints are projected onto
+# A small shape with the same proportions, for a run on the CPU.
+TINY_SHAPE = dict(d_model=256, n_heads=8, n_kv_heads=8, n_layers=4, mlp_hidden_size=768, vocab_size=4096,
+                  embedding_size=4096, mask_token_id=4000, eos_token_id=1, pad_token_id=1)
+PROMPT_SENTENCE = "Emma has 7 apples. Emma gets 5 more. How many apples does Emma have now? "
 
 
-def build(tiny: bool, device: torch.device, dtype: torch.dtype) -> LLaDAModelLM:
+# ---------------------------------------------------------------- models
+def reference_config(tiny: bool = False, **changes) -> LLaDAConfig:
+    """LLaDA-8B-Instruct's config (or the tiny shape), with ``changes`` applied."""
     raw = json.loads(REFERENCE.read_text())
-    raw.pop("auto_map")
+    raw.pop("auto_map")  # names remote code; our own class implements the architecture
     if tiny:
-        raw.update(d_model=256, n_heads=8, n_kv_heads=8, n_layers=4, mlp_hidden_size=768, vocab_size=4096,
-                   embedding_size=4096, mask_token_id=4000, eos_token_id=1, pad_token_id=1)
-    config = LLaDAConfig(**raw)
+        raw.update(TINY_SHAPE)
+    raw.update(changes)
+    return LLaDAConfig(**raw)
+
+
+def build_random(config: LLaDAConfig, device: torch.device | str, dtype: torch.dtype, seed: int = 0) -> LLaDAModelLM:
+    """A model with random weights, allocated once, directly in ``dtype`` on ``device``.
+
+    Built on the meta device and cast there (free), so ``to_empty`` allocates each tensor in its
+    final dtype: materialising in fp32 and casting after would peak at 1.5x the bf16 size (48 GB
+    for 8B). The weights are then drawn in place on the device: no CPU copy, no chunking."""
     with torch.device("meta"):
         model = LLaDAModelLM(config)
-    model = model.to_empty(device=device).to(dtype)
-    gen = torch.Generator(device=device).manual_seed(0)
+    model = model.to(dtype).to_empty(device=device)
+    gen = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
@@ -48,79 +86,234 @@ def build(tiny: bool, device: torch.device, dtype: torch.dtype) -> LLaDAModelLM:
     return model.eval()
 
 
-def quantize_4bit(model: LLaDAModelLM) -> LLaDAModelLM:
-    """Swap every block Linear for a bitsandbytes NF4 Linear4bit holding the same (random) weights."""
-    import bitsandbytes as bnb
+def make_handle(model: torch.nn.Module, name: str, path: Path, quantization: str | None = None) -> ModelHandle:
+    """A handle for a model built here rather than loaded, with the tiny model's tokenizer."""
+    tokenizer = load_tokenizer(TINY_MODEL, "llada")
+    vocab = tokenizer.get_vocab()
+    eos = tokenizer.eos_token_id
+    param = next(model.parameters())
+    values = dict(
+        name=name, path=path, family="llada", model=model, tokenizer=tokenizer, mask_id=model.config.mask_token_id,
+        eos_id=eos, stop_ids=tuple(dict.fromkeys([eos] + [vocab[t] for t in ("<|eot_id|>",) if t in vocab])),
+        device=param.device, dtype=param.dtype, quantization=quantization, num_parameters=logical_parameters(model),
+        memory_bytes=model.get_memory_footprint(), max_length=model.config.max_positions, trained_length=None,
+    )
+    return ModelHandle(**values)
 
-    for block in model.model.transformer.blocks:
-        for name, child in list(block.named_children()):
-            if isinstance(child, nn.Linear):
-                q = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=False,
-                                      compute_dtype=torch.bfloat16, quant_type="nf4")
-                q.weight = bnb.nn.Params4bit(child.weight.data, requires_grad=False, quant_type="nf4")
-                q = q.to(child.weight.device)  # quantizes on the GPU
-                setattr(block, name, q)
-                del child
+
+def write_checkpoint(path: Path, layers: int = 4, tiny: bool = False, device: str | torch.device = "cpu") -> Path:
+    """A random LLaDA checkpoint as ``dllm_local.load`` reads one: config.json, bf16 safetensors and
+    tokenizer files (the tiny model's), with ``layers`` blocks at the 8B width (or the tiny shape).
+    The weights are drawn on ``device`` (fast on a GPU) and written from a CPU copy."""
+    path = Path(path)
+    if (path / "config.json").exists():
+        return path  # written by an earlier section or run
+    path.mkdir(parents=True, exist_ok=True)
+    model = build_random(reference_config(tiny, n_layers=layers), device, torch.bfloat16)
+    state = {k: v.to("cpu") for k, v in model.state_dict().items()}
+    model.save_pretrained(path, state_dict=state)
+    load_tokenizer(TINY_MODEL, "llada").save_pretrained(path)
+    del model, state
+    free_memory()
+    return path
+
+
+def free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
-    return model
 
 
-def policy_positions(policy: str, prompt: int, gen: int, block: int) -> torch.Tensor:
-    total = prompt + gen
-    start = prompt + (gen // block // 2) * block  # the middle block: a representative step
-    if policy in ("none", "refresh"):
-        return torch.arange(total)
-    if policy in ("prefix", "freecache"):
-        return torch.arange(start, total)
-    if policy == "dual":
-        return torch.arange(start, start + block)
-    raise ValueError(policy)
+def quantized_types(model: torch.nn.Module) -> dict[str, int]:
+    """How many modules of each Linear kind the blocks hold (Linear4bit, Linear8bitLt or Linear)."""
+    kinds = Counter(type(m).__name__ for m in model.model.transformer.blocks.modules())
+    return {k: v for k, v in kinds.items() if "Linear" in k}
 
 
-def time_step(model, ids, positions, cache, repeats: int, device: torch.device) -> float:
-    times = []
-    for i in range(repeats + 2):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        model(ids[:, positions], positions, cache)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        if i >= 2:  # warm-up
-            times.append(time.perf_counter() - t)
-    return statistics.median(times)
+# ---------------------------------------------------------------- timing
+class BlockTimer:
+    """Times the transformer blocks of every forward (CUDA events on a GPU, the clock on the CPU),
+    so that a model shallower than the real one can be projected onto it."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.blocks = model.model.transformer.blocks
+        self.cuda = next(model.parameters()).device.type == "cuda"
+        self._spans: list[tuple] = []
+        self._hooks: list = []
+
+    def __enter__(self) -> "BlockTimer":
+        self._hooks = [self.blocks[0].register_forward_pre_hook(lambda m, a: self._mark(start=True)),
+                       self.blocks[-1].register_forward_hook(lambda m, a, o: self._mark(start=False))]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for hook in self._hooks:
+            hook.remove()
+
+    def _mark(self, start: bool) -> None:
+        if self.cuda:
+            mark = torch.cuda.Event(enable_timing=True)
+            mark.record()
+        else:
+            mark = time.perf_counter()
+        if start:
+            self._spans.append((mark, None))
+        else:
+            self._spans[-1] = (self._spans[-1][0], mark)
+
+    def take(self) -> float:
+        """Milliseconds in the blocks since the last call (the recorder has synchronised by then)."""
+        total = 0.0
+        for begin, end in self._spans:
+            if end is None:
+                continue
+            if self.cuda:
+                end.synchronize()
+                total += begin.elapsed_time(end)
+            else:
+                total += (end - begin) * 1e3
+        self._spans.clear()
+        return total
 
 
-def profile_for(device: torch.device, dtype: torch.dtype):
+def profile_for(device: torch.device, dtype: torch.dtype) -> DeviceProfile:
+    """The roofline's device: a named GPU's datasheet figures, else this machine measured."""
     if device.type == "cuda":
-        name = torch.cuda.get_device_name()
+        name = torch.cuda.get_device_name(device).replace(" ", "").lower()
         for key in ("H200", "H100", "A100", "RTX 4090", "RTX 3090", "L4"):
-            if key.replace(" ", "").lower() in name.replace(" ", "").lower():
+            if key.replace(" ", "").lower() in name:
                 return DEVICES[key]
     return measure_device(device, dtype)
 
 
-@torch.inference_mode()
-def check(model, label: str, lengths: list[int], prompt: int, block: int, repeats: int, device, profile) -> list[dict]:
-    params = sum(p.numel() for p in model.parameters())
-    weight_bytes = model.get_memory_footprint()
+def prompt_text(handle: ModelHandle, tokens: int) -> str:
+    """A prompt that encodes to about ``tokens`` ids through the chat template."""
+    tok = handle.tokenizer
+    overhead = len(encode_prompt(handle, "x")) - len(tok("x", add_special_tokens=False)["input_ids"])
+    ids = tok(PROMPT_SENTENCE * (tokens // 8 + 1), add_special_tokens=False)["input_ids"]
+    return tok.decode(ids[: max(1, tokens - overhead)])
+
+
+def _peak_gb(device: torch.device) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+
+
+def _reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def middle_block_steps(handle: ModelHandle, settings: Settings, prompt: str, timer: BlockTimer) -> list[tuple]:
+    """``(record, blocks_ms)`` for each step of the middle block of a real run with ``settings``;
+    the run is closed as soon as that block is done."""
+    middle = settings.num_blocks // 2
+    steps = []
+    run = dllm_local.stream(handle, prompt, settings)
+    it = iter(run)
+    try:
+        for record in it:
+            blocks_ms = timer.take()
+            if record.block > middle:
+                break
+            if record.block == middle:
+                steps.append((record, blocks_ms))
+    finally:
+        it.close()  # ends the generator inside the sampler, so its frame lets go of the cache
+        run.release()
+    return steps
+
+
+def policy_rows(handle: ModelHandle, label: str, lengths: list[int], prompt: int, block: int, repeats: int,
+                profile: DeviceProfile, policies: tuple[str, ...] | None = None) -> list[dict]:
+    """One row per cache policy and length: the middle block's first step and the median of its
+    next ``repeats`` steps (the fixed schedule with ``repeats + 1`` steps per block gets there in
+    few forwards; the cache policy alone decides what a step recomputes)."""
+    model, device = handle.model, handle.device
+    layers = model.config.n_layers
+    blocks = model.model.transformer.blocks
+    block_bytes, block_params = stored_bytes(blocks[0]), logical_parameters(blocks[0])
+    # What the real depth would weigh: the same non-block part plus REAL_LAYERS blocks.
+    read_bytes = weight_read_bytes(model) + (REAL_LAYERS - layers) * block_bytes
+    params = logical_parameters(model) + (REAL_LAYERS - layers) * block_params
+    text = prompt_text(handle, prompt)
     rows = []
     for gen in lengths:
-        total = prompt + gen
-        ids = torch.randint(0, model.config.vocab_size - 1, (1, total), device=device)
-        cache = model.new_cache(1, total)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        model(ids, torch.arange(total, device=device), cache)  # fill the cache
-        for policy in ("refresh", "none", "prefix", "dual", "freecache"):
-            positions = policy_positions(policy, prompt, gen, block).to(device)
-            seconds = time_step(model, ids, positions, cache, repeats, device)
-            floor = step_floor_s(weight_bytes, params, positions.numel(), profile)
-            rows.append({"weights": label, "gen": gen, "policy": policy, "G": positions.numel(), "step_ms": seconds * 1e3,
-                         "floor_ms": floor * 1e3, "of_floor": floor / seconds,
-                         "peak_gb": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None})
-        del cache
+        for policy in policies or tuple(registry.CACHE):
+            settings = Settings(gen_length=gen, block_size=block, steps=min(gen, (repeats + 1) * (gen // block)),
+                                unmask="fixed", cache=policy, trace="off")
+            _reset_peak(device)
+            with BlockTimer(model) as timer:
+                steps = middle_block_steps(handle, settings, text, timer)
+            first, rest = steps[0], steps[1:] or steps[:1]
+            step_ms = statistics.median(r.model_ms for r, _ in rest)
+            blocks_ms = statistics.median(b for _, b in rest)
+            projected = step_ms + (REAL_LAYERS - layers) / layers * blocks_ms
+            g = int(statistics.median(r.g for r, _ in rest))
+            floor_ms = step_floor_s(read_bytes, params, g, profile) * 1e3
+            rows.append({
+                "weights": label, "layers": layers, "gen": gen, "prompt": len(encode_prompt(handle, text)),
+                "policy": policy, "G_first": first[0].g, "first_ms": first[0].model_ms, "G": g, "step_ms": step_ms,
+                "blocks_ms": blocks_ms, "other_ms": statistics.median(r.other_ms for r, _ in rest),
+                "step_ms_32L": projected, "floor_ms_32L": floor_ms, "of_floor": floor_ms / projected if projected else 0.0,
+                "peak_gb": _peak_gb(device),
+            })
     return rows
+
+
+def generate_run(handle: ModelHandle, gen: int, prompt: int, block: int = 32, trace: str = "summary",
+                 budget_s: float = 20.0) -> dict:
+    """``generate`` end to end (dual cache, threshold 0.9) through ``dllm_local.stream``, stopped
+    between steps once ``budget_s`` has passed: per-step model and other time, the refresh
+    forwards apart, and the peak memory."""
+    settings = Settings(gen_length=gen, block_size=block, cache="dual", unmask="threshold",
+                        unmask_params={"threshold": 0.9}, trace=trace)
+    _reset_peak(handle.device)
+    run = dllm_local.stream(handle, prompt_text(handle, prompt), settings)
+    records, start = [], time.perf_counter()
+    for record in run:
+        records.append(record)
+        if time.perf_counter() - start > budget_s:
+            run.stop()  # ends the run before its next step; the result is still built
+    wall = time.perf_counter() - start
+    stats = run.result.stats
+    run.release()
+    cached = [r for r in records if not r.full_refresh] or records
+    refresh = [r for r in records if r.full_refresh]
+    committed = sum(len(r.committed) for r in records)
+    return {
+        "gen": gen, "trace": trace, "steps": len(records), "finished": not stats.stopped, "wall_s": wall,
+        "tokens_per_step": committed / max(1, len(records)),
+        "refresh_ms": statistics.median(r.model_ms for r in refresh) if refresh else None,
+        "model_ms": statistics.median(r.model_ms for r in cached),
+        "other_ms": statistics.median(r.other_ms for r in cached),
+        # One token per step: the full run takes about gen steps and a refresh per block.
+        "full_run_s_est": (gen * statistics.median(r.model_ms + r.other_ms for r in cached)
+                           + (gen // block) * (statistics.median(r.model_ms for r in refresh) if refresh else 0.0)) / 1e3,
+        "peak_gb": _peak_gb(handle.device),
+    }
+
+
+# ---------------------------------------------------------------- the report
+def _print_table(columns: list[tuple[str, int, str]], rows: list[dict]) -> None:
+    """Columns as (row key, width, format spec); a None value prints as "-"."""
+    head = " ".join(f"{key:>{width}}" for key, width, _ in columns)
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(" ".join(f"{'-' if r[key] is None else format(r[key], spec):>{width}}" for key, width, spec in columns))
+
+
+def print_policy_rows(rows: list[dict]) -> None:
+    _print_table([("weights", 13, ""), ("layers", 6, ""), ("gen", 5, ""), ("prompt", 6, ""), ("policy", 13, ""),
+                  ("G_first", 7, ""), ("first_ms", 9, ".2f"), ("G", 5, ""), ("step_ms", 8, ".2f"),
+                  ("blocks_ms", 9, ".2f"), ("other_ms", 8, ".2f"), ("step_ms_32L", 11, ".2f"),
+                  ("floor_ms_32L", 12, ".3f"), ("of_floor", 8, ".2f"), ("peak_gb", 7, ".1f")], rows)
+
+
+def print_generate_rows(rows: list[dict]) -> None:
+    _print_table([("weights", 10, ""), ("gen", 5, ""), ("trace", 8, ""), ("steps", 5, ""), ("finished", 8, ""),
+                  ("tokens_per_step", 15, ".2f"), ("refresh_ms", 10, ".2f"), ("model_ms", 8, ".2f"),
+                  ("other_ms", 8, ".2f"), ("full_run_s_est", 14, ".1f"), ("peak_gb", 7, ".1f")], rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,10 +321,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tiny", action="store_true", help="a small shape (for a CPU smoke run)")
     ap.add_argument("--lengths", default="256,512,1024")
-    ap.add_argument("--prompt", type=int, default=256)
+    ap.add_argument("--prompt", type=int, default=256, help="prompt tokens (about: the chat template's included)")
     ap.add_argument("--block", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--skip-4bit", action="store_true")
+    ap.add_argument("--repeats", type=int, default=3, help="timed steps per policy after the block's first")
+    ap.add_argument("--generate-budget", type=float, default=20.0, help="seconds per generate run")
+    ap.add_argument("--quantized", choices=("auto", "yes", "no"), default="auto",
+                    help="bf16/4-bit/8-bit rows from a checkpoint on disk; auto: on CUDA only (bitsandbytes on "
+                         "the CPU is slow, and the CPU run is a smoke test)")
+    ap.add_argument("--quant-layers", type=int, default=4, help="blocks in the checkpoint for the quantized rows")
+    ap.add_argument("--quant-checkpoint", default=None,
+                    help="folder for that checkpoint (reused when it holds one); default: a temporary folder")
     ap.add_argument("--json", default=None, help="also write the rows here")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
@@ -139,24 +338,69 @@ def main(argv: list[str] | None = None) -> int:
     lengths = [int(x) for x in args.lengths.split(",")]
     profile = profile_for(device, dtype)
     t0 = time.perf_counter()
-    model = build(args.tiny, device, dtype)
+
+    handle = make_handle(build_random(reference_config(args.tiny), device, dtype), "random-8b-shape", REFERENCE.parent)
+    label = str(dtype).replace("torch.", "")
     print(f"machine: {machine_name()} | roofline: {profile.name} ({profile.bandwidth / 1e12:.3g} TB/s, "
-          f"{profile.flops / 1e12:.3g} TFLOP/s) | model built in {time.perf_counter() - t0:.1f}s", flush=True)
-    rows = check(model, str(dtype).replace("torch.", ""), lengths, args.prompt, args.block, args.repeats, device, profile)
-    if device.type == "cuda" and not args.skip_4bit:
-        rows += check(quantize_4bit(model), "nf4", lengths, args.prompt, args.block, args.repeats, device, profile)
-    head = f"{'weights':>8} {'gen':>5} {'policy':>9} {'G':>5} {'step ms':>9} {'floor ms':>9} {'floor/step':>10} {'peak GB':>8}"
-    print(head)
-    print("-" * len(head))
-    for r in rows:
-        peak = "-" if r["peak_gb"] is None else f"{r['peak_gb']:.1f}"
-        print(f"{r['weights']:>8} {r['gen']:>5} {r['policy']:>9} {r['G']:>5} {r['step_ms']:>9.2f} {r['floor_ms']:>9.3f} "
-              f"{r['of_floor']:>10.2f} {peak:>8}")
-    print(f"total {time.perf_counter() - t0:.0f}s; 'refresh' is the full forward at a block start, the others one "
-          f"step in the middle block")
+          f"{profile.flops / 1e12:.3g} TFLOP/s) | {handle.num_parameters / 1e9:.2f}B parameters built in "
+          f"{time.perf_counter() - t0:.1f}s", flush=True)
+    rows = policy_rows(handle, label, lengths, args.prompt, args.block, args.repeats, profile)
+    generated = [{"weights": label, **generate_run(handle, gen, args.prompt, args.block, "summary", args.generate_budget)}
+                 for gen in lengths]
+    del handle
+    free_memory()
+
+    quantized: list[dict] = []
+    if args.quantized == "yes" or (args.quantized == "auto" and device.type == "cuda"):
+        quantized = check_quantized(args, device, lengths, profile, rows)
+
+    print_policy_rows(rows)
+    print()
+    print_generate_rows(generated)
+    for q in quantized:
+        print(f"{q['weights']}: {q['types']}; {q['params_true'] / 1e9:.3f}B parameters (handle says "
+              f"{q['params_handle'] / 1e9:.3f}B); footprint {q['footprint_gb']:.2f} GB, projected to {REAL_LAYERS} layers "
+              f"{q['footprint_gb_32L']:.2f} GB")
+    print(f"total {time.perf_counter() - t0:.0f}s. 'first' is the middle block's first step (a full refresh for every "
+          f"policy but freecache), 'step' the median of its later steps; '32L' projects the blocks onto {REAL_LAYERS} layers")
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+        Path(args.json).write_text(json.dumps({"policies": rows, "generate": generated, "quantized": quantized}, indent=2))
     return 0
+
+
+def check_quantized(args, device: torch.device, lengths: list[int], profile: DeviceProfile, rows: list[dict]) -> list[dict]:
+    """The checkpoint on disk loaded by ``dllm_local.load`` as is, in 4-bit and in 8-bit; appends
+    their dual-cache rows to ``rows`` and returns what each load holds."""
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        print("quantized rows skipped: bitsandbytes is not installed", flush=True)
+        return []
+    folder = Path(args.quant_checkpoint) if args.quant_checkpoint else Path(tempfile.mkdtemp(prefix="gpu_check_"))
+    out = []
+    try:
+        t = time.perf_counter()
+        write_checkpoint(folder, args.quant_layers, args.tiny, device)
+        print(f"checkpoint ({args.quant_layers} layers) ready in {time.perf_counter() - t:.1f}s", flush=True)
+        for quantization in (None, "4bit", "8bit"):
+            try:
+                handle = dllm_local.load(str(folder), device=str(device), quantization=quantization)
+            except dllm_local.ModelLoadError as exc:
+                print(f"{quantization or 'unquantized'} load skipped: {exc}", flush=True)
+                continue
+            label = quantization or "ckpt-" + str(handle.dtype).replace("torch.", "")
+            per_block = stored_bytes(handle.model.model.transformer.blocks[0])
+            footprint = handle.memory_bytes
+            out.append({"weights": label, "types": quantized_types(handle.model), "params_true": logical_parameters(handle.model),
+                        "params_handle": handle.num_parameters, "footprint_gb": footprint / 2**30,
+                        "footprint_gb_32L": (footprint + (REAL_LAYERS - args.quant_layers) * per_block) / 2**30})
+            rows += policy_rows(handle, label, lengths, args.prompt, args.block, args.repeats, profile, ("dual", "prefix"))
+            del handle
+            free_memory()
+    finally:
+        if not args.quant_checkpoint:
+            shutil.rmtree(folder, ignore_errors=True)
+    return out
 
 
 if __name__ == "__main__":

@@ -23,11 +23,16 @@ from .settings import Settings
 from .trace import StepRecord, Trace
 
 
-def _sync(device: torch.device) -> None:
-    # Every GPU: a model spread over several by device_map finishes on the last one.
-    if device.type == "cuda":
-        for index in range(torch.cuda.device_count()):
-            torch.cuda.synchronize(index)
+def model_gpus(model: torch.nn.Module) -> list[torch.device]:
+    """The CUDA devices the model's weights are on: a model spread over several by device_map
+    finishes on the last one. Only these are synchronised: touching another GPU would create a
+    context there (and fail on a GPU in exclusive-process mode that another program holds)."""
+    return sorted({p.device for p in model.parameters() if p.device.type == "cuda"}, key=lambda d: d.index or 0)
+
+
+def _sync(devices: list[torch.device]) -> None:
+    for device in devices:
+        torch.cuda.synchronize(device)
 
 
 def _round(values, digits: int = 5) -> list:
@@ -39,6 +44,7 @@ class Recorder:
                  banned: torch.Tensor) -> None:
         self.handle, self.settings, self.level = handle, settings, settings.trace
         self.banned = banned  # ids no draft may be: the exact diagnostic renormalises as the drafts do
+        self.gpus = model_gpus(handle.model)
         self.trace = Trace(settings=settings.to_dict(), model=handle.summary(), prompt_ids=list(prompt_ids),
                            gen_length=settings.gen_length, mask_id=handle.mask_id)
         cache.track_drift = self.level != "off"
@@ -58,11 +64,10 @@ class Recorder:
 
     # ---------------------------------------------------------------- model calls
     def _timed(self, call: Callable):
-        device = self.handle.device
-        _sync(device)
+        _sync(self.gpus)
         t = time.perf_counter()
         out = call()
-        _sync(device)
+        _sync(self.gpus)
         return out, time.perf_counter() - t
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:

@@ -218,23 +218,27 @@ class Run:
                                   self.cache_policy.info())
 
     def _candidates(self, state: DecodeState, masked_positions: torch.Tensor, masked_logits: torch.Tensor) -> Candidates:
-        """The block's masked positions with their draft token and its probability (float64, so
-        that a threshold near 1 is not decided by float32 rounding), renormalised over the ids a
-        draft may be."""
+        """The block's masked positions with their draft token and its probability, renormalised
+        over the ids a draft may be."""
         in_block = (masked_positions >= state.block_start) & (masked_positions < state.block_end)
         logits = masked_logits[in_block]
         draft = self._draft(logits)
-        confidence = F.softmax(logits.double(), dim=-1).gather(-1, draft[:, None]).squeeze(-1)
-        return Candidates(masked_positions[in_block], draft, confidence)
+        return Candidates(masked_positions[in_block], draft, draft_probability(logits, draft))
 
     def _draft(self, logits: torch.Tensor) -> torch.Tensor:
-        """Argmax, with LLaDA's Gumbel-style noise when temperature > 0."""
+        """Argmax, with LLaDA's Gumbel-style noise when temperature > 0: float64, as LLaDA draws
+        it (float32 noise changes which low-probability tokens win), a few rows at a time so that
+        a long block never holds several float64 copies of its logits."""
         t = self.settings.temperature
         if t == 0 or logits.numel() == 0:
             return logits.argmax(-1)
-        logits = logits.double()
-        noise = torch.rand(logits.shape, generator=self.rng, device=logits.device, dtype=torch.float64)
-        return (logits.exp() / (-torch.log(noise)) ** t).argmax(-1)
+
+        def noisy_argmax(rows: torch.Tensor) -> torch.Tensor:
+            rows = rows.double()
+            noise = torch.rand(rows.shape, generator=self.rng, device=rows.device, dtype=torch.float64)
+            return (rows.exp() / (-torch.log(noise)) ** t).argmax(-1)
+
+        return torch.cat([noisy_argmax(rows) for (rows,) in row_chunks(logits)])
 
     def _early_stop(self, state: DecodeState) -> bool:
         answer = state.x[0, state.prompt_len:]
@@ -271,9 +275,32 @@ class Run:
         return logits.to(self.handle.device), past
 
 
+# Rows of vocabulary-wide float temporaries per chunk: 2^22 elements (16 MB of float32).
+CHUNK_ELEMENTS = 2**22
+
+
+def row_chunks(*tensors: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+    """Row blocks of ``tensors`` (the first ``[n, vocab]``, the others ``[n, ...]``), about
+    CHUNK_ELEMENTS of the first per block: views, no copy."""
+    rows = max(1, CHUNK_ELEMENTS // max(1, tensors[0].shape[-1]))
+    return list(zip(*(t.split(rows) for t in tensors)))
+
+
+def draft_probability(logits: torch.Tensor, draft: torch.Tensor) -> torch.Tensor:
+    """The softmax probability of ``draft`` in each row, in float64 as LLaDA's generator computes
+    it: one token per step ranks positions whose end-of-text probabilities differ only in the last
+    float32 bits, and a float32 softmax reorders those commits (the golden traces show it). Row
+    blocks keep the float64 copies to a few MB however long the block."""
+    return torch.cat([F.softmax(rows.double(), dim=-1).gather(-1, d[:, None]).squeeze(-1)
+                      for rows, d in row_chunks(logits, draft)])
+
+
 def _entropy(logits: torch.Tensor) -> torch.Tensor:
-    logp = F.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(-1)
+    def entropy(rows: torch.Tensor) -> torch.Tensor:
+        logp = F.log_softmax(rows.float(), dim=-1)
+        return -(logp.exp() * logp).sum(-1)
+
+    return torch.cat([entropy(rows) for (rows,) in row_chunks(logits)])
 
 
 def stream(handle: ModelHandle, prompt: Prompt, settings: Settings | None = None, guider: GuiderHandle | None = None) -> Run:

@@ -6,6 +6,9 @@ import pytest
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# "auto" means the CPU for every model the tests load, here and in the processes they start: the
+# float32 tolerances and golden traces are CPU results. GPU-only tests ask for "cuda" themselves.
+os.environ["DLLM_LOCAL_DEVICE"] = "cpu"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from checkpoints import build_dream, build_llada  # noqa: E402

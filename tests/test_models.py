@@ -13,7 +13,9 @@ from transformers import AutoConfig, AutoModel
 
 import dllm_local
 from dllm_local.models import DreamModel, LLaDAModelLM
+from dllm_local import Settings
 from dllm_local.models.loader import TINY_GUIDER
+from dllm_local.policies import registry
 
 
 def test_llada_checkpoint_has_every_real_parameter_name_and_loads(llada_dir):
@@ -292,11 +294,39 @@ def test_error_missing_and_truncated_shards(tmp_path):
         dllm_local.load(str(path))
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
-@pytest.mark.parametrize("bits", ["4bit", "8bit"])
-def test_error_quantization_without_cuda(llada_dir, bits):
-    with pytest.raises(dllm_local.ModelLoadError, match=f"{bits} quantization needs a CUDA GPU"):
-        dllm_local.load(str(llada_dir), quantization=bits)
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("bits, layer_type", [("4bit", "Linear4bit"), ("8bit", "Linear8bitLt")])
+def test_released_layout_loads_quantized_on_the_cpu_and_every_cache_policy_runs(llada_dir, bits, layer_type):
+    """bitsandbytes runs NF4 and int8 on the CPU: the released 32-block sharded layout loads
+    through BitsAndBytesConfig; the embedding stays in full precision; every cache policy decodes."""
+    full = dllm_local.load(str(llada_dir))
+    handle = dllm_local.load(str(llada_dir), quantization=bits)
+    blocks = handle.model.model.transformer.blocks
+    assert type(blocks[0].q_proj).__name__ == layer_type == type(blocks[31].ff_proj).__name__ and len(blocks) == 32
+    assert handle.model.get_input_embeddings().weight.dtype == handle.dtype  # not quantized
+    assert handle.num_parameters == full.num_parameters  # packed 4-bit weights counted as weights
+    assert handle.memory_bytes < 0.6 * full.memory_bytes and handle.summary()["quantization"] == bits
+    for cache in registry.CACHE:
+        result = dllm_local.generate(handle, "Hi", Settings(gen_length=16, block_size=8, cache=cache))
+        assert result.stats.nfe == 16 and len(result.token_ids) == 16
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("bits, least", [("8bit", 0.9), ("4bit", 0.0)])
+def test_quantized_tiny_model_agrees_with_full_precision(tiny, bits, least):
+    """Top-1 agreement on 200 positions of a real answer, half of them masked (printed for both;
+    asserted for 8-bit)."""
+    quantized = dllm_local.load("tiny", quantization=bits)
+    answer = dllm_local.generate(tiny, "What is 12 + 7?", Settings(gen_length=200, block_size=40, trace="off"))
+    ids = torch.tensor([answer.trace.prompt_ids + answer.token_ids])
+    ids[0, -200::2] = tiny.mask_id
+    with torch.inference_mode():
+        want = tiny.model(ids).logits[0, -200:].argmax(-1)
+        got = quantized.model(ids).logits[0, -200:].float().argmax(-1)
+    agreement = float((got == want).float().mean())
+    print(f"{bits}: top-1 agreement {agreement:.1%} on 200 positions; "
+          f"{quantized.memory_bytes / 2**20:.1f} MB against {tiny.memory_bytes / 2**20:.1f} MB")
+    assert agreement >= least
 
 
 def test_error_sequence_longer_than_model_maximum():

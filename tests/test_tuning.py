@@ -114,17 +114,21 @@ def test_user_jsonl_sets_and_scorers(tmp_path):
         jsonl_problems(f, "fuzzy")
 
 
-def test_gpu_check_script_runs_its_cpu_smoke_shape(capsys):
+def test_gpu_check_script_runs_its_cpu_smoke_shape(tmp_path):
     import importlib.util
     from pathlib import Path
+
+    from dllm_local.policies import registry
 
     path = Path(__file__).resolve().parents[1] / "bench" / "gpu_check.py"
     spec = importlib.util.spec_from_file_location("gpu_check", path)
     gpu_check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_check)
-    assert gpu_check.main(["--tiny", "--device", "cpu", "--lengths", "64", "--prompt", "16", "--repeats", "1"]) == 0
-    out = capsys.readouterr().out
-    rows = [line.split() for line in out.splitlines() if line.strip().startswith("float32")]
-    assert [r[2] for r in rows] == ["refresh", "none", "prefix", "dual", "freecache"]
-    g = {r[2]: int(r[3]) for r in rows}
-    assert g["none"] == g["refresh"] == 80 and g["dual"] == 32
+    out = tmp_path / "gpu_check.json"
+    assert gpu_check.main(["--tiny", "--device", "cpu", "--lengths", "64", "--prompt", "16", "--repeats", "1",
+                           "--generate-budget", "5", "--quantized", "no", "--json", str(out)]) == 0
+    rows = {r["policy"]: r for r in json.loads(out.read_text())["policies"]}
+    assert list(rows) == list(registry.CACHE)  # every cache policy, each through the real sampler
+    total = rows["none"]["G_first"]
+    assert rows["none"]["G"] == total == rows["dual"]["G_first"]  # a refresh recomputes everything
+    assert rows["dual"]["G"] == 32 and rows["freecache"]["G_first"] < total

@@ -331,7 +331,7 @@ def knob_widget(param: dict, value: Any, visible: bool, elem_id: str) -> gr.Comp
 
 def _model_and_files(w: SimpleNamespace, session) -> None:
     quant_ok = {name: ok for name, ok, _ in session.quantization_options()}
-    quant_reason = next((r for _, ok, r in session.quantization_options() if not ok), "")
+    quant_reason = next((r for name, _, r in session.quantization_options() if name != "none" and r), "")
     with gr.Accordion("Model", open=False):
         w.model_pick = gr.Dropdown([n for n, _, _ in session.model_options()], value=session.info()["name"],
                                    label="Model", allow_custom_value=True)
@@ -449,7 +449,7 @@ def _wire(w: SimpleNamespace, cb: Callbacks) -> None:
         box.change(show_cost, [w.trace, w.cost_target, w.cost_device], [w.cost_html], queue=False)
     w.cmp_btn.click(cb.run_compare, [w.preset_a, w.preset_b, w.cmp_changes, w.prompt, *controls],
                     [w.grid_a, w.grid_b, w.cmp_table, w.cmp_status], api_name="compare", **ENGINE)
-    tune_event = w.tune_btn.click(cb.run_sweep, [w.tune_preset, w.tune_task, w.tune_n, w.tune_thresholds, w.tune_blocks,
+    w.tune_btn.click(cb.run_sweep, [w.tune_preset, w.tune_task, w.tune_n, w.tune_thresholds, w.tune_blocks,
                                                  w.tune_gen],
                                   [w.tune_state, w.tune_plot, w.tune_table, w.tune_status], api_name="sweep", **ENGINE)
     _wire_stop(w.tune_stop, cb, w.tune_stop_note, [w.tune_btn.click], api_name="cancel_sweep")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -51,34 +52,57 @@ _measured: dict[str, DeviceProfile] = {}
 
 
 def measure_device(device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> DeviceProfile:
-    """This machine's copy bandwidth and matmul rate (float32 unless ``dtype``), measured once per
-    device and cached."""
+    """This machine's copy bandwidth and matmul rate in ``dtype`` (by default the working dtype:
+    bf16 on CUDA, fp16 on GPUs without native bf16, float32 on the CPU), measured once per device
+    and dtype and cached."""
     import torch
 
     device = torch.device(device)
-    dtype = dtype or torch.float32
+    if dtype is None:
+        from ..models.loader import pick_dtype
+
+        dtype = pick_dtype("auto", device)  # the dtype a model runs in there: the rate that matters
     key = f"{device}:{dtype}"
     if key in _measured:
         return _measured[key]
-    n = 1024 if device.type == "cpu" else 4096
+    if device.type == "cuda":
+        # n = 8192 keeps the tensor cores busy; 256 MiB per copy buffer is 4x any L2 cache (60-72 MB
+        # on H100/H200), so the copy streams from HBM, and the two buffers still fit beside an 8B
+        # model on a 24 GB card (the adaptive cache measures on its first run).
+        n, copy_bytes, min_reps, max_reps = 8192, 2**28, 10, 10_000
+    else:
+        # The CPU measurement stays cheap: tests and the adaptive cache call it on small machines.
+        n, copy_bytes, min_reps, max_reps = 1024, 32 * 2**20, 3, 50
     a = torch.randn(n, n, device=device, dtype=dtype)
-    buf = torch.empty(32 * 2**20 // 4, device=device)
+    buf = torch.empty(copy_bytes // 4, device=device, dtype=torch.float32)
     out = torch.empty_like(buf)
+    mm = _seconds_per_call(lambda: a @ a, device, min_reps, max_reps)
+    cp = _seconds_per_call(lambda: out.copy_(buf), device, min_reps, max_reps)
+    # A copy reads the buffer once and writes it once.
+    profile = DeviceProfile(f"this machine ({device.type})", 2 * copy_bytes / cp, 2 * n**3 / mm)
+    _measured[key] = profile
+    return profile
 
-    def timed(fn, reps: int) -> float:
-        fn()
+
+# Long enough that timer resolution and the synchronisation around a batch are noise.
+_MIN_TIMED_S = 0.05
+
+
+def _seconds_per_call(fn: Callable[[], object], device: torch.device, min_reps: int, max_reps: int) -> float:
+    """Mean seconds of ``fn`` over a batch of at least ``min_reps`` calls lasting ``_MIN_TIMED_S``
+    (or ``max_reps`` calls), so launch latency and the single synchronisation are amortised."""
+    fn()  # warm-up: allocation, kernel selection and page faults land here, not in the timing
+    reps = min_reps
+    while True:
         _sync(device)
-        t = time.perf_counter()
+        start = time.perf_counter()
         for _ in range(reps):
             fn()
         _sync(device)
-        return (time.perf_counter() - t) / reps
-
-    mm = timed(lambda: a @ a, 3)
-    cp = timed(lambda: out.copy_(buf), 5)
-    profile = DeviceProfile(f"this machine ({device.type})", 2 * buf.numel() * 4 / cp, 2 * n**3 / mm)
-    _measured[key] = profile
-    return profile
+        elapsed = time.perf_counter() - start
+        if elapsed >= _MIN_TIMED_S or reps >= max_reps:
+            return elapsed / reps
+        reps = min(max_reps, 2 * reps)
 
 
 def _sync(device: torch.device) -> None:

@@ -1,13 +1,15 @@
 """Position-indexed KV cache shared by every model family.
 
 One preallocated K and V tensor per layer, shaped ``[batch, kv_heads, max_len, head_dim]``
-(gpt-fast's ``KVCache.update(input_pos, k, v)`` is the model). A forward writes the K/V of
+(gpt-fast's ``KVCache.update(input_pos, k, v)`` is the model), on the device of that layer: a
+model spread over GPUs by ``device_map`` keeps each layer's K/V beside its weights. A forward writes the K/V of
 the positions it recomputes and attends over every valid position. Every cache policy
 (prefix, dual, FreeCache, adaptive) is only a choice of which positions to recompute.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -37,12 +39,17 @@ class KVCache:
         max_len: int,
         head_dim: int,
         dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
+        device: torch.device | str | Sequence[torch.device | str] = "cpu",
     ) -> None:
+        """``device``: one for every layer, or one per layer (the first holds the validity mask)."""
+        devices = [device] * n_layers if isinstance(device, (str, torch.device)) else list(device)
+        if len(devices) != n_layers:
+            raise ValueError(f"{len(devices)} layer devices for {n_layers} layers")
+        self.devices = [torch.device(d) for d in devices]
         shape = (batch, n_kv_heads, max_len, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.valid = torch.zeros(max_len, dtype=torch.bool, device=device)
+        self.k = [torch.zeros(shape, dtype=dtype, device=d) for d in self.devices]
+        self.v = [torch.zeros(shape, dtype=dtype, device=d) for d in self.devices]
+        self.valid = torch.zeros(max_len, dtype=torch.bool, device=self.devices[0])
         self.max_len = max_len
         self.seq_len = max_len
         self.track_drift = False
@@ -56,6 +63,8 @@ class KVCache:
         # Per layer, while tracking drift: dot products of replaced and fresh K and V, and their norms.
         self._products: list[torch.Tensor] = []
         self._was_valid: torch.Tensor | None = None
+        # This forward's write index and key mask, copied once to each other device that asks.
+        self._on_device: dict[torch.device, tuple] = {}
 
     @property
     def batch(self) -> int:
@@ -68,11 +77,13 @@ class KVCache:
             raise ValueError(f"position {hi} is beyond the cache length {self.max_len}")
         # A run of positions (a refresh, a block, a block and all after it) is read and written as
         # a slice: a view instead of a gather, a copy instead of a scatter.
+        positions = positions.to(self.valid.device)
         self._index = slice(lo, hi + 1) if hi - lo + 1 == positions.numel() else positions
         self._was_valid = self.valid[positions]
         self.valid[positions] = True
         live = self.valid[: self.seq_len]
         self._key_mask = _key_mask(live)
+        self._on_device = {self.valid.device: (self._index, self._key_mask)}
         recomputed = positions.numel()
         # Reads count the entries attended to that this forward did not recompute.
         self.last_stats = ForwardStats(recomputed=recomputed, reads=int(live.sum()) - recomputed)
@@ -85,22 +96,31 @@ class KVCache:
         """Write fresh K/V at ``positions``; return all keys, values and the key mask to attend."""
         k_cache, v_cache = self.k[layer], self.v[layer]
         k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
-        index = self._index
+        index, key_mask = self._for_device(k_cache.device)
         if self.track_drift:  # the entries about to be replaced, against the fresh ones
             vd = torch.linalg.vecdot
             old_k, old_v = k_cache[:, :, index].float(), v_cache[:, :, index].float()
             kf, vf = k.float(), v.float()
-            self._products.append(torch.stack([vd(old_k, kf), vd(old_k, old_k), vd(kf, kf),
-                                               vd(old_v, vf), vd(old_v, old_v), vd(vf, vf)]))
+            products = torch.stack([vd(old_k, kf), vd(old_k, old_k), vd(kf, kf), vd(old_v, vf), vd(old_v, old_v), vd(vf, vf)])
+            self._products.append(products.to(self.valid.device, non_blocking=True))
         k_cache[:, :, index] = k
         v_cache[:, :, index] = v
-        return k_cache[:, :, : self.seq_len], v_cache[:, :, : self.seq_len], self._key_mask
+        return k_cache[:, :, : self.seq_len], v_cache[:, :, : self.seq_len], key_mask
+
+    def _for_device(self, device: torch.device) -> tuple:
+        """The write index and key mask of this forward on ``device``."""
+        if device not in self._on_device:
+            index, mask = self._index, self._key_mask
+            self._on_device[device] = (index if isinstance(index, slice) else index.to(device, non_blocking=True),
+                                       None if mask is None else mask.to(device, non_blocking=True))
+        return self._on_device[device]
 
     def probe(self, q: torch.Tensor, keys: torch.Tensor, key_mask: torch.Tensor | None, positions: torch.Tensor) -> None:
         """Keep the attention mass of the probe queries over every key (``[seq_len]``, summed over
         batch, heads and queries): one explicit softmax at one layer, beside the fused attention."""
         rows = torch.searchsorted(positions, self.probe_queries)
         q = q[:, :, rows].float()
+        keys = keys.repeat_interleave(q.shape[1] // keys.shape[1], dim=1)  # grouped-query: one K head per group
         scores = q @ keys.to(q.dtype).transpose(-1, -2) / q.shape[-1] ** 0.5
         if key_mask is not None:
             scores = scores.masked_fill(~key_mask, float("-inf"))
@@ -126,8 +146,9 @@ class KVCache:
         index = slice(None) if positions is None else positions
         self.valid[index] = False
         for k, v in zip(self.k, self.v):
-            k[:, :, index] = 0
-            v[:, :, index] = 0
+            at = index if isinstance(index, slice) else index.to(k.device)
+            k[:, :, at] = 0
+            v[:, :, at] = 0
 
     def num_cached(self) -> int:
         return int(self.valid[: self.seq_len].sum())
@@ -146,15 +167,19 @@ class CacheFork:
 
     def begin_forward(self, positions: torch.Tensor) -> None:
         live = self.parent.valid[: self.parent.seq_len].clone()
-        live[positions] = True
+        live[positions.to(live.device)] = True
         self._key_mask = _key_mask(live)
+        self._masks = {live.device: self._key_mask}
 
     def update(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         p = self.parent
-        rows = k.shape[0]
+        rows, device = k.shape[0], p.k[layer].device
+        if device not in self._masks:
+            self._masks[device] = None if self._key_mask is None else self._key_mask.to(device, non_blocking=True)
+        positions = positions.to(device)
         keys = p.k[layer][:, :, : p.seq_len].expand(rows, -1, -1, -1).index_copy(2, positions, k.to(p.k[layer].dtype))
         values = p.v[layer][:, :, : p.seq_len].expand(rows, -1, -1, -1).index_copy(2, positions, v.to(p.v[layer].dtype))
-        return keys, values, self._key_mask
+        return keys, values, self._masks[device]
 
 
 def _key_mask(live: torch.Tensor) -> torch.Tensor | None:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from transformers import PretrainedConfig, PreTrainedModel
 
 from .cache import KVCache
-from .layers import RMSNorm, attend, check_positions, rope_cos_sin
+from .layers import RMSNorm, attend, check_positions, layer_devices, rope_cos_sin
 from .llada import DiffusionLMOutput
 
 
@@ -143,7 +143,8 @@ class DreamModel(PreTrainedModel):
         c = self.config
         ref = self.model.embed_tokens.weight
         max_len = max_len or c.max_position_embeddings
-        return KVCache(c.num_hidden_layers, batch, c.num_key_value_heads, max_len, c.head_dim, ref.dtype, ref.device)
+        return KVCache(c.num_hidden_layers, batch, c.num_key_value_heads, max_len, c.head_dim, ref.dtype,
+                       layer_devices(self.model.layers))
 
     def forward(
         self,
@@ -182,13 +183,12 @@ class DreamModel(PreTrainedModel):
             x = layer(x, run_positions, rope, cache)
         logits = self.lm_head(self.model.norm(x))
         # Shift: row j of the sorted run predicts the position after it; position 0 keeps its own.
-        index_of = {int(p): j for j, p in enumerate(run_positions.tolist())}
-        rows = [index_of[p - 1] if p > 0 else index_of[p] for p in positions.tolist()]
-        take = torch.tensor(rows, device=logits.device)
+        predecessor = torch.where(positions > 0, positions - 1, positions)
+        take = torch.searchsorted(run_positions, predecessor).to(logits.device)
         return DiffusionLMOutput(logits=logits[:, take])
 
 
 def _missing_predecessors(positions: torch.Tensor) -> torch.Tensor:
-    present = set(positions.tolist())
-    missing = sorted({p - 1 for p in present if p > 0 and p - 1 not in present})
-    return torch.tensor(missing, dtype=positions.dtype, device=positions.device)
+    """The positions p - 1 that are not given, for the given p > 0 (sorted, without repeats)."""
+    before = torch.unique(positions[positions > 0] - 1)
+    return before[~torch.isin(before, positions)]

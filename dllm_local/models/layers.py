@@ -16,6 +16,17 @@ def check_positions(positions: torch.Tensor, max_positions: int) -> None:
         )
 
 
+def layer_devices(blocks: nn.ModuleList) -> list[torch.device]:
+    """Where each transformer block runs: the device accelerate's hook executes it on (a block
+    offloaded by ``device_map`` has its weights on "meta" between calls), else its weights'."""
+    devices = []
+    for block in blocks:
+        hook = getattr(block, "_hf_hook", None)
+        execution = getattr(hook, "execution_device", None)
+        devices.append(torch.device(execution) if execution is not None else next(block.parameters()).device)
+    return devices
+
+
 class RMSNorm(nn.Module):
     """RMSNorm computed in float32 whatever the weight dtype, as LLaDA and Qwen2 do."""
 
@@ -68,12 +79,9 @@ def attend(
     key_mask = None
     if cache is not None:
         k, v, key_mask = cache.update(layer, positions, k, v)
-    n_heads, n_kv = q.shape[1], k.shape[1]
-    if n_kv != n_heads:
-        # Grouped-query attention: each K/V head serves n_heads / n_kv query heads.
-        k = k.repeat_interleave(n_heads // n_kv, dim=1)
-        v = v.repeat_interleave(n_heads // n_kv, dim=1)
     if cache is not None and getattr(cache, "probe_layer", None) == layer:
         cache.probe(q, k, key_mask, positions)
-    out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=key_mask)
+    # Grouped-query attention (Dream: 4 K/V heads for 28 query heads) inside SDPA: no repeated copy of K/V.
+    out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=key_mask,
+                                         enable_gqa=k.shape[1] != q.shape[1])
     return out.transpose(1, 2).flatten(2)

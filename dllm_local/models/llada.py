@@ -14,7 +14,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput
 
 from .cache import KVCache
-from .layers import RMSNorm, attend, check_positions, rope_cos_sin
+from .layers import RMSNorm, attend, check_positions, layer_devices, rope_cos_sin
 
 
 class LLaDAConfig(PretrainedConfig):
@@ -148,7 +148,8 @@ class LLaDAModelLM(PreTrainedModel):
         c = self.config
         ref = self.model.transformer.wte.weight
         dtype = ref.dtype if ref.is_floating_point() else torch.bfloat16
-        return KVCache(c.n_layers, batch, c.n_kv_heads, max_len or c.max_sequence_length, c.head_dim, dtype, ref.device)
+        return KVCache(c.n_layers, batch, c.n_kv_heads, max_len or c.max_sequence_length, c.head_dim, dtype,
+                       layer_devices(self.model.transformer.blocks))
 
     def forward(
         self,

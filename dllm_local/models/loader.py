@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import struct
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from huggingface_hub.errors import StrictDataclassError
 
 from ..errors import ModelLoadError
 from . import FAMILIES
+from .footprint import logical_parameters, weight_read_bytes
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 TINY_MODEL = ASSETS / "models" / "tiny-llada"
@@ -58,12 +60,15 @@ class ModelHandle:
     # The longest answer region the model was trained on, when its config.json says (the tiny
     # model's "trained_gen_length"); decoding past it is allowed, with a notice.
     trained_length: int | None = None
+    # Bytes one forward reads (weights as stored, without the input embedding): the cost model's term.
+    weight_read_bytes: int = 0
 
     def summary(self) -> dict:
         return {
             "name": self.name, "path": str(self.path), "family": self.family, "device": str(self.device),
             "dtype": str(self.dtype).replace("torch.", ""), "quantization": self.quantization or "none",
             "parameters": self.num_parameters, "memory_mb": round(self.memory_bytes / 2**20, 1),
+            "weight_read_mb": round(self.weight_read_bytes / 2**20, 1),
             "max_length": self.max_length, "trained_length": self.trained_length, "mask_id": self.mask_id, "stop_ids": list(self.stop_ids),
             "layers": int(getattr(self.model.config, "num_hidden_layers", 0) or getattr(self.model.config, "n_layers", 0)),
         }
@@ -141,13 +146,16 @@ def _check_safetensors_complete(f: Path) -> None:
         raise ModelLoadError(f"weight file {f.name} is truncated: {size} bytes, expected {expected}; download it again")
 
 
-def _quantization_config(quantization: str | None, device: torch.device):
+def _quantization_config(quantization: str | None, dtype: torch.dtype):
+    """bitsandbytes' config for ``quantization``. It runs on CUDA and, slowly, on the CPU.
+
+    4-bit computes in the model's dtype. 8-bit runs pure int8 matmuls (``llm_int8_threshold=0``):
+    the default outlier split (6.0) costs a host sync per Linear per forward to find the outlier
+    columns (about 450 per step on LLaDA-8B), which would hide the cache policies' differences."""
     if quantization in (None, "none"):
         return None
     if quantization not in ("8bit", "4bit"):
         raise ModelLoadError(f"quantization must be none, 8bit or 4bit, not {quantization!r}")
-    if device.type != "cuda":
-        raise ModelLoadError(f"{quantization} quantization needs a CUDA GPU (bitsandbytes); this run is on {device.type}")
     try:
         import bitsandbytes  # noqa: F401
     except ImportError as exc:
@@ -155,13 +163,15 @@ def _quantization_config(quantization: str | None, device: torch.device):
     from transformers import BitsAndBytesConfig
 
     if quantization == "8bit":
-        return BitsAndBytesConfig(load_in_8bit=True)
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_quant_type="nf4")
+        return BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=0.0)
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=dtype, bnb_4bit_quant_type="nf4")
 
 
 def pick_device(device: str | torch.device = "auto") -> torch.device:
+    """``"auto"``: the device named by the environment variable DLLM_LOCAL_DEVICE when it is set
+    (the tests set it to cpu, so they run the same on a CUDA machine), else CUDA when there is one."""
     if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = os.environ.get("DLLM_LOCAL_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         parsed = torch.device(device)
     except (RuntimeError, TypeError) as exc:
@@ -175,14 +185,26 @@ def pick_device(device: str | torch.device = "auto") -> torch.device:
     return parsed
 
 
-def pick_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """``"auto"`` (bf16 on CUDA, fp32 elsewhere), a floating torch dtype, or its name ("bfloat16")."""
+def pick_dtype(dtype: str | torch.dtype, device: torch.device, quantization: str | None = None) -> torch.dtype:
+    """``"auto"``, a floating torch dtype, or its name ("bfloat16"). Auto: float32 on the CPU;
+    on CUDA bfloat16 where the GPU computes in it natively (Ampere and later), else float16 (T4,
+    V100 and RTX 20 run bf16 through slow emulated kernels). 8-bit always computes in float16:
+    bitsandbytes casts anything else to it (and warns)."""
     if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if quantization == "8bit":
+            return torch.float16
+        if device.type != "cuda":
+            return torch.float32
+        return auto_cuda_dtype(torch.cuda.get_device_capability(device))
     value = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
     if not isinstance(value, torch.dtype) or not value.is_floating_point:
         raise ModelLoadError(f"dtype must be auto, float32, bfloat16 or float16, not {dtype!r}")
     return value
+
+
+def auto_cuda_dtype(capability: tuple[int, int]) -> torch.dtype:
+    """bfloat16 on GPUs with native bf16 math (compute capability 8.0 and later), else float16."""
+    return torch.bfloat16 if capability >= (8, 0) else torch.float16
 
 
 def read_json_object(file: Path) -> dict:
@@ -276,13 +298,13 @@ def load(
     mask_id = _mask_id(raw, config, config_file)
     check_weights(path)
     dev = pick_device(device)
-    dtype = pick_dtype(dtype, dev)
-    qconfig = _quantization_config(quantization, dev)
+    dtype = pick_dtype(dtype, dev, quantization)
+    qconfig = _quantization_config(quantization, dtype)
     _, model_cls = FAMILIES[family]
     kwargs: dict[str, Any] = {"config": config, "dtype": dtype}
     if qconfig is not None:
         kwargs["quantization_config"] = qconfig
-        kwargs["device_map"] = device_map or {"": dev.index or 0}
+        kwargs["device_map"] = device_map or {"": (dev.index or 0) if dev.type == "cuda" else "cpu"}
     elif device_map is not None:
         kwargs["device_map"] = device_map
     model, info = model_cls.from_pretrained(path, output_loading_info=True, **kwargs)
@@ -302,9 +324,9 @@ def load(
         name=name_or_path, path=path, family=family, model=model, tokenizer=tokenizer,
         mask_id=mask_id, eos_id=eos_id, stop_ids=stop_ids,
         device=next(model.parameters()).device, dtype=dtype, quantization=None if qconfig is None else quantization,
-        num_parameters=sum(p.numel() for p in model.parameters()),
+        num_parameters=logical_parameters(model),  # a 4-bit weight's numel counts packed pairs
         memory_bytes=model.get_memory_footprint(), max_length=config.max_positions,
-        trained_length=_trained_length(raw),
+        trained_length=_trained_length(raw), weight_read_bytes=weight_read_bytes(model),
     )
 
 
@@ -339,5 +361,7 @@ def load_guider(name_or_path: str, device: str | torch.device = "auto", dtype: s
 
 
 def _quiet_bitsandbytes() -> None:
-    # bitsandbytes warns about optional GPU kernels when imported on a CPU-only machine.
+    # bitsandbytes warns about optional GPU kernels when imported on a CPU-only machine, and its
+    # import trips torch's deprecation of jit.script_method: neither is the user's to act on.
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message=".*torch.jit.script_method.*is deprecated", category=DeprecationWarning)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..experiments.costmodel import DEVICES, measure_device, reuse_beats_recompute
+from ..models.footprint import logical_parameters
 from .base import DecodeState, Policy
 
 if TYPE_CHECKING:  # the page process validates settings with these classes and never loads a model
@@ -88,14 +89,16 @@ class FreeCache(CachePolicy):
     def plan(self, state, cache):
         if state.step == 0:
             return _full(state)
-        masked = state.masked
-        starts = range(state.block_start, state.total_len, state.block_size)
-        active = [torch.arange(s, s + state.block_size, device=state.x.device) for i, s in enumerate(starts)
-                  if i == 0 or bool(masked[s : s + state.block_size].any())]
+        # The current block and every later block with a mask left, found in one pass (one host
+        # sync, however many blocks: a loop asking each block would wait on the device per block).
+        blocks = torch.arange(state.block_start, state.total_len, device=state.x.device).view(-1, state.block_size)
+        active = state.masked[state.block_start:].view(-1, state.block_size).any(-1)
+        active[0] = True
+        positions = blocks[active].flatten()
         if state.step_in_block == 0 and state.block > 0:
             # The block that just finished is recomputed once, with its last commits, then frozen.
-            active.insert(0, torch.arange(state.block_start - state.block_size, state.block_start, device=state.x.device))
-        return Plan(torch.cat(active), False)
+            positions = torch.cat([blocks[0] - state.block_size, positions])
+        return Plan(positions, False)
 
 
 class AdaptiveCache(CachePolicy):
@@ -111,7 +114,7 @@ class AdaptiveCache(CachePolicy):
 
     def reset(self, state, cache, model):
         L = state.total_len
-        params = sum(p.numel() for p in model.parameters())
+        params = logical_parameters(model)  # a 4-bit weight's numel counts packed pairs
         device = measure_device(state.x.device) if self.device_profile == "auto" else DEVICES[self.device_profile]
         vocab = model.get_input_embeddings().weight.shape[0]
         self._state = {

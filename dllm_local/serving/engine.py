@@ -7,6 +7,7 @@ The engine's main thread does all torch work, so the OpenMP team is created once
 """
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import threading
@@ -18,7 +19,7 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from ..errors import DllmError, OutOfMemory, SettingsError
+from ..errors import DllmError, EngineError, OutOfMemory, SettingsError
 from ..policies import registry
 from ..models.loader import GuiderHandle, ModelHandle, load, load_guider
 from ..sampler import Run
@@ -28,6 +29,28 @@ from ..trace import SCHEMA_VERSION
 Emit = Callable[[dict], None]
 OOM_ADVICE = ("the GPU ran out of memory; the cache was freed. Try 4-bit quantization, "
               "a shorter generation length or a smaller block size.")
+LOAD_OOM_ADVICE = ("the GPU has not enough free memory for that model; the previous model is loaded again. "
+                   "Try 4-bit or 8-bit quantization, or close other programs that use the GPU.")
+# Allocation failures that reach Python as a plain RuntimeError (cuBLAS and bitsandbytes workspaces).
+OOM_MARKERS = ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED")
+# Errors after which the CUDA context is unusable: every later call fails with the same error.
+FATAL_MARKERS = ("illegal memory access", "device-side assert", "unspecified launch failure", "misaligned address",
+                 "illegal instruction", "uncorrectable ECC", "CUDA error: unknown error")
+
+
+def failure_kind(exc: BaseException) -> str | None:
+    """"oom" (the cache is freed and the engine goes on), "fatal" (the GPU context is lost: the
+    engine process ends and the next request starts a new one) or None (an ordinary error)."""
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return "oom"
+    if not isinstance(exc, RuntimeError):
+        return None
+    text = str(exc)
+    if any(marker in text for marker in FATAL_MARKERS):
+        return "fatal"
+    if any(marker in text for marker in OOM_MARKERS):
+        return "oom"
+    return None
 
 
 def engine_threads(threads: int = 0) -> int:
@@ -51,16 +74,29 @@ class Engine:
 
     def describe(self) -> dict:
         """What the page shows without asking again: the model and which quantizations can work."""
-        cuda = torch.cuda.is_available()
-        reason = "" if cuda else "needs a CUDA GPU (bitsandbytes)"
+        try:
+            import bitsandbytes  # noqa: F401
+            usable, note = True, "" if self.handle.device.type == "cuda" else "runs on the CPU, slower than full precision"
+        except ImportError:
+            usable, note = False, "needs bitsandbytes (pip install bitsandbytes)"
         return {"info": self.handle.summary(),
-                "quantization": [("none", True, ""), ("8bit", cuda, reason), ("4bit", cuda, reason)],
+                "quantization": [("none", True, ""), ("8bit", usable, note), ("4bit", usable, note)],
                 "policies": registry.all_specs()}
 
     def switch_model(self, name: str, quantization: str | None = None) -> dict:
-        self.handle = load(name, device=self.device, quantization=quantization)  # the old model is freed then
-        self._guider = None
+        """Load ``name`` in place of the current model. The old weights are released first (two 8B
+        models do not fit on one card); if the new one fails to load, the old one comes back."""
+        previous = (self.handle.name, self.handle.quantization)
+        self.handle = self._guider = None
+        gc.collect()
         free_device_memory()
+        try:
+            self.handle = load(name, device=self.device, quantization=quantization)
+        except BaseException:
+            gc.collect()
+            free_device_memory()
+            self.handle = load(previous[0], device=self.device, quantization=previous[1])
+            raise
         return self.describe()
 
     def guider(self) -> GuiderHandle:
@@ -146,21 +182,27 @@ def serve(conn: Connection, stop: Event, spec: dict) -> None:
         if method not in REQUESTS:
             conn.send(("error", DllmError(f"the engine has no request {method!r}")))
             continue
-        out_of_memory = False
+        failure = None
         try:
             if method in STREAMED:
                 getattr(engine, method)(**kwargs, emit=lambda item: conn.send(("event", item)))
                 conn.send(("end", None))
             else:
                 conn.send(("result", getattr(engine, method)(**kwargs)))
-        except torch.cuda.OutOfMemoryError:
-            out_of_memory = True
         except Exception as exc:  # noqa: BLE001 - every failure goes back as a message; the engine keeps serving
-            conn.send(("error", _portable(exc)))
-        if out_of_memory:
-            # Outside the except block: the traceback no longer holds the run's tensors.
+            failure = failure_kind(exc)
+            if failure is None:
+                conn.send(("error", _portable(exc)))
+            else:
+                detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        # Outside the except block: the traceback no longer holds the run's tensors.
+        if failure == "oom":
             free_device_memory()
-            conn.send(("error", OutOfMemory(OOM_ADVICE)))
+            conn.send(("error", OutOfMemory(LOAD_OOM_ADVICE if method == "switch_model" else OOM_ADVICE)))
+        elif failure == "fatal":
+            conn.send(("error", EngineError(f"the GPU reported an error it cannot recover from ({detail}); the engine "
+                                            f"process ends, and the next request starts it again with the model")))
+            return
 
 
 def _portable(exc: BaseException) -> BaseException:
