@@ -17,11 +17,23 @@ def port_number(text: str) -> int:
     return int(text)
 
 
+def memory_fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a share of the GPU's memory in (0, 1], not {text!r}")
+    return value
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description="dllm-local: watch diffusion-LLM decoding step by step")
     ap.add_argument("--model", default="tiny", help="hub id, local folder or short name (default: the embedded tiny model)")
-    ap.add_argument("--quantize", choices=["none", "8bit", "4bit"], default="none", help="bitsandbytes quantization (CUDA only)")
+    ap.add_argument("--quantize", choices=["none", "8bit", "4bit"], default="none", help="bitsandbytes quantization (CUDA; on the CPU too, slower)")
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ...")
+    ap.add_argument("--gpu-memory-fraction", type=memory_fraction, default=None, metavar="F",
+                    help="cap the engine at this share of the GPU's memory (for a GPU shared with other programs)")
     ap.add_argument("--guider", default="tiny-guider", help="autoregressive guider for guided decoding")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=port_number, default=7860)
@@ -59,7 +71,7 @@ def create(args: argparse.Namespace):
 
     # The engine process loads the model while this one imports the page.
     session = Session(args.model, device=args.device, quantization=args.quantize, guider=args.guider,
-                      threads=args.threads, lazy=True)
+                      threads=args.threads, lazy=True, memory_fraction=getattr(args, "gpu_memory_fraction", None))
     from ui.page import ModelAccess, build
 
     presets, problems = load_presets()

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -64,9 +63,6 @@ def session_child(spec_json: str) -> int:
     initialised CUDA by then). It drives a ``Session`` and reports, as one JSON line, what each
     request did and whether this process ever imported torch or initialised CUDA."""
     spec = json.loads(spec_json)
-    if spec.get("alloc_conf"):
-        # Inherited by the engine process it spawns: the cap that makes the long run run out of memory.
-        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = spec["alloc_conf"]
     from dllm_local.errors import OutOfMemory
     from dllm_local.serving.session import Session
 
@@ -91,7 +87,9 @@ def session_child(spec_json: str) -> int:
         process = getattr(session, "_process", None)  # private; only to tell "recovered" from "restarted"
         return getattr(process, "pid", None)
 
-    session = Session(spec["model"], device=spec["device"], guider=None, threads=spec["threads"])
+    # The memory cap is the one that makes the long run run out of memory.
+    session = Session(spec["model"], device=spec["device"], guider=None, threads=spec["threads"],
+                      memory_fraction=spec["memory_fraction"])
     try:
         report["model"] = session.info().get("name")
         report["pid_start"] = engine_pid()
@@ -566,34 +564,20 @@ def section_d(ctx: Context) -> tuple[str, str, dict]:
 
 
 # ---------------------------------------------------------------- e: the engine process
-def alloc_fraction_supported() -> bool:
-    """Whether this torch's allocator takes ``per_process_memory_fraction`` from its settings
-    (PYTORCH_CUDA_ALLOC_CONF): the only way to cap the engine process's memory from outside it."""
-    try:
-        torch.cuda.memory._set_allocator_settings("per_process_memory_fraction:1.0")
-        return True
-    except Exception:  # noqa: BLE001 - older versions reject the key
-        return False
-
-
 def section_e(ctx: Context) -> tuple[str, str, dict]:
     path = ctx.checkpoint()
     spec = {"model": str(path), "device": str(ctx.device), "threads": 1 if ctx.dry_run else 0, "switch_to": "tiny",
-            "oom_gen": None, "alloc_conf": None}
+            "oom_gen": None, "memory_fraction": None}
     oom_note = "forced OOM: not covered on the CPU"
     if ctx.sizes["oom"]:
-        if alloc_fraction_supported():
-            total = torch.cuda.get_device_properties(ctx.device).total_memory
-            # The model and 1 GiB: short runs fit; a run near the model's maximum length does
-            # not (its first forward's logits alone are 4000 x 126464 bf16, about 1 GB).
-            cap = folder_bytes(path) + 2**30
-            spec["alloc_conf"] = f"per_process_memory_fraction:{cap / total:.4f}"
-            prompt_room = 128
-            spec["oom_gen"] = (json.loads((path / "config.json").read_text())["max_sequence_length"] - prompt_room) // 32 * 32
-            oom_note = ""
-        else:
-            oom_note = (f"forced OOM: not covered (torch {torch.__version__} has no per_process_memory_fraction in "
-                        f"PYTORCH_CUDA_ALLOC_CONF, and the engine has no hook to cap its memory)")
+        total = torch.cuda.get_device_properties(ctx.device).total_memory
+        # The model and 1 GiB: short runs fit; a run near the model's maximum length does
+        # not (its first forward's logits alone are 4000 x 126464 bf16, about 1 GB).
+        cap = folder_bytes(path) + 2**30
+        spec["memory_fraction"] = round(cap / total, 4)
+        prompt_room = 128
+        spec["oom_gen"] = (json.loads((path / "config.json").read_text())["max_sequence_length"] - prompt_room) // 32 * 32
+        oom_note = ""
     t = time.perf_counter()
     child = subprocess.run([sys.executable, str(Path(__file__).resolve()), CHILD_FLAG, json.dumps(spec)],
                            capture_output=True, text=True, timeout=max(60, min(300, ctx.remaining())))

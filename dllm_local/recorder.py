@@ -20,6 +20,7 @@ from .policies.base import DecodeState
 from .policies.cache import Plan
 from .policies.unmask import Candidates, Selection
 from .settings import Settings
+from .softmax import draft_probability
 from .trace import StepRecord, Trace
 
 
@@ -192,12 +193,11 @@ class Recorder:
     def _exact_record(self, cand: Candidates) -> dict:
         t = time.perf_counter()
         exact_logits = self._exact["logits"][cand.positions].index_fill(-1, self.banned, float("-inf"))
-        exact_p = F.softmax(exact_logits.double(), dim=-1)
-        err = (exact_p.gather(-1, cand.tokens[:, None]).squeeze(-1) - cand.confidence).abs()
+        err = (draft_probability(exact_logits, cand.tokens) - cand.confidence).abs()
         greedy = self.settings.temperature == 0
         record = {
             "max_prob_error": round(float(err.max()), 6) if err.numel() else 0.0,
-            "argmax_agree": bool((exact_p.argmax(-1) == cand.tokens).all()) if greedy else None,
+            "argmax_agree": bool((exact_logits.argmax(-1) == cand.tokens).all()) if greedy else None,
             "true_drift": self._exact["true_drift"], "cache_vs_exact": self._exact["cache_vs_exact"],
         }
         self._exact_s += time.perf_counter() - t

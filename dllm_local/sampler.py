@@ -16,6 +16,7 @@ from .models.loader import GuiderHandle, ModelHandle
 from .policies.base import DecodeState
 from .policies.unmask import Candidates
 from .recorder import Recorder
+from .softmax import draft_probability, entropy, row_chunks
 from .settings import Settings
 from .trace import StepRecord, Trace
 
@@ -205,7 +206,7 @@ class Run:
         logits = self.recorder.forward(state.x, positions, cache)
         self._logits = logits
         masked = state.masked[positions]
-        self.cache_policy.observe(state, cache, positions, _entropy(logits) if self.settings.cache_spec.needs_entropy else None)
+        self.cache_policy.observe(state, cache, positions, entropy(logits) if self.settings.cache_spec.needs_entropy else None)
         masked_logits = logits[masked].index_fill(-1, self._banned, float("-inf"))
         cand = self._candidates(state, positions[masked], masked_logits)
         selection = self.unmask_policy.select(state, cand, self)
@@ -267,40 +268,12 @@ class Run:
             raise ValueError("current_probabilities: a position outside this step's forward")
         logits = self._logits[index].index_fill(-1, self._banned, float("-inf"))
         tokens = self.state.x[0, positions]
-        return F.softmax(logits.double(), dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+        return draft_probability(logits, tokens)
 
     def guider_forward(self, input_ids: torch.Tensor, past):
         """The guider's logits for ``input_ids`` read after its cache ``past`` (None: a new one)."""
         logits, past = self.recorder.guider_forward(self.guider, input_ids, past)
         return logits.to(self.handle.device), past
-
-
-# Rows of vocabulary-wide float temporaries per chunk: 2^22 elements (16 MB of float32).
-CHUNK_ELEMENTS = 2**22
-
-
-def row_chunks(*tensors: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
-    """Row blocks of ``tensors`` (the first ``[n, vocab]``, the others ``[n, ...]``), about
-    CHUNK_ELEMENTS of the first per block: views, no copy."""
-    rows = max(1, CHUNK_ELEMENTS // max(1, tensors[0].shape[-1]))
-    return list(zip(*(t.split(rows) for t in tensors)))
-
-
-def draft_probability(logits: torch.Tensor, draft: torch.Tensor) -> torch.Tensor:
-    """The softmax probability of ``draft`` in each row, in float64 as LLaDA's generator computes
-    it: one token per step ranks positions whose end-of-text probabilities differ only in the last
-    float32 bits, and a float32 softmax reorders those commits (the golden traces show it). Row
-    blocks keep the float64 copies to a few MB however long the block."""
-    return torch.cat([F.softmax(rows.double(), dim=-1).gather(-1, d[:, None]).squeeze(-1)
-                      for rows, d in row_chunks(logits, draft)])
-
-
-def _entropy(logits: torch.Tensor) -> torch.Tensor:
-    def entropy(rows: torch.Tensor) -> torch.Tensor:
-        logp = F.log_softmax(rows.float(), dim=-1)
-        return -(logp.exp() * logp).sum(-1)
-
-    return torch.cat([entropy(rows) for (rows,) in row_chunks(logits)])
 
 
 def stream(handle: ModelHandle, prompt: Prompt, settings: Settings | None = None, guider: GuiderHandle | None = None) -> Run:

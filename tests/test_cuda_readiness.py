@@ -169,6 +169,17 @@ def test_gpu_failures_are_classified(error, kind):
     assert engine_module.failure_kind(error) == kind
 
 
+def _serve_in_a_thread(**spec):
+    """The engine's real request loop on a thread (the page's end of the pipe, the thread), with
+    this process's thread count, once it has said ``ready``."""
+    page, engine_end = multiprocessing.Pipe()
+    spec = {"model": "tiny", "threads": torch.get_num_threads(), **spec}
+    loop = threading.Thread(target=engine_module.serve, args=(engine_end, threading.Event(), spec), daemon=True)
+    loop.start()
+    assert page.recv()[0] == "ready"
+    return page, loop
+
+
 @pytest.mark.parametrize("message, expected, engine_ends", [
     ("CUDA error: an illegal memory access was encountered", EngineError, True),
     ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", OutOfMemory, False),
@@ -179,18 +190,51 @@ def test_the_engine_loop_recovers_from_oom_and_ends_on_a_lost_gpu_context(monkey
         raise RuntimeError(message)
 
     monkeypatch.setattr(engine_module.Engine, "run", failing_run)
-    page, engine_end = multiprocessing.Pipe()
-    loop = threading.Thread(target=engine_module.serve, args=(engine_end, threading.Event(), {"model": "tiny"}))
-    loop.start()
-    assert page.recv()[0] == "ready"
-    page.send(("run", {"prompt": PROMPT, "settings": {}}))
-    kind, error = page.recv()
-    assert kind == "error" and isinstance(error, expected)
-    loop.join(2)
-    assert loop.is_alive() is not engine_ends  # a lost context ends the process; the session starts a new one
-    if not engine_ends:
-        page.send(("close", {}))
+    page, loop = _serve_in_a_thread()
+    try:
+        page.send(("run", {"prompt": PROMPT, "settings": {}}))
+        kind, error = page.recv()
+        assert kind == "error" and isinstance(error, expected)
+        if engine_ends:  # a lost context ends the process; the session starts a new one
+            loop.join(10)
+            assert not loop.is_alive()
+        else:  # the engine goes on serving
+            page.send(("close", {}))
+            loop.join(10)
+            assert not loop.is_alive()
+    finally:
+        page.close()
+
+
+def test_the_memory_cap_goes_to_the_allocator_of_the_engines_gpu(monkeypatch):
+    """Session(memory_fraction=...) caps the engine process on its GPU. "cuda" names no index,
+    which the allocator call requires: the current device's is passed. (CUDA is faked: the
+    allocator call is recorded and the model loads on the CPU.)"""
+    calls = []
+    monkeypatch.setattr(engine_module, "pick_device", lambda device: torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda *args: calls.append(args))
+    page, loop = _serve_in_a_thread(memory_fraction=1)
+    page.send(("close", {}))
+    loop.join(10)
+    page.close()
+    assert calls == [(1.0, 0)] and type(calls[0][0]) is float
+
+
+def test_a_switch_that_cannot_bring_the_old_model_back_ends_the_engine(monkeypatch):
+    page, loop = _serve_in_a_thread()
+    try:
+        def no_model(*args, **kwargs):
+            raise ModelLoadError("the disk is gone")
+
+        monkeypatch.setattr(engine_module, "load", no_model)
+        page.send(("switch_model", {"name": "tiny"}))
+        kind, error = page.recv()
+        assert kind == "error" and "the disk is gone" in str(error)
         loop.join(10)
+        assert not loop.is_alive()  # no model to serve: the session restarts the engine with its old spec
+    finally:
+        page.close()
 
 
 # ---------------------------------------------------------------- dtypes and quantization
@@ -225,3 +269,14 @@ def test_tiny_on_cuda_in_float32_decodes_as_on_the_cpu(tiny):
     for cache in ("none", "dual"):
         settings = Settings(gen_length=64, cache=cache)
         assert dllm_local.generate(gpu, PROMPT, settings).token_ids == dllm_local.generate(tiny, PROMPT, settings).token_ids
+
+
+def test_the_page_takes_a_gpu_memory_share_and_refuses_a_wrong_one(capsys):
+    import app
+
+    assert app.parse_args(["--gpu-memory-fraction", "0.5"]).gpu_memory_fraction == 0.5
+    assert app.parse_args([]).gpu_memory_fraction is None
+    for wrong in ("0", "1.5", "half"):
+        with pytest.raises(SystemExit):
+            app.parse_args(["--gpu-memory-fraction", wrong])
+        assert "share of the GPU's memory in (0, 1]" in capsys.readouterr().err

@@ -37,16 +37,21 @@ DEVICES = {
 
 @dataclass(frozen=True)
 class TargetModel:
+    """``params``: the parameters a position's arithmetic uses; ``weight_bytes``: the bytes one
+    forward reads (bf16). Both leave out the input embedding, from which a forward only gathers
+    its tokens' rows; the output head, a full matmul, is in both."""
+
     name: str
     params: float
-    weight_bytes: float  # bf16 on disk
+    weight_bytes: float
 
 
-# The real models a run is projected onto: LLaDA-8B's weight index says 16,031,162,368 bytes
-# of bf16 (8.02 B parameters); Dream-v0-7B is Qwen2.5-7B's 7.62 B parameters.
+# The real models a run is projected onto. LLaDA-8B's weight index says 16,031,162,368 bytes of
+# bf16 (8.016 B parameters), of which the 126,464 x 4,096 input embedding is 0.518 B; Dream-v0-7B
+# is Qwen2.5-7B's 7.616 B parameters, with a 152,064 x 3,584 embedding (0.545 B).
 TARGET_MODELS = {
-    "LLaDA-8B-Instruct": TargetModel("LLaDA-8B-Instruct", 8.016e9, 16.031e9),
-    "Dream-v0-Instruct-7B": TargetModel("Dream-v0-Instruct-7B", 7.616e9, 15.232e9),
+    "LLaDA-8B-Instruct": TargetModel("LLaDA-8B-Instruct", 8.016e9 - 0.518e9, 2 * (8.016e9 - 0.518e9)),
+    "Dream-v0-Instruct-7B": TargetModel("Dream-v0-Instruct-7B", 7.616e9 - 0.545e9, 2 * (7.616e9 - 0.545e9)),
 }
 _measured: dict[str, DeviceProfile] = {}
 

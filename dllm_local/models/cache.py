@@ -118,7 +118,7 @@ class KVCache:
     def probe(self, q: torch.Tensor, keys: torch.Tensor, key_mask: torch.Tensor | None, positions: torch.Tensor) -> None:
         """Keep the attention mass of the probe queries over every key (``[seq_len]``, summed over
         batch, heads and queries): one explicit softmax at one layer, beside the fused attention."""
-        rows = torch.searchsorted(positions, self.probe_queries)
+        rows = torch.searchsorted(positions, self.probe_queries.to(positions.device))
         q = q[:, :, rows].float()
         keys = keys.repeat_interleave(q.shape[1] // keys.shape[1], dim=1)  # grouped-query: one K head per group
         scores = q @ keys.to(q.dtype).transpose(-1, -2) / q.shape[-1] ** 0.5
@@ -143,7 +143,7 @@ class KVCache:
 
     def invalidate(self, positions: torch.Tensor | None = None) -> None:
         """Drop entries, K and V together (zeroed, so nothing stale can be read); None drops all."""
-        index = slice(None) if positions is None else positions
+        index = slice(None) if positions is None else positions.to(self.valid.device)
         self.valid[index] = False
         for k, v in zip(self.k, self.v):
             at = index if isinstance(index, slice) else index.to(k.device)

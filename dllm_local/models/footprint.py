@@ -18,6 +18,15 @@ def logical_parameters(model: torch.nn.Module) -> int:
     return sum(math.prod(_logical_shape(p)) for p in model.parameters())
 
 
+def arithmetic_parameters(model: torch.nn.Module) -> int:
+    """The parameters a position's arithmetic uses (2 FLOP each): all of them before quantization,
+    less the input embedding, from which a forward only gathers rows (unless the head reuses it)."""
+    embedding = _input_embedding_weight(model)
+    if embedding is None or _tied_to_head(model, embedding):
+        return logical_parameters(model)
+    return logical_parameters(model) - embedding.numel()
+
+
 def weight_read_bytes(model: torch.nn.Module) -> int:
     """Bytes one forward reads from memory: every parameter as stored (packed 4-bit or int8 with
     its quantization constants), except the input embedding, from which a forward only gathers the

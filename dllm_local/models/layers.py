@@ -81,7 +81,12 @@ def attend(
         k, v, key_mask = cache.update(layer, positions, k, v)
     if cache is not None and getattr(cache, "probe_layer", None) == layer:
         cache.probe(q, k, key_mask, positions)
-    # Grouped-query attention (Dream: 4 K/V heads for 28 query heads) inside SDPA: no repeated copy of K/V.
+    grouped = k.shape[1] != q.shape[1]  # Dream: 4 K/V heads for 28 query heads
+    if grouped and key_mask is not None:
+        # SDPA's grouped-query path has no fused kernel that takes a mask on CUDA (flash takes
+        # none): with a mask, repeated K/V keep the memory-efficient kernel.
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
     out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=key_mask,
-                                         enable_gqa=k.shape[1] != q.shape[1])
+                                         enable_gqa=grouped and key_mask is None)
     return out.transpose(1, 2).flatten(2)

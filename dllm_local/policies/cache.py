@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..experiments.costmodel import DEVICES, measure_device, reuse_beats_recompute
-from ..models.footprint import logical_parameters
+from ..models.footprint import arithmetic_parameters
 from .base import DecodeState, Policy
 
 if TYPE_CHECKING:  # the page process validates settings with these classes and never loads a model
@@ -114,7 +114,7 @@ class AdaptiveCache(CachePolicy):
 
     def reset(self, state, cache, model):
         L = state.total_len
-        params = logical_parameters(model)  # a 4-bit weight's numel counts packed pairs
+        params = arithmetic_parameters(model)
         device = measure_device(state.x.device) if self.device_profile == "auto" else DEVICES[self.device_profile]
         vocab = model.get_input_embeddings().weight.shape[0]
         self._state = {

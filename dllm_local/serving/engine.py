@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from ..errors import DllmError, EngineError, OutOfMemory, SettingsError
 from ..policies import registry
-from ..models.loader import GuiderHandle, ModelHandle, load, load_guider
+from ..models.loader import GuiderHandle, ModelHandle, load, load_guider, pick_device
 from ..sampler import Run
 from ..settings import Settings
 from ..trace import SCHEMA_VERSION
@@ -85,19 +85,21 @@ class Engine:
 
     def switch_model(self, name: str, quantization: str | None = None) -> dict:
         """Load ``name`` in place of the current model. The old weights are released first (two 8B
-        models do not fit on one card); if the new one fails to load, the old one comes back."""
+        models do not fit on one card); if the new one fails to load, the old one comes back. If
+        even that fails, ``handle`` stays None and the engine process must end (``serve`` does)."""
         previous = (self.handle.name, self.handle.quantization)
         self.handle = self._guider = None
-        gc.collect()
         free_device_memory()
         try:
             self.handle = load(name, device=self.device, quantization=quantization)
-        except BaseException:
-            gc.collect()
-            free_device_memory()
-            self.handle = load(previous[0], device=self.device, quantization=previous[1])
-            raise
-        return self.describe()
+            return self.describe()
+        except BaseException as exc:  # noqa: BLE001 - raised again below, once the old model is back
+            failure = exc
+            # The traceback's frames hold the half-loaded model; they go before the old one comes.
+            traceback.clear_frames(exc.__traceback__)
+        free_device_memory()
+        self.handle = load(previous[0], device=self.device, quantization=previous[1])
+        raise failure
 
     def guider(self) -> GuiderHandle:
         if self._guider is None:
@@ -148,6 +150,7 @@ class Engine:
 
 
 def free_device_memory() -> None:
+    gc.collect()  # a released model's modules hold reference cycles
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
@@ -163,10 +166,16 @@ def serve(conn: Connection, stop: Event, spec: dict) -> None:
     ``("end", None)``, or one ``("result", value)``, or ``("error", exception)``.
     """
     engine_threads(spec.pop("threads", 0))
+    memory_fraction = spec.pop("memory_fraction", None)
     # Progress bars (model loading) lock with a thread lock, not tqdm's default cross-process
     # semaphore, which this process would leave behind when the page process ends it.
     tqdm.set_lock(threading.RLock())
     try:
+        if memory_fraction:
+            device = pick_device(spec.get("device", "auto"))
+            if device.type == "cuda":  # the caching allocator refuses more than this share of the card
+                index = device.index if device.index is not None else torch.cuda.current_device()
+                torch.cuda.set_per_process_memory_fraction(float(memory_fraction), index)
         engine = Engine(stop, **spec)
     except BaseException as exc:  # noqa: BLE001 - the page process raises it
         conn.send(("error", _portable(exc)))
@@ -202,6 +211,8 @@ def serve(conn: Connection, stop: Event, spec: dict) -> None:
         elif failure == "fatal":
             conn.send(("error", EngineError(f"the GPU reported an error it cannot recover from ({detail}); the engine "
                                             f"process ends, and the next request starts it again with the model")))
+            return
+        if engine.handle is None:  # a failed switch could not bring the old model back either
             return
 
 

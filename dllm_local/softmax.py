@@ -1,0 +1,38 @@
+"""Vocabulary-wide softmax quantities, a few rows at a time.
+
+A block of 1,024 positions over LLaDA's 126,464-token vocabulary is 130 M logits: one float64
+copy of them is 1 GB. Everything here works on row blocks of about CHUNK_ELEMENTS, row-wise, so
+the results are the same as over the whole tensor and the temporaries stay a few MB.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# Rows of vocabulary-wide float temporaries per chunk: 2^22 elements (16 MB of float32).
+CHUNK_ELEMENTS = 2**22
+
+
+def row_chunks(*tensors: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+    """Row blocks of ``tensors`` (the first ``[n, vocab]``, the others ``[n, ...]``), about
+    CHUNK_ELEMENTS of the first per block: views, no copy."""
+    rows = max(1, CHUNK_ELEMENTS // max(1, tensors[0].shape[-1]))
+    return list(zip(*(t.split(rows) for t in tensors)))
+
+
+def draft_probability(logits: torch.Tensor, draft: torch.Tensor) -> torch.Tensor:
+    """The softmax probability of ``draft`` in each row, in float64 as LLaDA's generator computes
+    it: one token per step ranks positions whose end-of-text probabilities differ only in the last
+    float32 bits, and a float32 softmax reorders those commits (the golden traces show it). Row
+    blocks keep the float64 copies to a few MB however long the block."""
+    return torch.cat([F.softmax(rows.double(), dim=-1).gather(-1, d[:, None]).squeeze(-1)
+                      for rows, d in row_chunks(logits, draft)])
+
+
+def entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of each row's softmax, float32, a few rows at a time."""
+    def of_rows(rows: torch.Tensor) -> torch.Tensor:
+        logp = F.log_softmax(rows.float(), dim=-1)
+        return -(logp.exp() * logp).sum(-1)
+
+    return torch.cat([of_rows(rows) for (rows,) in row_chunks(logits)])
