@@ -304,6 +304,7 @@ def test_released_layout_loads_quantized_on_the_cpu_and_every_cache_policy_runs(
     blocks = handle.model.model.transformer.blocks
     assert type(blocks[0].q_proj).__name__ == layer_type == type(blocks[31].ff_proj).__name__ and len(blocks) == 32
     assert handle.model.get_input_embeddings().weight.dtype == handle.dtype  # not quantized
+    assert type(handle.model.get_output_embeddings()) is torch.nn.Linear  # nor the output head
     assert handle.num_parameters == full.num_parameters  # packed 4-bit weights counted as weights
     assert handle.memory_bytes < 0.6 * full.memory_bytes and handle.summary()["quantization"] == bits
     for cache in registry.CACHE:
