@@ -307,6 +307,7 @@ def test_browser_stop_mid_run_leaves_the_page_usable_and_a_second_tab_waits_its_
     page.wait_for_function("() => document.querySelector('#stop-note').innerText.includes('Stopping')")
     status = _wait_run_ended(page, run)
     assert status.startswith("Stopped")
+    page.wait_for_function("() => document.querySelector('#stop-note').innerText.trim() === ''")  # the status says it now
     other_status = _wait_run_ended(other, other_run)
     assert other_status.startswith("Done") and "dual + threshold" in other_status and "length 128" in other_status
     other.close()
@@ -319,7 +320,6 @@ def test_browser_stop_mid_run_leaves_the_page_usable_and_a_second_tab_waits_its_
     _wait_policy(page, "unmask", "threshold")
     stopped_run = _shown_run(page)
     page.click("#run-btn")
-    page.wait_for_function("() => document.querySelector('#stop-note').innerText.trim() === ''")  # a new run clears it
     again = _wait_run_ended(page, stopped_run)
     assert again.startswith("Done") and "dual + threshold" in again
     assert page.locator("#token-grid .dl-masked").count() == 0

@@ -432,7 +432,7 @@ def _wire(w: SimpleNamespace, cb: Callbacks) -> None:
                     queue=False)
     w.controls["gen_length"].change(cb.length_notice, [w.controls["gen_length"]], [w.length_notice], queue=False)
     _wire_run(w, cb)
-    _wire_stop(w.stop_btn, cb, w.stop_note, [w.run_btn.click, w.prompt.submit], api_name="stop")
+    _wire_stop(w.stop_btn, cb, w.stop_note, w.run_events, api_name="stop")
     views = [w.trace, w.scrub, *w.view_inputs]
     w.scrub.input(redraw, views, w.view_outputs, queue=False)
     for view in (v for v in w.view_inputs if v is not w.what_if):
@@ -449,10 +449,10 @@ def _wire(w: SimpleNamespace, cb: Callbacks) -> None:
         box.change(show_cost, [w.trace, w.cost_target, w.cost_device], [w.cost_html], queue=False)
     w.cmp_btn.click(cb.run_compare, [w.preset_a, w.preset_b, w.cmp_changes, w.prompt, *controls],
                     [w.grid_a, w.grid_b, w.cmp_table, w.cmp_status], api_name="compare", **ENGINE)
-    w.tune_btn.click(cb.run_sweep, [w.tune_preset, w.tune_task, w.tune_n, w.tune_thresholds, w.tune_blocks,
-                                                 w.tune_gen],
+    tune_event = w.tune_btn.click(cb.run_sweep, [w.tune_preset, w.tune_task, w.tune_n, w.tune_thresholds,
+                                                 w.tune_blocks, w.tune_gen],
                                   [w.tune_state, w.tune_plot, w.tune_table, w.tune_status], api_name="sweep", **ENGINE)
-    _wire_stop(w.tune_stop, cb, w.tune_stop_note, [w.tune_btn.click], api_name="cancel_sweep")
+    _wire_stop(w.tune_stop, cb, w.tune_stop_note, [tune_event], api_name="cancel_sweep")
     w.tune_add.upload(cb.add_results, [w.tune_add, w.tune_state], [w.tune_state, w.tune_plot, w.tune_table, w.tune_status],
                       api_name="add_results", concurrency_limit=2, concurrency_id="import")
     w.tune_table.select(cb.load_point, [w.tune_state], [w.tabs, *controls], queue=False)
@@ -473,7 +473,7 @@ def _wire_run(w: SimpleNamespace, cb: Callbacks) -> None:
             show_cost, [w.trace, w.cost_target, w.cost_device], [w.cost_html], api_visibility="private", queue=False)
 
 
-def _wire_stop(button: gr.Button, cb: Callbacks, note: gr.Markdown, starts: list, api_name: str) -> None:
+def _wire_stop(button: gr.Button, cb: Callbacks, note: gr.Markdown, events: list, api_name: str) -> None:
     """Stop for one tab: its own run stops within a step (and is drawn as it ended); its own
     request still waiting in the queue is taken out of it; another tab's run is left alone.
 
@@ -481,10 +481,11 @@ def _wire_stop(button: gr.Button, cb: Callbacks, note: gr.Markdown, starts: list
     queued request is cancelled on the server instead: it ends with a message, unrun, when its
     turn comes (``Callbacks.stop`` / ``_take_cancel``). Stop's reply goes to its own ``note``,
     never to the run's status line: under load it can arrive after the run's final update, and
-    would then hide how the run ended. A new start clears the note."""
-    button.click(cb.stop, None, [note], queue=False, api_name=api_name)
-    for start in starts:
-        start(lambda: "", None, [note], queue=False, api_visibility="private")
+    would then hide how the run ended. The note is cleared once the run (``events``) has ended:
+    the status line then says how."""
+    button.click(cb.stop, None, [note], queue=False, api_name=api_name, show_progress="hidden")
+    for event in events:
+        event.then(lambda: "", None, [note], queue=False, api_visibility="private", show_progress="hidden")
 
 
 class Callbacks:
