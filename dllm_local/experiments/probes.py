@@ -1,10 +1,11 @@
 """Measure on the CPU what a step would cost a GPU: host syncs and memory allocated.
 
-``HostSyncCounter`` counts the operations that make the host wait for the device. On a GPU each of these stops the CPU from queuing kernels ahead until the device has caught up:
-reading a value back (``.item()``, ``int(t)``, ``bool(t)``, ``.tolist()``) and every op whose
-output size depends on the data (``nonzero``, ``unique``, boolean-mask indexing). On the CPU
-they cost nothing, but they are the same calls, so counting them here tells what a CUDA step
-would pay: ``with HostSyncCounter() as syncs: ...; syncs.total``.
+``HostSyncCounter`` counts the operations that make the host wait for the device. On a GPU each
+of these stops the CPU from queuing kernels ahead until the device has caught up: reading a
+value back (``.item()``, ``int(t)``, ``bool(t)``, ``.tolist()``) and every op whose output size
+depends on the data (``nonzero``, ``unique``, boolean-mask indexing). On the CPU they cost
+nothing, but they are the same calls, so counting them here tells what a CUDA step would pay:
+``with HostSyncCounter() as syncs: ...; syncs.total``.
 
 ``AllocationPeak`` tracks the tensor memory allocated inside its block, on any device, from the
 ops' outputs: ``with AllocationPeak() as mem: ...; mem.peak_bytes`` (the most held at once of

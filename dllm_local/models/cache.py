@@ -2,8 +2,8 @@
 
 One preallocated K and V tensor per layer, shaped ``[batch, kv_heads, max_len, head_dim]``
 (gpt-fast's ``KVCache.update(input_pos, k, v)`` is the model), on the device of that layer: a
-model spread over GPUs by ``device_map`` keeps each layer's K/V beside its weights. A forward writes the K/V of
-the positions it recomputes and attends over every valid position. Every cache policy
+model spread over GPUs by ``device_map`` keeps each layer's K/V beside its weights. A forward
+writes the K/V of the positions it recomputes and attends over every valid position. Every cache policy
 (prefix, dual, FreeCache, adaptive) is only a choice of which positions to recompute.
 """
 from __future__ import annotations
@@ -45,11 +45,10 @@ class KVCache:
         devices = [device] * n_layers if isinstance(device, (str, torch.device)) else list(device)
         if len(devices) != n_layers:
             raise ValueError(f"{len(devices)} layer devices for {n_layers} layers")
-        self.devices = [torch.device(d) for d in devices]
         shape = (batch, n_kv_heads, max_len, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=d) for d in self.devices]
-        self.v = [torch.zeros(shape, dtype=dtype, device=d) for d in self.devices]
-        self.valid = torch.zeros(max_len, dtype=torch.bool, device=self.devices[0])
+        self.k = [torch.zeros(shape, dtype=dtype, device=d) for d in devices]
+        self.v = [torch.zeros(shape, dtype=dtype, device=d) for d in devices]
+        self.valid = torch.zeros(max_len, dtype=torch.bool, device=devices[0])
         self.max_len = max_len
         self.seq_len = max_len
         self.track_drift = False

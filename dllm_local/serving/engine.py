@@ -8,6 +8,7 @@ The engine's main thread does all torch work, so the OpenMP team is created once
 from __future__ import annotations
 
 import gc
+import importlib.util
 import os
 import pickle
 import threading
@@ -74,11 +75,12 @@ class Engine:
 
     def describe(self) -> dict:
         """What the page shows without asking again: the model and which quantizations can work."""
-        try:
-            import bitsandbytes  # noqa: F401
-            usable, note = True, "" if self.handle.device.type == "cuda" else "runs on the CPU, slower than full precision"
-        except ImportError:
-            usable, note = False, "needs bitsandbytes (pip install bitsandbytes)"
+        # Whether it is installed, not imported: its import takes seconds, and most runs never quantize.
+        usable = importlib.util.find_spec("bitsandbytes") is not None
+        if not usable:
+            note = "needs bitsandbytes (pip install bitsandbytes)"
+        else:
+            note = "" if self.handle.device.type == "cuda" else "runs on the CPU, slower than full precision"
         return {"info": self.handle.summary(),
                 "quantization": [("none", True, ""), ("8bit", usable, note), ("4bit", usable, note)],
                 "policies": registry.all_specs()}
