@@ -15,7 +15,7 @@ Sections (each prints PASS, FAIL or SKIP with its reason and wall time; a summar
      8-bit: module types, footprint against parameters, step time, host syncs
   e  the engine process on CUDA: the parent never initialises CUDA, a forced out-of-memory run is
      recovered from, a model switch works
-  f  bench/gpu_check.py at gen 256 and 1024
+  f  bench/gpu_check.py at gen 256 and 1024, and its batch sweep (1-32, bf16 and 4-bit) at gen 256
 
 On the lent GPU machine (Python 3.12, torch 2.11 + CUDA 13, transformers 5.17, no bitsandbytes, no
 network) bitsandbytes 0.50.2 and transformers 5.24.0 (this project's pins) travel as wheels, with
@@ -143,11 +143,11 @@ EXACT_TOLERANCE = 1e-3  # cache "none" recomputes everything: its exact-drift er
 SIZES = {
     "cuda": dict(a_gen=64, a_prompts=2, a_budget_s=60, c_tiny=False, c_lengths=(256, 1024), c_prompt=256, c_budget_s=8,
                  d_layers=4, d_lengths=(256,), oom=True,
-                 f_args=["--lengths", "256,1024", "--repeats", "2", "--generate-budget", "6"]),
+                 f_args=["--lengths", "256,1024", "--repeats", "2", "--generate-budget", "6", "--batches", "1,2,4,8,16,32"]),
     "cpu": dict(a_gen=32, a_prompts=1, a_budget_s=240, c_tiny=True, c_lengths=(64, 128), c_prompt=32, c_budget_s=3,
                 d_layers=4, d_lengths=(64,), oom=False,
                 f_args=["--tiny", "--device", "cpu", "--lengths", "64", "--prompt", "32", "--repeats", "2",
-                        "--generate-budget", "3", "--quantized", "yes"]),
+                        "--generate-budget", "3", "--quantized", "yes", "--batches", "1,2"]),
 }
 
 
@@ -627,7 +627,8 @@ def section_f(ctx: Context) -> tuple[str, str, dict]:
     if code != 0:
         return "FAIL", f"gpu_check exited {code}", rows
     quantized = ", ".join(q["weights"] for q in rows["quantized"]) or "none (no bitsandbytes)"
-    return "PASS", f"{len(rows['policies'])} policy rows, {len(rows['generate'])} generate runs, quantized: {quantized}", rows
+    return "PASS", (f"{len(rows['policies'])} policy rows, {len(rows['generate'])} generate runs, "
+                    f"{len(rows['batches'])} batch rows, quantized: {quantized}"), rows
 
 
 SECTIONS: dict[str, tuple[str, Callable[[Context], tuple[str, str, dict]], float]] = {

@@ -1,7 +1,7 @@
 """GPU check: per-step latency of every cache policy on a LLaDA-8B-shaped model, through the real sampler.
 
     python bench/gpu_check.py                                          # CUDA: bf16 8B, then bf16/4-bit/8-bit
-    python bench/gpu_check.py --tiny --device cpu --lengths 64 --prompt 32   # a small shape on the CPU
+    python bench/gpu_check.py --tiny --device cpu --lengths 64 --prompt 32 --batches 1,4   # a small shape on the CPU
     (add --quantized yes to run the quantized rows on the CPU too; --quantized no skips them)
 
 Needs nothing from the internet: the shape comes from assets/reference (LLaDA-8B-Instruct's
@@ -22,6 +22,11 @@ Quantized weights go through the project's own path: a checkpoint in the LLaDA o
 loaded by ``dllm_local.load`` in bf16, 4-bit and 8-bit (transformers' BitsAndBytesConfig). The
 blocks are timed apart, so those rows are also projected onto 32 layers (embedding, head and
 sampler cost the same at any depth; the blocks scale with it).
+
+The batch sweep (``--batches``, default 1-32) decodes B requests together through
+``dllm_local.stream_batch`` on the bf16 model and on the 4-bit checkpoint: a cached step's time
+and tokens/s against B, beside the floor of B x block positions (the weight read, shared by the
+batch, until the arithmetic overtakes it).
 """
 from __future__ import annotations
 
@@ -293,6 +298,46 @@ def generate_run(handle: ModelHandle, gen: int, prompt: int, block: int = 32, tr
     }
 
 
+def batch_rows(handle: ModelHandle, label: str, batches: list[int], gen: int, prompt: int, block: int,
+               profile: DeviceProfile, steps: int = 4) -> list[dict]:
+    """The batch sweep: ``B`` requests decoded together (dual cache, one token per step, as random
+    weights give) for each ``B``; per forward, the median of ``steps`` cached steps after the
+    first refresh, beside the roofline floor of ``B`` x block positions. Tokens/s is ``B`` per
+    step: the weight read is shared until the arithmetic of the batch's positions overtakes it."""
+    model, device = handle.model, handle.device
+    layers = model.config.n_layers
+    blocks = model.model.transformer.blocks
+    read_bytes = weight_read_bytes(model) + (REAL_LAYERS - layers) * stored_bytes(blocks[0])
+    params = logical_parameters(model) + (REAL_LAYERS - layers) * logical_parameters(blocks[0])
+    settings = Settings(gen_length=gen, block_size=block, cache="dual", unmask="fixed", trace="off")
+    text = prompt_text(handle, prompt)
+    rows = []
+    for batch in batches:
+        _reset_peak(device)
+        run = dllm_local.stream_batch(handle, [text] * batch, settings)
+        forwards: dict[int, tuple[bool, float]] = {}  # step -> (a refresh, model ms), from request 0
+        it = iter(run)
+        try:
+            for request, record in it:
+                if request == 0:
+                    forwards[record.step] = (record.full_refresh, record.model_ms)
+                if len(forwards) > steps + 1:
+                    break
+        finally:
+            it.close()
+        refresh = [ms for full, ms in forwards.values() if full]
+        cached = [ms for full, ms in forwards.values() if not full] or refresh
+        step_ms = statistics.median(cached)
+        floor_ms = step_floor_s(read_bytes, params, batch * block, profile) * 1e3
+        rows.append({"weights": label, "layers": layers, "gen": gen, "batch": batch, "refresh_ms": refresh[0] if refresh else None,
+                     "step_ms": step_ms, "tokens_per_s": batch / step_ms * 1e3, "floor_ms_32L": floor_ms,
+                     "bound": "compute" if batch * block * 2 * params / profile.flops > read_bytes / profile.bandwidth else "read",
+                     "peak_gb": _peak_gb(device)})
+        del run, it
+        free_memory()
+    return rows
+
+
 # ---------------------------------------------------------------- the report
 def _print_table(columns: list[tuple[str, int, str]], rows: list[dict]) -> None:
     """Columns as (row key, width, format spec); a None value prints as "-"."""
@@ -316,6 +361,12 @@ def print_generate_rows(rows: list[dict]) -> None:
                   ("other_ms", 8, ".2f"), ("full_run_s_est", 14, ".1f"), ("peak_gb", 7, ".1f")], rows)
 
 
+def print_batch_rows(rows: list[dict]) -> None:
+    _print_table([("weights", 10, ""), ("layers", 6, ""), ("gen", 5, ""), ("batch", 5, ""), ("refresh_ms", 10, ".2f"),
+                  ("step_ms", 8, ".2f"), ("tokens_per_s", 12, ".1f"), ("floor_ms_32L", 12, ".3f"), ("bound", 7, ""),
+                  ("peak_gb", 7, ".1f")], rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -331,8 +382,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quant-layers", type=int, default=4, help="blocks in the checkpoint for the quantized rows")
     ap.add_argument("--quant-checkpoint", default=None,
                     help="folder for that checkpoint (reused when it holds one); default: a temporary folder")
+    ap.add_argument("--batches", default="1,2,4,8,16,32",
+                    help="the batch sweep's sizes (empty: no sweep), at the first --lengths, bf16 and 4-bit")
     ap.add_argument("--json", default=None, help="also write the rows here")
     args = ap.parse_args(argv)
+    batches = [int(x) for x in args.batches.split(",") if x.strip()]
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     lengths = [int(x) for x in args.lengths.split(",")]
@@ -347,16 +401,19 @@ def main(argv: list[str] | None = None) -> int:
     rows = policy_rows(handle, label, lengths, args.prompt, args.block, args.repeats, profile)
     generated = [{"weights": label, **generate_run(handle, gen, args.prompt, args.block, "summary", args.generate_budget)}
                  for gen in lengths]
+    swept = batch_rows(handle, label, batches, lengths[0], args.prompt, args.block, profile)
     del handle
     free_memory()
 
     quantized: list[dict] = []
     if args.quantized == "yes" or (args.quantized == "auto" and device.type == "cuda"):
-        quantized = check_quantized(args, device, lengths, profile, rows)
+        quantized = check_quantized(args, device, lengths, profile, rows, batches, swept)
 
     print_policy_rows(rows)
     print()
     print_generate_rows(generated)
+    print()
+    print_batch_rows(swept)
     for q in quantized:
         print(f"{q['weights']}: {q['types']}; {q['params_true'] / 1e9:.3f}B parameters (handle says "
               f"{q['params_handle'] / 1e9:.3f}B); footprint {q['footprint_gb']:.2f} GB, projected to {REAL_LAYERS} layers "
@@ -364,13 +421,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"total {time.perf_counter() - t0:.0f}s. 'first' is the middle block's first step (a full refresh for every "
           f"policy but freecache), 'step' the median of its later steps; '32L' projects the blocks onto {REAL_LAYERS} layers")
     if args.json:
-        Path(args.json).write_text(json.dumps({"policies": rows, "generate": generated, "quantized": quantized}, indent=2))
+        Path(args.json).write_text(json.dumps({"policies": rows, "generate": generated, "quantized": quantized,
+                                               "batches": swept}, indent=2))
     return 0
 
 
-def check_quantized(args, device: torch.device, lengths: list[int], profile: DeviceProfile, rows: list[dict]) -> list[dict]:
+def check_quantized(args, device: torch.device, lengths: list[int], profile: DeviceProfile, rows: list[dict],
+                    batches: list[int], swept: list[dict]) -> list[dict]:
     """The checkpoint on disk loaded by ``dllm_local.load`` as is, in 4-bit and in 8-bit; appends
-    their dual-cache rows to ``rows`` and returns what each load holds."""
+    their dual-cache rows to ``rows`` (and 4-bit's batch sweep to ``swept``) and returns what
+    each load holds."""
     try:
         import bitsandbytes  # noqa: F401
     except ImportError:
@@ -395,6 +455,8 @@ def check_quantized(args, device: torch.device, lengths: list[int], profile: Dev
                         "params_handle": handle.num_parameters, "footprint_gb": footprint / 2**30,
                         "footprint_gb_32L": (footprint + (REAL_LAYERS - args.quant_layers) * per_block) / 2**30})
             rows += policy_rows(handle, label, lengths, args.prompt, args.block, args.repeats, profile, ("dual", "prefix"))
+            if quantization == "4bit":
+                swept += batch_rows(handle, label, batches, lengths[0], args.prompt, args.block, profile)
             del handle
             free_memory()
     finally:

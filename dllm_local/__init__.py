@@ -11,6 +11,7 @@ _EXPORTS = {
     "ModelHandle": "models.loader", "GuiderHandle": "models.loader", "load": "models.loader", "load_guider": "models.loader",
     "Settings": "settings", "Trace": "trace", "StepRecord": "trace",
     "generate": "sampler", "stream": "sampler", "Result": "sampler",
+    "generate_batch": "sampler", "stream_batch": "sampler", "BatchRun": "sampler",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -44,6 +44,21 @@ def add_settings_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--guider", default=None, help="guider model for a policy that needs one (default: tiny-guider)")
 
 
+BATCH_HELP = ("problems decoded together, each with its own seed: the same answers as one at a time, in less wall "
+              "time (default: 1)")
+
+
+def _levels(text: str) -> list[int]:
+    """``1,2,4,8``: increasing request counts."""
+    try:
+        levels = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected whole numbers separated by commas, such as 1,2,4,8, not {text!r}") from None
+    if not levels or min(levels) < 1 or levels != sorted(set(levels)):
+        raise argparse.ArgumentTypeError(f"expected increasing whole numbers >= 1, such as 1,2,4,8, not {text!r}")
+    return levels
+
+
 def _at_least_one(text: str) -> int:
     """An argparse type for counts (--n, --repeats): a bad one stops the command before a model loads."""
     if not text.strip().isdigit() or int(text) < 1:
@@ -104,14 +119,16 @@ def warn_past_trained_length(settings, handle) -> None:
 SMALL_MODEL_PARAMETERS = 50_000_000
 
 
-def apply_threads(requested: int | None, handle) -> None:
+def apply_threads(requested: int | None, handle, batched: bool = False) -> None:
     """Set torch's thread count for this command: ``requested`` (--threads), else one thread for
-    a small model on the CPU and torch's default (every core) for anything else."""
+    a small model on the CPU decoding one request at a time, and torch's default (every core)
+    for anything else: a batch's forwards are large kernels, which a thread team does speed up."""
     import torch
 
     if requested:
         torch.set_num_threads(requested)
-    elif next(handle.model.parameters()).device.type == "cpu" and handle.num_parameters < SMALL_MODEL_PARAMETERS:
+    elif (not batched and next(handle.model.parameters()).device.type == "cpu"
+          and handle.num_parameters < SMALL_MODEL_PARAMETERS):
         torch.set_num_threads(1)
 
 
@@ -123,7 +140,7 @@ def _load(args: argparse.Namespace):
 
         hf_logging.disable_progress_bar()
     handle = load(args.model, device=args.device, quantization=args.quantize)
-    apply_threads(args.threads, handle)
+    apply_threads(args.threads, handle, batched=getattr(args, "batch_size", 1) > 1 or bool(getattr(args, "concurrency", None)))
     return handle
 
 
@@ -160,8 +177,8 @@ def _eval(args: argparse.Namespace) -> None:
 
     if args.autoregressive:
         guider = load_guider(args.model, device=args.device)
-        apply_threads(args.threads, guider)
-        report = evaluate_guider(guider, args.task, args.n, args.seed_data)
+        apply_threads(args.threads, guider, batched=args.batch_size > 1)
+        report = evaluate_guider(guider, args.task, args.n, args.seed_data, batch_size=args.batch_size)
         print(json.dumps(report, indent=2) if args.json else
               f"task {args.task} (n={args.n}) | {args.model} alone, greedy | score {report['score']:.1%} | "
               f"{report['wall_s_per_answer'] * 1e3:.1f} ms per answer")
@@ -171,7 +188,7 @@ def _eval(args: argparse.Namespace) -> None:
     handle = _load(args)
     warn_past_trained_length(settings, handle)
     report = evaluate(handle, args.task, args.n, args.seed_data, settings, guider_for(args, handle, settings),
-                      progress=not (args.json or args.quiet))
+                      progress=not (args.json or args.quiet), batch_size=args.batch_size)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
 
 
@@ -187,10 +204,18 @@ def _bench(args: argparse.Namespace) -> None:
     else:
         problems = task_problems(args.task, args.n, args.seed_data)
     handle = _load(args)
-    strategies = STRATEGY_SETS[args.set]()
-    guider = guider_for(args, handle, needed=any(s.settings(base).unmask_spec.needs_guider for s in strategies))
-    report = run_bench(handle, problems, strategies, base, guider, args.repeats, progress=not args.quiet)
-    print(format_table(report))
+    if args.concurrency:
+        from .experiments.bench import format_concurrency, run_concurrency
+
+        guider = guider_for(args, handle, needed=True)
+        report = run_concurrency(handle, guider, problems, args.concurrency, base, args.gpu, progress=not args.quiet)
+        print(format_concurrency(report))
+    else:
+        strategies = STRATEGY_SETS[args.set]()
+        guider = guider_for(args, handle, needed=any(s.settings(base).unmask_spec.needs_guider for s in strategies))
+        report = run_bench(handle, problems, strategies, base, guider, args.repeats, progress=not args.quiet,
+                           batch_size=args.batch_size)
+        print(format_table(report))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
         print(f"wrote {args.out}")
@@ -336,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--seed-data", type=int, default=1000, help="problem set seed (training uses others)")
     ev.add_argument("--json", action="store_true")
     ev.add_argument("--autoregressive", action="store_true", help="--model is a causal LM (the guider): decode it greedily")
+    ev.add_argument("--batch-size", type=_at_least_one, default=1, help=BATCH_HELP)
     add_settings_args(ev)
 
     be = command("bench", "strategies side by side on an evaluation set: one table", _bench, progress=True)
@@ -348,6 +374,14 @@ def main(argv: list[str] | None = None) -> int:
     be.add_argument("--repeats", type=_at_least_one, default=3,
                     help="timed passes per row after one warm-up answer; the table shows the median (default: 3)")
     be.add_argument("--out", default=None, help="also write the report as JSON here")
+    be.add_argument("--batch-size", type=_at_least_one, default=1, help=BATCH_HELP)
+    be.add_argument("--concurrency", type=_levels, default=None, metavar="1,2,4,...",
+                    help="instead of the strategy table: throughput and latency at each number of concurrent requests, "
+                         "the diffusion model (these settings) against the autoregressive guider, and the crossover")
+    from .experiments.costmodel import DEVICES
+
+    be.add_argument("--gpu", default="H100", choices=list(DEVICES),
+                    help="the GPU of the cost model's prediction next to --concurrency (default: H100)")
     add_settings_args(be)
     be.set_defaults(gen_length=256, block_size=32)
 

@@ -36,6 +36,15 @@ def _sync(devices: list[torch.device]) -> None:
         torch.cuda.synchronize(device)
 
 
+def timed(call: Callable, gpus: list[torch.device]):
+    """``call()`` and the seconds it took, the GPUs ``gpus`` synchronised before and after."""
+    _sync(gpus)
+    t = time.perf_counter()
+    out = call()
+    _sync(gpus)
+    return out, time.perf_counter() - t
+
+
 def _round(values, digits: int = 5) -> list:
     return [None if (v != v) else round(float(v), digits) for v in values]
 
@@ -64,28 +73,27 @@ class Recorder:
         self._exact: dict | None = None
 
     # ---------------------------------------------------------------- model calls
-    def _timed(self, call: Callable):
-        _sync(self.gpus)
-        t = time.perf_counter()
-        out = call()
-        _sync(self.gpus)
-        return out, time.perf_counter() - t
-
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """The step's main forward: logits ``[n, vocab]`` for ``positions`` of sequence ``x``."""
         model = self.handle.model
-        logits, seconds = self._timed(lambda: model(x[:, positions], positions, cache, sequence=x).logits[0])
-        self._model_s += seconds
-        self._forwards += 1
+        logits, seconds = timed(lambda: model(x[:, positions], positions, cache, sequence=x).logits[0], self.gpus)
+        self.count_forward(seconds)
         if self.shadow is not None:
             t = time.perf_counter()
             self._exact = self._exact_forward(x, cache)
             self._exact_s += time.perf_counter() - t
         return logits
 
+    def count_forward(self, seconds: float, share: float = 1.0) -> None:
+        """A main forward of this step took ``seconds``. In a batch that is the whole batch's
+        forward (what this request waited for), of which ``share`` was this request's positions."""
+        self._model_s += seconds
+        self._forwards += 1
+        self.trace.stats.model_share_s += seconds * share
+
     def extra_forward(self, rows: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
         """A verification forward of variant sequences ``rows`` (``[k, L]``) over a cache fork."""
-        logits, seconds = self._timed(lambda: self.handle.model(rows[:, positions], positions, cache, sequence=rows).logits)
+        logits, seconds = timed(lambda: self.handle.model(rows[:, positions], positions, cache, sequence=rows).logits, self.gpus)
         self._model_s += seconds
         self._forwards += 1
         return logits
@@ -95,8 +103,8 @@ class Recorder:
         from transformers import DynamicCache
 
         past = past if past is not None else DynamicCache(config=guider.model.config)
-        out, seconds = self._timed(lambda: guider.model(input_ids=input_ids[None].to(guider.model.device),
-                                                        cache=past, use_cache=True))
+        out, seconds = timed(lambda: guider.model(input_ids=input_ids[None].to(guider.model.device),
+                                                  cache=past, use_cache=True), self.gpus)
         self._model_s += seconds
         self.trace.stats.guider_forwards += 1
         return out.logits[0], out.cache
@@ -145,6 +153,10 @@ class Recorder:
         st = self.trace.stats
         st.nfe += record.forwards
         st.model_s += record.model_ms / 1e3
+        if record.step == 0:
+            st.prefill_s += record.model_ms / 1e3
+        elif record.full_refresh:
+            st.refresh_s += record.model_ms / 1e3
         st.exact_s += record.exact_ms / 1e3
         self._committed += len(record.committed) - len(record.revoked)
         st.revisions += len(record.revoked)

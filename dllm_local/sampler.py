@@ -5,19 +5,22 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 
 from .errors import DecodingError, SequenceTooLongError, SettingsError
+from .models.cache import BatchKVCache, KVCache
 from .models.loader import GuiderHandle, ModelHandle
 from .policies.base import DecodeState
+from .policies.cache import Plan, QuotaPool
 from .policies.unmask import Candidates
-from .recorder import Recorder
-from .softmax import draft_probability, entropy, row_chunks
+from .recorder import Recorder, timed
 from .settings import Settings
+from .softmax import draft_probability, entropy, row_chunks
 from .trace import StepRecord, Trace
 
 Prompt = str | list[dict]
@@ -137,6 +140,11 @@ class Run:
         self._stop = threading.Event()
         self.result: Result | None = None
 
+    @property
+    def state_length(self) -> int:
+        """Prompt plus answer: the positions this run decodes over."""
+        return len(self.prompt_ids) + self.settings.gen_length
+
     def stop(self) -> None:
         self._stop.set()
 
@@ -150,17 +158,20 @@ class Run:
             self.recorder.resume()
 
     @torch.inference_mode()
-    def _setup(self) -> DecodeState:
-        """The run's whole state, set here and only here."""
+    def _setup(self, cache: KVCache | None = None) -> DecodeState:
+        """The run's whole state, set here and only here; ``cache``: its row of a batch's cache."""
         s, h = self.settings, self.handle
         P, L = len(self.prompt_ids), len(self.prompt_ids) + s.gen_length
         x = torch.full((1, L), h.mask_id, dtype=torch.long, device=h.device)
         x[0, :P] = torch.tensor(self.prompt_ids, device=h.device)
         steps_per_block = (s.steps // s.num_blocks) if s.steps else s.block_size
         state = DecodeState(x, P, s.gen_length, s.block_size, h.mask_id, steps_per_block)
-        self.cache = h.model.new_cache(1, L)
-        self.cache.seq_len = L
+        if cache is None:
+            cache = h.model.new_cache(1, L)
+            cache.seq_len = L
+        self.cache = cache
         self.cache_policy.reset(state, self.cache, h.model)
+        self.unmask_policy.start_block(state)
         self.rng = torch.Generator(device=h.device).manual_seed(s.seed)
         # Ids a draft may never be: the mask itself (a "committed" mask never finishes its block) and
         # padding rows of the embedding that the tokenizer has no token for.
@@ -169,42 +180,58 @@ class Run:
         self._max_forwards = s.gen_length + s.num_blocks
         self.recorder = Recorder(h, s, self.prompt_ids, self.cache, self._banned)
         self.state = state
-        # The current step's forward, for policies that read more of it (verification, revision).
+        self._stepped = self._finished = self._stopped = False
+        # The current step's plan and forward, for policies that read more of it (verification, revision).
+        self._plan: Plan | None = None
         self._positions: torch.Tensor | None = None
         self._logits: torch.Tensor | None = None
         return state
 
     # ---------------------------------------------------------------- the loop
     def _decode(self) -> Iterator[StepRecord]:
-        state, s = self._setup(), self.settings
-        stopped = finished = False
-        for block in range(s.num_blocks):
-            state.block, state.step_in_block = block, 0
-            self.unmask_policy.start_block(state)
-            while not finished and bool(state.block_masked_positions().numel()):
-                if self._stop.is_set():
-                    stopped = finished = True
-                    break
-                if state.step >= self._max_forwards:
-                    raise DecodingError(
-                        f"decoding did not finish within {self._max_forwards} forwards (gen_length + blocks): "
-                        f"the {s.unmask} policy stopped committing tokens; this is a bug, please report it with the settings")
-                with torch.inference_mode():  # per step: never left on while the consumer runs
-                    record = self._step(state)
-                yield record
-                state.step += 1
-                state.step_in_block += 1
-                with torch.inference_mode():
-                    finished = s.early_stop and self._early_stop(state)
-        self.result = Result(self.recorder.finish(state, stopped))
+        state = self._setup()
+        while True:
+            with torch.inference_mode():  # per step: never left on while the consumer runs
+                if not self._next_step(state):
+                    return
+                logits = self.recorder.forward(state.x, self._positions, self.cache)
+                record = self._take(state, logits)
+            yield record
 
-    def _step(self, state: DecodeState) -> StepRecord:
-        cache = self.cache
-        plan = self.cache_policy.plan(state, cache)
-        positions = torch.unique(torch.cat([plan.positions, state.block_masked_positions()]))  # sorted
-        self._positions = positions
-        logits = self.recorder.forward(state.x, positions, cache)
+    def _next_step(self, state: DecodeState) -> bool:
+        """Between two forwards: count the step just taken, end early once the answer is whole,
+        move on when the block is done, honour Stop, plan the next forward. False: the run is
+        over and ``result`` is set."""
+        s = self.settings
+        if self._stepped:
+            state.step += 1
+            state.step_in_block += 1
+            self._finished = s.early_stop and self._early_stop(state)
+        while not self._finished and not bool(state.block_masked_positions().numel()):
+            if state.block + 1 == s.num_blocks:
+                self._finished = True
+            else:
+                state.block, state.step_in_block = state.block + 1, 0
+                self.unmask_policy.start_block(state)
+        if not self._finished and self._stop.is_set():
+            self._finished = self._stopped = True
+        if self._finished:
+            self.result = Result(self.recorder.finish(state, self._stopped))
+            return False
+        if state.step >= self._max_forwards:
+            raise DecodingError(
+                f"decoding did not finish within {self._max_forwards} forwards (gen_length + blocks): "
+                f"the {s.unmask} policy stopped committing tokens; this is a bug, please report it with the settings")
+        self._plan = self.cache_policy.plan(state, self.cache)
+        self._positions = torch.unique(torch.cat([self._plan.positions, state.block_masked_positions()]))  # sorted
+        return True
+
+    def _take(self, state: DecodeState, logits: torch.Tensor) -> StepRecord:
+        """The step after its forward (``logits`` ``[n, vocab]`` at the planned positions): the
+        cache policy observes, the unmasking policy commits, the step is recorded."""
+        cache, positions = self.cache, self._positions
         self._logits = logits
+        self._stepped = True
         masked = state.masked[positions]
         self.cache_policy.observe(state, cache, positions, entropy(logits) if self.settings.cache_spec.needs_entropy else None)
         masked_logits = logits[masked].index_fill(-1, self._banned, float("-inf"))
@@ -215,7 +242,7 @@ class Run:
             state.x[0, [r[0] for r in selection.revoked]] = self.handle.mask_id
             self._max_forwards += len(selection.revoked)  # each one a token to commit again, boundedly often
         self.cache_policy.end_step(state, cache)
-        return self.recorder.step(state, plan, cache, cand, selection, positions[masked], masked_logits,
+        return self.recorder.step(state, self._plan, cache, cand, selection, positions[masked], masked_logits,
                                   self.cache_policy.info())
 
     def _candidates(self, state: DecodeState, masked_positions: torch.Tensor, masked_logits: torch.Tensor) -> Candidates:
@@ -276,9 +303,122 @@ class Run:
         return logits.to(self.handle.device), past
 
 
+class BatchRun:
+    """Several requests decoded together: one forward per step for all the requests still
+    decoding, each row with its own positions, policies, seed and trace (rows of one
+    ``BatchKVCache``), so each request decodes as it would alone. A request that finishes leaves
+    the batch: its row is dropped from the cache and later forwards no longer compute it.
+
+    Iterate for ``(request, StepRecord)`` pairs; ``results`` then holds one result per prompt.
+    """
+
+    def __init__(self, handle: ModelHandle, prompts: list[Prompt], settings: Settings | list[Settings],
+                 guider: GuiderHandle | None = None) -> None:
+        """``settings``: one for every request, or one per request (an evaluation's own seeds)."""
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise SettingsError("a batch needs a list of at least one prompt")
+        if not getattr(handle.model, "packs_requests", False):
+            raise SettingsError(f"{type(handle.model).__name__} decodes one request at a time: batched decoding "
+                                f"runs LLaDA-family models (LLaDA and the tiny model)")
+        per_request = list(settings) if isinstance(settings, (list, tuple)) else [settings] * len(prompts)
+        if len(per_request) != len(prompts):
+            raise SettingsError(f"{len(per_request)} settings for {len(prompts)} prompts: give one, or one per prompt")
+        if any(s.exact_drift for s in per_request):
+            raise SettingsError("exact_drift runs a second, uncached model per request: turn it off to decode a batch")
+        self.handle = handle
+        self.runs = [Run(handle, prompt, s, guider) for prompt, s in zip(prompts, per_request)]
+        self.results: list[Result] | None = None
+        # What the batch did: forwards, the rows they computed, model and wall time, and when each
+        # request was done (its latency, from the batch's start).
+        self.forwards = self.row_forwards = 0
+        self.model_s = self.wall_s = 0.0
+        self.latency_s = [0.0] * len(prompts)
+
+    def stop(self) -> None:
+        for run in self.runs:
+            run.stop()
+
+    def __iter__(self) -> Iterator[tuple[int, StepRecord]]:
+        h, runs = self.handle, self.runs
+        start = time.perf_counter()
+        with torch.inference_mode():
+            self.cache = cache = BatchKVCache(h.model, [r.state_length for r in runs])
+            for run, view in zip(runs, cache.views):
+                run._setup(view)
+                run.recorder.trace.stats.batch_size = len(runs)
+        gpus = runs[0].recorder.gpus
+        budgets = {i: run.cache_policy.allowance for i, run in enumerate(runs) if getattr(run.cache_policy, "allowance", None)}
+        self.pool = QuotaPool(sum(budgets.values())) if budgets else None
+        active = list(range(len(runs)))  # request numbers, in cache row order
+        paused = 0.0
+        while True:
+            with torch.inference_mode():
+                going = [i for i in active if runs[i]._next_step(runs[i].state)]
+                for i in set(active) - set(going):
+                    self.latency_s[i] = time.perf_counter() - start - paused
+                if going != active:
+                    cache.keep([active.index(i) for i in going])
+                    active = going
+                if not active:
+                    break
+                cache.row_tokens = [len(runs[i]._positions) for i in active]
+                positions = torch.cat([runs[i]._positions for i in active])
+                ids = torch.cat([runs[i].state.x[0, runs[i]._positions] for i in active])[None]
+                logits, seconds = timed(lambda: h.model(ids, positions, cache).logits[0].split(cache.row_tokens), gpus)
+                self.forwards += 1
+                self.row_forwards += len(active)
+                self.model_s += seconds
+                if self.pool is not None:
+                    holding = {i: runs[i].cache.num_cached() for i in active if i in budgets}
+                    for i, quota in self.pool.allocate(holding).items():
+                        runs[i].cache_policy.quota = quota
+                records = []
+                for row, i in enumerate(active):
+                    runs[i].recorder.count_forward(seconds, cache.row_tokens[row] / len(positions))
+                    records.append((i, runs[i]._take(runs[i].state, logits[row])))
+            for i, record in records:
+                t = time.perf_counter()
+                yield i, record
+                paused += time.perf_counter() - t
+                runs[i].recorder.resume()
+        self.wall_s = time.perf_counter() - start - paused
+        self.results = [run.result for run in runs]
+
+
 def stream(handle: ModelHandle, prompt: Prompt, settings: Settings | None = None, guider: GuiderHandle | None = None) -> Run:
     """Start a generation; iterate the returned run for one step record per forward."""
     return Run(handle, prompt, settings or Settings(), guider)
+
+
+def stream_batch(handle: ModelHandle, prompts: list[Prompt], settings: Settings | list[Settings] | None = None,
+                 guider: GuiderHandle | None = None) -> BatchRun:
+    """Start decoding ``prompts`` together; iterate for ``(request, StepRecord)`` pairs."""
+    return BatchRun(handle, prompts, settings or Settings(), guider)
+
+
+def generate_batch(handle: ModelHandle, prompts: list[Prompt], settings: Settings | list[Settings] | None = None,
+                   guider: GuiderHandle | None = None) -> list[Result]:
+    """One result (and trace) per prompt, decoded as a batch: the same tokens as each alone."""
+    run = stream_batch(handle, prompts, settings, guider)
+    for _ in run:
+        pass
+    return run.results
+
+
+def generate_all(handle: ModelHandle, prompts: list[Prompt], settings: list[Settings], guider: GuiderHandle | None = None,
+                 batch_size: int = 1, done: Callable[[int], None] | None = None) -> list[Result]:
+    """One result per prompt (each with its own settings), decoded ``batch_size`` at a time;
+    ``done(k)`` is called as each batch of ``k`` finishes (a progress bar)."""
+    results: list[Result] = []
+    for first in range(0, len(prompts), batch_size):
+        chunk, chunk_settings = prompts[first : first + batch_size], settings[first : first + batch_size]
+        if batch_size == 1:
+            results.append(generate(handle, chunk[0], chunk_settings[0], guider))
+        else:
+            results += generate_batch(handle, chunk, chunk_settings, guider)
+        if done is not None:
+            done(len(chunk))
+    return results
 
 
 def generate(handle: ModelHandle, prompt: Prompt, settings: Settings | None = None, guider: GuiderHandle | None = None) -> Result:

@@ -55,6 +55,9 @@ class Stats:
     mean_g: float = 0.0
     cache_hit_rate: float = 0.0
     model_s: float = 0.0
+    model_share_s: float = 0.0  # of model_s, this request's own positions' share (all of it outside a batch)
+    prefill_s: float = 0.0  # of model_s: the first forward (the prompt and the all-mask answer)
+    refresh_s: float = 0.0  # of model_s: the later forwards that recomputed everything (block-start refreshes)
     other_s: float = 0.0
     exact_s: float = 0.0
     wall_s: float = 0.0
@@ -62,6 +65,7 @@ class Stats:
     content_tokens_per_s: float = 0.0
     stopped: bool = False
     revisions: int = 0  # committed tokens taken back to mask
+    batch_size: int = 1  # requests decoded together (the forwards' time is the whole batch's)
 
 
 @dataclass

@@ -53,9 +53,13 @@ def test_progress_bar_with_eta_and_quiet(capsys, keep_threads):
 def test_bench_repeats_three_times_and_warns_when_repeats_disagree(tiny, monkeypatch, keep_threads):
     from dllm_local.experiments import bench
 
+    from dllm_local import sampler
+
     calls = []
-    real = bench.generate
-    monkeypatch.setattr(bench, "generate", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    real = sampler.generate
+    counted = lambda *a, **k: calls.append(a[1]) or real(*a, **k)  # noqa: E731
+    monkeypatch.setattr(bench, "generate", counted)  # the warm-up
+    monkeypatch.setattr(sampler, "generate", counted)  # the set, one answer at a time
     torch.set_num_threads(1)
     problems = task_problems("arithmetic", 2, 1000)
     report = run_bench(tiny, problems, [Strategy({"cache": "none"}), Strategy({"cache": "dual"})],

@@ -424,3 +424,78 @@ def test_sweep_inputs_are_checked_with_a_message_naming_the_box():
         _numbers("8, 0", int, "Block sizes", lambda v: v >= 1, "whole numbers >= 1")
     with pytest.raises(SettingsError, match="no values"):
         _numbers(" , ", float, "Thresholds", lambda v: 0 < v <= 1, "between 0 and 1")
+
+
+# ----------------------------------------------------------------------------- concurrency
+
+def _teaching_curve(tau: float = 4.0):
+    from dllm_local.experiments.costmodel import (
+        DEVICES,
+        TEACHING_EXAMPLE,
+        concurrency_crossovers,
+        concurrency_curve,
+    )
+
+    t = TEACHING_EXAMPLE
+    crossovers = concurrency_crossovers(t.model, DEVICES[t.device], t.g, tau)
+    return concurrency_curve(t.model, DEVICES[t.device], t.g, tau, [2**k for k in range(11)]), crossovers
+
+
+def test_concurrency_figure_plots_both_decoders_on_log_axes_and_marks_the_crossovers():
+    rows, crossovers = _teaching_curve()
+    fig = plots.concurrency_figure(rows, crossovers, "teaching 7B on H100")
+    diffusion, ar = _trace_named(fig, "diffusion"), _trace_named(fig, "autoregressive")
+    assert list(diffusion.x) == [2**k for k in range(11)]
+    assert list(ar.y) == [r["ar_tokens_per_s"] for r in rows] and list(diffusion.y) == [r["diffusion_tokens_per_s"] for r in rows]
+    assert fig.layout.xaxis.type == "log" and list(fig.layout.xaxis.tickvals) == [2**k for k in range(11)]
+    assert fig.layout.yaxis.type == "log"
+    labels = {a.text: a for a in fig.layout.annotations}
+    saturates, overtakes = labels["<b>diffusion saturates ≈ 9</b>"], labels["<b>AR overtakes ≈ 37</b>"]
+    # Annotations on a log axis sit at log10 of the value.
+    assert saturates.x == pytest.approx(math.log10(crossovers["diffusion_saturates"]))
+    assert overtakes.x == pytest.approx(math.log10(crossovers["ar_overtakes"]))
+    markers = [d for d in fig.data if d.showlegend is False]  # the dashed verticals
+    assert sorted(d.x[0] for d in markers) == pytest.approx(
+        sorted([crossovers["diffusion_saturates"], crossovers["ar_overtakes"], crossovers["ar_saturates"]]))
+    # Read from the back of the hall: the same style as the other figures, labels larger still.
+    assert fig.layout.plot_bgcolor == "white" and fig.layout.xaxis.tickfont.size >= 14
+    assert all(a.font.size >= 16 for a in fig.layout.annotations)
+    assert plots.concurrency_line(crossovers) == (
+        "Diffusion saturates at ≈ 9 (9.2) concurrent requests; AR overtakes at ≈ 37 (36.9).")
+    never = dict(crossovers, ar_overtakes=math.inf)
+    assert "never overtakes" in plots.concurrency_line(never)
+    assert not any("AR overtakes" in a.text for a in plots.concurrency_figure(rows, never).layout.annotations)
+
+
+def test_changing_tau_in_the_concurrency_view_changes_the_stated_crossover():
+    import asyncio
+    from types import SimpleNamespace
+
+    import gradio as gr
+    from gradio.state_holder import SessionState
+
+    from ui import page
+
+    with gr.Blocks() as demo:
+        w = SimpleNamespace()
+        page._concurrency_view(w)
+        page._wire_concurrency(w)
+    assert w.conc_plot.elem_id == "tune-concurrency" and w.conc_line.elem_id == "tune-concurrency-line"
+    # The view opens on the write-up's teaching example.
+    assert (w.conc_device.value, w.conc_g.value, w.conc_tau.value) == ("H100", 32, 4)
+    assert "AR overtakes at ≈ 37 (36.9)" in w.conc_line.value
+    # Every input redraws the view; τ's change event, run as Gradio runs it:
+    wired = {target for fn in demo.fns.values() for target, event in fn.targets if event == "change"
+             if fn.fn is page.show_concurrency and fn.outputs == [w.conc_plot, w.conc_line]}
+    assert wired == {w.conc_device._id, w.conc_model._id, w.conc_g._id, w.conc_tau._id}
+    on_tau = next(fn for fn in demo.fns.values() if fn.targets == [(w.conc_tau._id, "change")])
+
+    def event(tau, g=32):
+        out = asyncio.run(demo.process_api(on_tau, ["H100", w.conc_model.value, g, tau], state=SessionState(demo)))
+        return out["data"]
+
+    figure, line = event(8)
+    assert line == "Diffusion saturates at ≈ 9 (9.2) concurrent requests; AR overtakes at ≈ 74 (73.8)."
+    assert any("AR overtakes ≈ 74" in a["text"] for a in json.loads(figure["plot"])["layout"]["annotations"])
+    assert "AR overtakes at ≈ 18 (18.4)" in event(2)[1]
+    assert event(4, g=0)[1].startswith("⚠ G (positions recomputed per forward) must be at least 1")

@@ -25,7 +25,15 @@ from typing import Any
 import gradio as gr
 
 from dllm_local.errors import DllmError, ModelLoadError, SettingsError
-from dllm_local.experiments.costmodel import DEVICES, TARGET_MODELS, project
+from dllm_local.experiments.costmodel import (
+    CONCURRENCY_MODELS,
+    DEVICES,
+    TARGET_MODELS,
+    TEACHING_EXAMPLE,
+    concurrency_crossovers,
+    concurrency_curve,
+    project,
+)
 from dllm_local.experiments.frontier import add_points
 from dllm_local.settings import length_notice
 from dllm_local.tiny.tasks import verdict
@@ -71,6 +79,7 @@ CSS = """
 .caption, .caption p {color: #444; font-size: 15px !important; margin-top: -6px}
 .policy-info, .policy-info p {color: #444; font-size: 15px !important; padding: 4px 12px}
 #status, #status p {font-size: 16px !important}
+#tune-concurrency-line, #tune-concurrency-line p {font-size: 18px !important}
 """
 
 # Gradio's queue line ("queue: 2/3 | 1.2/4.0s") read as words: every run ahead (the one going and
@@ -420,6 +429,30 @@ def _tune_tab(w: SimpleNamespace, presets: dict, default_preset: str | None) -> 
     w.tune_table = gr.Dataframe(headers=plots.SWEEP_TABLE_HEADERS,
                                 interactive=False, elem_id="tune-table")
     w.tune_state = gr.State({})
+    _concurrency_view(w)
+
+
+def _concurrency_view(w: SimpleNamespace) -> None:
+    """The write-up's concurrency caveat as a plot: pure arithmetic on the cost model, no engine."""
+    example = TEACHING_EXAMPLE
+    with gr.Accordion("Concurrency: when does an autoregressive model catch up?", open=False,
+                      elem_id="tune-concurrency-view"):
+        gr.Markdown("Decode throughput of B concurrent requests on one GPU (the cost model's roofline: weight read "
+                    "or arithmetic, attention and KV reads left out). **G** = positions recomputed per forward, "
+                    "**τ** = tokens committed per forward. The defaults are the write-up's teaching example "
+                    f"(7B, G = {example.g:g}, τ = {example.tau:g}); type in the last run's figures (the Run tab's "
+                    "*mean G* and *content τ* cards) to see where it stands. The turning points depend on the GPU's "
+                    "FLOP-to-byte ratio, G and τ, not on the model's size: the model only sets the curves' height.",
+                    elem_classes="caption")
+        with gr.Row():
+            w.conc_device = gr.Dropdown(list(DEVICES), value=example.device, label="GPU", elem_id="tune-conc-device")
+            w.conc_model = gr.Dropdown(list(CONCURRENCY_MODELS), value=example.model.name, label="Model",
+                                       elem_id="tune-conc-model")
+            w.conc_g = gr.Number(example.g, label="G (positions recomputed per forward)", elem_id="tune-conc-g")
+            w.conc_tau = gr.Number(example.tau, label="τ (tokens committed per forward)", elem_id="tune-conc-tau")
+        figure, line = show_concurrency(example.device, example.model.name, example.g, example.tau)
+        w.conc_plot = gr.Plot(figure, label="Throughput against concurrent requests", elem_id="tune-concurrency")
+        w.conc_line = gr.Markdown(line, elem_id="tune-concurrency-line")
 
 
 # ---------------------------------------------------------------- events
@@ -447,6 +480,7 @@ def _wire(w: SimpleNamespace, cb: Callbacks) -> None:
                      api_name="load_model", **ENGINE)
     for box in (w.cost_target, w.cost_device):  # arithmetic on the trace: no model, no queue
         box.change(show_cost, [w.trace, w.cost_target, w.cost_device], [w.cost_html], queue=False)
+    _wire_concurrency(w)
     w.cmp_btn.click(cb.run_compare, [w.preset_a, w.preset_b, w.cmp_changes, w.prompt, *controls],
                     [w.grid_a, w.grid_b, w.cmp_table, w.cmp_status], api_name="compare", **ENGINE)
     tune_event = w.tune_btn.click(cb.run_sweep, [w.tune_preset, w.tune_task, w.tune_n, w.tune_thresholds,
@@ -456,6 +490,14 @@ def _wire(w: SimpleNamespace, cb: Callbacks) -> None:
     w.tune_add.upload(cb.add_results, [w.tune_add, w.tune_state], [w.tune_state, w.tune_plot, w.tune_table, w.tune_status],
                       api_name="add_results", concurrency_limit=2, concurrency_id="import")
     w.tune_table.select(cb.load_point, [w.tune_state], [w.tabs, *controls], queue=False)
+
+
+def _wire_concurrency(w: SimpleNamespace) -> None:
+    """Any of the concurrency view's four inputs redraws it: arithmetic only, no model, no queue."""
+    inputs = [w.conc_device, w.conc_model, w.conc_g, w.conc_tau]
+    for box in inputs:  # one API endpoint, /concurrency, for the four events
+        api = {"api_name": "concurrency"} if box is w.conc_tau else {"api_visibility": "private"}
+        box.change(show_concurrency, inputs, [w.conc_plot, w.conc_line], queue=False, **api)
 
 
 def _wire_run(w: SimpleNamespace, cb: Callbacks) -> None:
@@ -734,6 +776,33 @@ def show_cost(trace: dict, model: str, device: str) -> str:
         return "Run something to project its G and τ onto a real model."
     rows = project(stats, len(trace["prompt_ids"]), int(trace["gen_length"]), TARGET_MODELS[model], DEVICES[device])
     return plots.cost_table_html(rows, model, DEVICES[device].name, trace)
+
+
+def concurrency_levels(crossovers: dict, per_octave: int = 16) -> list[float]:
+    """Whole numbers of requests from 1, about ``per_octave`` per doubling, up to the power of two at
+    least four times the last turning point (at least 1024), so every turn shows with room for its
+    label after it; and the turning points themselves, so the curves' corners sit on their markers."""
+    turns = [v for v in crossovers.values() if math.isfinite(v) and v >= 1]
+    top = min(2**20, max(1024, 2 ** math.ceil(math.log2(4 * max(turns)))))
+    steps = int(math.log2(top)) * per_octave
+    return sorted({round(2 ** (k / per_octave)) for k in range(steps + 1)} | {v for v in turns if v <= top})
+
+
+def show_concurrency(device: str, model: str, g: float | None, tau: float | None) -> tuple[Any, str]:
+    """The concurrency view: throughput curves and the sentence naming their two turning points
+    (see costmodel.concurrency_curve). Bad G or τ leave the plot as it was and say why."""
+    if g is None or tau is None:
+        return gr.update(), "⚠ Type both G and τ."
+    if model not in CONCURRENCY_MODELS or device not in DEVICES:
+        return gr.update(), f"⚠ Pick a listed GPU and model, not {device!r} and {model!r}."
+    target, gpu = CONCURRENCY_MODELS[model], DEVICES[device]
+    try:
+        crossovers = concurrency_crossovers(target, gpu, float(g), float(tau))
+    except ValueError as exc:
+        return gr.update(), f"⚠ {exc}"
+    rows = concurrency_curve(target, gpu, float(g), float(tau), concurrency_levels(crossovers))
+    title = f"{target.name} on {gpu.name}: G = {float(g):g}, τ = {float(tau):g}"
+    return plots.concurrency_figure(rows, crossovers, title), plots.concurrency_line(crossovers)
 
 
 def redraw_grid(trace: dict, step: int, color: str, what_if: float) -> str | dict:

@@ -46,9 +46,21 @@ class KVCache:
         if len(devices) != n_layers:
             raise ValueError(f"{len(devices)} layer devices for {n_layers} layers")
         shape = (batch, n_kv_heads, max_len, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=d) for d in devices]
-        self.v = [torch.zeros(shape, dtype=dtype, device=d) for d in devices]
-        self.valid = torch.zeros(max_len, dtype=torch.bool, device=devices[0])
+        self._over([torch.zeros(shape, dtype=dtype, device=d) for d in devices],
+                   [torch.zeros(shape, dtype=dtype, device=d) for d in devices],
+                   torch.zeros(max_len, dtype=torch.bool, device=devices[0]))
+
+    @classmethod
+    def over(cls, k: list[torch.Tensor], v: list[torch.Tensor], valid: torch.Tensor) -> "KVCache":
+        """A cache over existing tensors: one request's row of a ``BatchKVCache``, whose
+        storage its writes and evictions change."""
+        cache = cls.__new__(cls)
+        cache._over(k, v, valid)
+        return cache
+
+    def _over(self, k: list[torch.Tensor], v: list[torch.Tensor], valid: torch.Tensor) -> None:
+        self.k, self.v, self.valid = k, v, valid
+        max_len = valid.shape[-1]
         self.max_len = max_len
         self.seq_len = max_len
         self.track_drift = False
@@ -179,6 +191,111 @@ class CacheFork:
         keys = p.k[layer][:, :, : p.seq_len].expand(rows, -1, -1, -1).index_copy(2, positions, k.to(p.k[layer].dtype))
         values = p.v[layer][:, :, : p.seq_len].expand(rows, -1, -1, -1).index_copy(2, positions, v.to(p.v[layer].dtype))
         return keys, values, self._masks[device]
+
+
+
+class BatchKVCache:
+    """The KV cache of a batch of requests: row r holds request r's K/V and valid positions.
+
+    A batched forward packs the requests' positions one after another (``[n_1 + n_2 + ...]``,
+    ``row_tokens`` says how many each): every matmul runs on exactly the positions the requests
+    recompute, with no padding. Only attention needs the rows apart: ``query_rows`` lays the
+    queries out as ``[rows, heads, max n, dim]`` and each row attends to its own valid positions.
+    ``views[r]`` is request r's own ``KVCache`` over this storage, through which its cache policy
+    plans, evicts and forks as it would alone. ``keep`` drops finished requests' rows.
+    """
+
+    def __init__(self, model, lengths: list[int]) -> None:
+        cache = model.new_cache(len(lengths), max(lengths))
+        self.k, self.v = cache.k, cache.v
+        self.valid = torch.zeros(len(lengths), cache.max_len, dtype=torch.bool, device=cache.valid.device)
+        self.seq_len = cache.max_len
+        self.row_tokens: list[int] = []
+        self.views = []
+        for r, length in enumerate(lengths):
+            view = KVCache.over([k[r : r + 1] for k in self.k], [v[r : r + 1] for v in self.v], self.valid[r])
+            view.seq_len = length
+            self.views.append(view)
+
+    @property
+    def batch(self) -> int:
+        return self.valid.shape[0]
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep only ``rows`` (in this order), one layer at a time: the copy never holds a second
+        whole cache, since each view moves to the new layer before the next is copied."""
+        staying = [self.views[r] for r in rows]
+        for r in sorted(set(range(self.batch)) - set(rows)):
+            self.views[r].k = self.views[r].v = []  # a finished request's view lets go of the storage
+        index = torch.tensor(rows, dtype=torch.long, device=self.valid.device)
+        for layer in range(len(self.k)):
+            at = index.to(self.k[layer].device)
+            self.k[layer], self.v[layer] = self.k[layer].index_select(0, at), self.v[layer].index_select(0, at)
+            for j, view in enumerate(staying):
+                view.k[layer], view.v[layer] = self.k[layer][j : j + 1], self.v[layer][j : j + 1]
+        self.valid = self.valid.index_select(0, index)
+        for j, view in enumerate(staying):
+            view.valid = self.valid[j]
+        self.views = staying
+
+    def begin_forward(self, positions: torch.Tensor) -> None:
+        """Called by the model before layer 0 with the packed positions (each row's sorted)."""
+        device = self.valid.device
+        positions = positions.to(device)
+        counts = torch.tensor(self.row_tokens, device=device)
+        if positions.numel() != int(counts.sum()) or len(self.row_tokens) != self.batch:
+            raise ValueError(f"{positions.numel()} positions for rows of {self.row_tokens} ({self.batch} rows)")
+        rows = torch.repeat_interleave(torch.arange(self.batch, device=device), counts)
+        starts = torch.cumsum(counts, 0) - counts
+        slots = torch.arange(positions.numel(), device=device) - torch.repeat_interleave(starts, counts)
+        self.valid[rows, positions] = True
+        live = self.valid[:, : self.seq_len]
+        mask = None if bool(live.all()) else live[:, None, None, :]
+        self._on_device = {device: (rows, positions, slots, mask)}
+        reads = (live.sum(1) - counts).tolist()
+        for view, n, r, begin in zip(self.views, self.row_tokens, reads, starts.tolist()):
+            view.last_stats = ForwardStats(recomputed=n, reads=r)
+            view.last_positions = positions[begin : begin + n]
+
+    def _for_device(self, device: torch.device) -> tuple:
+        if device not in self._on_device:
+            self._on_device[device] = tuple(None if t is None else t.to(device, non_blocking=True)
+                                            for t in self._on_device[self.valid.device])
+        return self._on_device[device]
+
+    def query_rows(self, q: torch.Tensor) -> torch.Tensor:
+        """Packed queries ``[1, heads, N, dim]`` as ``[rows, heads, max n, dim]`` (zero padded)."""
+        rows, _, slots, _ = self._for_device(q.device)
+        out = q.new_zeros(self.batch, q.shape[1], max(self.row_tokens), q.shape[3])
+        out[rows, :, slots] = q[0].transpose(0, 1)
+        return out
+
+    def token_rows(self, out: torch.Tensor) -> torch.Tensor:
+        """Attention output ``[rows, heads, max n, dim]`` back to the packed ``[1, heads, N, dim]``."""
+        rows, _, slots, _ = self._for_device(out.device)
+        return out[rows, :, slots].transpose(0, 1)[None]
+
+    def update(
+        self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Write the packed fresh K/V into their rows; return every row's keys, values and mask."""
+        k_cache, v_cache = self.k[layer], self.v[layer]
+        rows, index, _, mask = self._for_device(k_cache.device)
+        # Advanced indices on dims 0 and 2 put the N tokens first: values go in as [N, heads, dim].
+        k_cache[rows, :, index] = k[0].to(k_cache.dtype).transpose(0, 1)
+        v_cache[rows, :, index] = v[0].to(v_cache.dtype).transpose(0, 1)
+        return k_cache[:, :, : self.seq_len], v_cache[:, :, : self.seq_len], mask
+
+    @property
+    def probe_layer(self) -> int | None:
+        """The layer the requests' attention probes watch (one setting for the whole batch)."""
+        return self.views[0].probe_layer if self.views else None
+
+    def probe(self, q: torch.Tensor, keys: torch.Tensor, key_mask: torch.Tensor | None, positions: torch.Tensor) -> None:
+        """Each request's probe over its own row (see ``KVCache.probe``); ``q`` by rows."""
+        for r, view in enumerate(self.views):
+            mask = None if key_mask is None else key_mask[r : r + 1]
+            view.probe(q[r : r + 1], keys[r : r + 1], mask, view.last_positions.to(q.device))
 
 
 def _key_mask(live: torch.Tensor) -> torch.Tensor | None:

@@ -77,8 +77,11 @@ def attend(
     cos, sin = rope
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     key_mask = None
+    packed = hasattr(cache, "query_rows")  # a batch's forward: several requests' positions in one row
     if cache is not None:
         k, v, key_mask = cache.update(layer, positions, k, v)
+    if packed:
+        q = cache.query_rows(q)
     if cache is not None and getattr(cache, "probe_layer", None) == layer:
         cache.probe(q, k, key_mask, positions)
     grouped = k.shape[1] != q.shape[1]  # Dream: 4 K/V heads for 28 query heads
@@ -89,4 +92,6 @@ def attend(
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
     out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=key_mask,
                                          enable_gqa=grouped and key_mask is None)
+    if packed:
+        out = cache.token_rows(out)
     return out.transpose(1, 2).flatten(2)

@@ -125,6 +125,9 @@ class LLaDAModelLM(PreTrainedModel):
     base_model_prefix = "model"
     _no_split_modules = ["LLaDABlock"]
     _supports_sdpa = True
+    # A forward may pack several requests' positions (a BatchKVCache): every layer but attention
+    # is per position. (Dream is not: its shifted logits read each position's predecessor.)
+    packs_requests = True
 
     def __init__(self, config: LLaDAConfig) -> None:
         super().__init__(config)

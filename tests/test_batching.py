@@ -1,0 +1,247 @@
+"""Batched decoding: each request of a batch decodes as it would alone, finished requests leave
+the batch, and the adaptive cache's per-request quotas share one budget."""
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import dllm_local
+from dllm_local import (
+    Settings,
+    SettingsError,
+    generate,
+    generate_batch,
+    stream,
+    stream_batch,
+)
+from dllm_local.models.cache import BatchKVCache
+from dllm_local.policies import registry
+from dllm_local.policies.cache import QuotaPool
+
+# Different lengths on purpose: the rows of a batch are not aligned anywhere.
+PROMPTS = ["What is 12 + 7?", "Deal a poker hand and name it.", "What is 3 + 4 + 5 + 6 + 7 + 8 + 9 + 10 + 11?", "hi"]
+SMALL = dict(gen_length=32, block_size=8, seed=3)
+
+
+def _alone(handle, prompts, settings, guider=None):
+    return [generate(handle, p, settings, guider).token_ids for p in prompts]
+
+
+@pytest.mark.parametrize("cache, params", [("none", {}), ("prefix", {"refresh_every": 1}), ("dual", {"refresh_every": 1})])
+@pytest.mark.parametrize("unmask", ["threshold", "fixed"])
+def test_each_request_of_a_batch_gives_the_tokens_it_gives_alone(tiny, cache, params, unmask):
+    settings = Settings(cache=cache, cache_params=params, unmask=unmask, **SMALL)
+    batch = generate_batch(tiny, PROMPTS, settings)
+    assert [r.token_ids for r in batch] == _alone(tiny, PROMPTS, settings)
+    assert len({len(r.trace.prompt_ids) for r in batch}) == len(PROMPTS)  # really of different lengths
+
+
+@pytest.mark.parametrize("cache", sorted(registry.CACHE))
+def test_every_cache_policy_runs_batched_and_matches_alone(tiny, cache):
+    """Beyond the exact cases: the rows never share a position, so approximate caches (which
+    reuse stale entries) decode each request as alone too."""
+    settings = Settings(cache=cache, unmask="threshold", temperature=0.7, **SMALL)
+    assert [r.token_ids for r in generate_batch(tiny, PROMPTS, settings)] == _alone(tiny, PROMPTS, settings)
+
+
+@pytest.mark.parametrize("unmask", sorted(set(registry.UNMASK) - {"fixed", "threshold"}))
+def test_every_unmasking_policy_runs_batched_and_matches_alone(tiny, tiny_guider, unmask):
+    settings = Settings(cache="dual", unmask=unmask, **SMALL)
+    guider = tiny_guider if settings.unmask_spec.needs_guider else None
+    got = [r.token_ids for r in generate_batch(tiny, PROMPTS[:3], settings, guider)]
+    assert got == _alone(tiny, PROMPTS[:3], settings, guider)
+
+
+def test_a_released_layout_llada_checkpoint_decodes_batched_as_alone(llada_dir):
+    handle = dllm_local.load(str(llada_dir))
+    settings = Settings(cache="dual", unmask="threshold", **SMALL)
+    assert [r.token_ids for r in generate_batch(handle, PROMPTS[:3], settings)] == _alone(handle, PROMPTS[:3], settings)
+
+
+def test_stream_batch_yields_each_requests_records_as_its_own_run_would(tiny):
+    settings = Settings(cache="dual", unmask="threshold", **SMALL)
+    run = stream_batch(tiny, PROMPTS, settings)
+    per_request = {i: [] for i in range(len(PROMPTS))}
+    for i, record in run:
+        per_request[i].append(record.committed)
+    for i, prompt in enumerate(PROMPTS):
+        alone = [record.committed for record in stream(tiny, prompt, settings)]
+        # The same commits at the same steps; the confidences agree to float32 (a packed forward
+        # adds in another order).
+        assert [[(p, t) for p, t, _ in step] for step in per_request[i]] == [[(p, t) for p, t, _ in step] for step in alone]
+        got = [c for step in per_request[i] for *_, c in step]
+        assert got == pytest.approx([c for step in alone for *_, c in step], abs=1e-5)
+        assert run.results[i].stats.batch_size == len(PROMPTS)
+
+
+def test_a_finished_request_leaves_the_batch(tiny):
+    """Requests of very different lengths: the short ones finish first, and from then on the
+    forwards compute fewer rows (the cache keeps only the rows still decoding)."""
+    settings = Settings(cache="dual", unmask="threshold", early_stop=True, gen_length=64, block_size=8)
+    prompts = ["hi", "What is 2 + 2?", "Write a long record of three people with their ages and cities."]
+    run = stream_batch(tiny, prompts, settings)
+    rows_per_forward = []
+    for _ in run:
+        rows_per_forward.append(run.cache.batch)
+    forwards = [r.stats.nfe for r in run.results]
+    assert len(set(forwards)) > 1, "the requests must finish at different steps for this test to mean anything"
+    assert run.forwards == max(forwards)  # one forward per step for the whole batch
+    assert run.row_forwards == sum(forwards) < run.forwards * len(prompts)  # done requests cost nothing more
+    assert rows_per_forward[-1] < len(prompts) and rows_per_forward == sorted(rows_per_forward, reverse=True)
+    # Each request's latency is when it finished, so the first done is the fastest.
+    first_done = min(range(len(prompts)), key=forwards.__getitem__)
+    assert run.latency_s[first_done] == min(run.latency_s) < run.wall_s
+    assert [r.token_ids for r in run.results] == _alone(tiny, prompts, settings)
+    # The forwards' time is split over the requests by the positions they computed.
+    assert sum(r.stats.model_share_s for r in run.results) == pytest.approx(run.model_s, rel=1e-9)
+
+
+def test_per_request_settings_keep_each_requests_seed(tiny):
+    base = Settings(cache="dual", unmask="threshold", temperature=1.0, **SMALL)
+    settings = [base.for_problem(i) for i in range(3)]
+    got = [r.token_ids for r in generate_batch(tiny, PROMPTS[:3], settings)]
+    assert got == [generate(tiny, p, s).token_ids for p, s in zip(PROMPTS[:3], settings)]
+
+
+def test_what_cannot_be_batched_is_refused_clearly(tiny, dream_dir):
+    settings = Settings(**SMALL)
+    with pytest.raises(SettingsError, match="one request at a time"):
+        stream_batch(dllm_local.load(str(dream_dir)), PROMPTS, settings)
+    with pytest.raises(SettingsError, match="exact_drift"):
+        stream_batch(tiny, PROMPTS, settings.with_(exact_drift=True))
+    with pytest.raises(SettingsError, match="at least one prompt"):
+        stream_batch(tiny, [], settings)
+    with pytest.raises(SettingsError, match="2 settings for 4 prompts"):
+        stream_batch(tiny, PROMPTS, [settings, settings])
+
+
+def test_a_batch_cache_row_is_a_view_of_the_batch(tiny):
+    cache = BatchKVCache(tiny.model, [5, 9, 7])
+    view = cache.views[1]
+    view.k[0][0, 0, 3] = 1.0
+    assert cache.k[0][1, 0, 3].eq(1.0).all() and view.seq_len == 9
+    cache.keep([2, 1])  # a request finished: its row goes, the others keep their storage through their views
+    assert cache.batch == 2 and cache.views[1] is view and cache.k[0][1, 0, 3].eq(1.0).all()
+    assert view.k[0].data_ptr() == cache.k[0][1:2].data_ptr()
+
+
+# ---------------------------------------------------------------- quotas
+def test_quota_pool_shares_the_budget_max_min_fairly():
+    rng = random.Random(0)
+    for _ in range(500):
+        total = rng.randint(1, 400)
+        holding = {i: rng.randint(0, 200) for i in range(rng.randint(1, 8))}
+        quotas = QuotaPool(total).allocate(holding)
+        assert set(quotas) == set(holding)
+        assert sum(quotas.values()) <= total
+        even = total // len(holding)
+        for i, held in holding.items():
+            if held <= even:  # under an even share: keeps all it holds
+                assert quotas[i] == held
+            else:  # over it: at least an even share, never more than it holds
+                assert even <= quotas[i] <= held
+        if sum(holding.values()) > total:  # nothing left unused when the requests want more
+            assert sum(quotas.values()) == total
+
+
+def test_a_finished_requests_quota_goes_to_the_others():
+    pool = QuotaPool(90)
+    assert pool.allocate({0: 60, 1: 60, 2: 60}) == {0: 30, 1: 30, 2: 30}
+    assert pool.allocate({0: 60, 2: 60}) == {0: 45, 2: 45}
+    assert pool.allocate({0: 10, 2: 100}) == {0: 10, 2: 80}  # what one does not need, the other may use
+
+
+def test_batched_adaptive_cache_keeps_the_quotas_within_the_budget_and_evicts_k_and_v_together(tiny):
+    budget = 24
+    settings = Settings(cache="adaptive", cache_params={"budget": budget, "device_profile": "H100"},
+                        unmask="threshold", **SMALL)
+    run = stream_batch(tiny, PROMPTS, settings)
+    evictions = 0
+    for i, record in run:
+        quotas = [r.cache_policy.quota for r in run.runs if r.cache.k]
+        assert sum(quotas) <= budget * len(PROMPTS)
+        assert record.policy["quota"] <= budget * len(PROMPTS)
+        evictions = max(evictions, record.policy["evicted"])  # the request's evictions so far
+        view = run.runs[i].cache
+        assert view.num_cached() <= record.policy["quota"]
+        gone = ~view.valid[: view.seq_len]
+        for k, v in zip(view.k, view.v):  # an evicted position holds nothing, in K and in V
+            n = view.seq_len
+            assert not k[0, :, :n][:, gone].any() and not v[0, :, :n][:, gone].any()
+    assert evictions > 0
+
+
+# ---------------------------------------------------------------- the tools
+def test_eval_with_a_batch_size_scores_the_same_as_one_at_a_time(tiny):
+    from dllm_local.experiments.evaluate import evaluate
+
+    settings = Settings(cache="dual", unmask="threshold", gen_length=64, block_size=16)
+    one = evaluate(tiny, "arithmetic", 12, 1000, settings)
+    batched = evaluate(tiny, "arithmetic", 12, 1000, settings, batch_size=5)
+    assert batched["score"] == one["score"] and batched["examples"] == one["examples"]
+    assert batched["nfe"] == one["nfe"] and batched["batch_size"] == 5
+
+
+def test_bench_with_a_batch_size_scores_the_same_and_answers_the_four_questions(tiny):
+    from dllm_local.experiments.bench import (
+        STRATEGY_SETS,
+        format_table,
+        run_bench,
+        task_problems,
+    )
+
+    problems = task_problems("arithmetic", 6, 1000)
+    base = Settings(gen_length=32, block_size=8)
+    strategies = STRATEGY_SETS["headline"]()[:2]
+    one = run_bench(tiny, problems, strategies, base, repeats=1, progress=False)
+    batched = run_bench(tiny, problems, strategies, base, repeats=1, progress=False, batch_size=3)
+    assert [r["accuracy"] for r in batched["rows"]] == [r["accuracy"] for r in one["rows"]]
+    table = format_table(batched)
+    assert "3 requests at a time" in table and "concurrency: 3 requests decoded together" in table
+    assert "baseline: the first row, run on this machine, with this engine, in this same run" in table
+    assert "threshold 0.9" in table and "quality" in table
+    assert "prefill" in table and "refresh" in table
+    row = batched["rows"][1]
+    assert 0 < row["prefill_share"] and 0 <= row["refresh_share"] and row["prefill_share"] + row["refresh_share"] <= 1
+
+
+def test_bench_concurrency_prints_both_curves_and_the_crossover():
+    out = subprocess.run(
+        [sys.executable, "-m", "dllm_local", "bench", "--concurrency", "1,2,4", "--n", "4", "--gen-length", "32",
+         "--block-size", "8", "--cache", "dual", "--threshold", "0.9", "--quiet"],
+        capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    rows = [line.split() for line in lines if line.strip() and line.split()[0] in ("1", "2", "4")]
+    assert [r[0] for r in rows] == ["1", "2", "4"]
+    assert all(float(r[1]) > 0 and float(r[4]) > 0 for r in rows)  # diffusion and AR tokens/s
+    assert any(line.startswith("measured here: diffusion throughput") for line in lines)
+    teaching = next(line for line in lines if "teaching 7B" in line)
+    assert "saturates at ~9 requests" in teaching and "overtakes at ~37" in teaching
+    assert any("LLaDA-8B vs an 8B AR model on H100" in line for line in lines)
+
+
+def test_bench_concurrency_needs_enough_problems():
+    out = subprocess.run([sys.executable, "-m", "dllm_local", "bench", "--concurrency", "1,8", "--n", "4", "--quiet"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "--n >= 8" in out.stderr
+    bad = subprocess.run([sys.executable, "-m", "dllm_local", "bench", "--concurrency", "4,2"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "increasing whole numbers" in bad.stderr
+
+
+@torch.inference_mode()
+def test_packed_forward_matches_each_request_alone_in_float32(tiny):
+    """The logits of a packed batch forward against one forward per request: ~1e-5."""
+    model = tiny.model
+    seqs = [torch.randint(0, 500, (n,)) for n in (7, 13, 4)]
+    cache = BatchKVCache(model, [len(s) for s in seqs])
+    cache.row_tokens = [len(s) for s in seqs]
+    positions = torch.cat([torch.arange(len(s)) for s in seqs])
+    packed = model(torch.cat(seqs)[None], positions, cache).logits[0].split(cache.row_tokens)
+    for seq, got in zip(seqs, packed):
+        alone = model.new_cache(1, len(seq))
+        want = model(seq[None], torch.arange(len(seq)), alone).logits[0]
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
