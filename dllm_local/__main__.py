@@ -199,6 +199,9 @@ def _bench(args: argparse.Namespace) -> None:
 
     base = settings_from_args(args)
     _check_out(args.out)
+    if args.concurrency and (args.batch_size != 1 or args.set != "headline"):
+        raise SettingsError("--concurrency decodes each level as one batch of its own size, with the settings "
+                            "given: it takes no --batch-size or --set")
     if args.jsonl:
         problems = jsonl_problems(Path(args.jsonl), args.scorer, args.n)
     else:
@@ -207,8 +210,10 @@ def _bench(args: argparse.Namespace) -> None:
     if args.concurrency:
         from .experiments.bench import format_concurrency, run_concurrency
 
+
         guider = guider_for(args, handle, needed=True)
-        report = run_concurrency(handle, guider, problems, args.concurrency, base, args.gpu, progress=not args.quiet)
+        report = run_concurrency(handle, guider, problems, args.concurrency, base, args.gpu, progress=not args.quiet,
+                                 repeats=args.repeats)
         print(format_concurrency(report))
     else:
         strategies = STRATEGY_SETS[args.set]()
@@ -372,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     be.add_argument("--n", type=_at_least_one, default=20)
     be.add_argument("--seed-data", type=int, default=1000)
     be.add_argument("--repeats", type=_at_least_one, default=3,
-                    help="timed passes per row after one warm-up answer; the table shows the median (default: 3)")
+                    help="timed passes per row after one warm-up answer; the table shows the median (default: 3); "
+                         "with --concurrency, runs per level")
     be.add_argument("--out", default=None, help="also write the report as JSON here")
     be.add_argument("--batch-size", type=_at_least_one, default=1, help=BATCH_HELP)
     be.add_argument("--concurrency", type=_levels, default=None, metavar="1,2,4,...",

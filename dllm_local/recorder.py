@@ -95,6 +95,7 @@ class Recorder:
         """A verification forward of variant sequences ``rows`` (``[k, L]``) over a cache fork."""
         logits, seconds = timed(lambda: self.handle.model(rows[:, positions], positions, cache, sequence=rows).logits, self.gpus)
         self._model_s += seconds
+        self.trace.stats.model_share_s += seconds  # this request's alone, in a batch too
         self._forwards += 1
         return logits
 
@@ -106,6 +107,7 @@ class Recorder:
         out, seconds = timed(lambda: guider.model(input_ids=input_ids[None].to(guider.model.device),
                                                   cache=past, use_cache=True), self.gpus)
         self._model_s += seconds
+        self.trace.stats.model_share_s += seconds
         self.trace.stats.guider_forwards += 1
         return out.logits[0], out.cache
 
@@ -148,6 +150,12 @@ class Recorder:
         now = time.perf_counter()
         self._paused += now - self._t_step
         self._t_step = now
+
+    def pause(self, seconds: float) -> None:
+        """The consumer held the run's batch for ``seconds`` (reading another request's record):
+        not the run's time either."""
+        self._paused += seconds
+        self._t_step += seconds
 
     def _count(self, record: StepRecord) -> None:
         st = self.trace.stats

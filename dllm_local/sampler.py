@@ -150,7 +150,9 @@ class Run:
 
     def release(self) -> None:
         """Drop the run's device tensors (its KV caches); the result and trace stay."""
-        self.cache = self.recorder.shadow = None
+        self.cache = None
+        if getattr(self, "recorder", None) is not None:  # set up (a batch may fail before)
+            self.recorder.shadow = None
 
     def __iter__(self) -> Iterator[StepRecord]:
         for record in self._decode():
@@ -217,6 +219,7 @@ class Run:
             self._finished = self._stopped = True
         if self._finished:
             self.result = Result(self.recorder.finish(state, self._stopped))
+            self._plan = self._positions = self._logits = None  # in a batch, a view of the batch's logits
             return False
         if state.step >= self._max_forwards:
             raise DecodingError(
@@ -309,11 +312,14 @@ class BatchRun:
     ``BatchKVCache``), so each request decodes as it would alone. A request that finishes leaves
     the batch: its row is dropped from the cache and later forwards no longer compute it.
 
+    With ``share_budget`` the adaptive caches' budgets become one budget shared by quotas (see
+    ``QuotaPool``): the one thing that makes a request decode otherwise than alone.
+
     Iterate for ``(request, StepRecord)`` pairs; ``results`` then holds one result per prompt.
     """
 
     def __init__(self, handle: ModelHandle, prompts: list[Prompt], settings: Settings | list[Settings],
-                 guider: GuiderHandle | None = None) -> None:
+                 guider: GuiderHandle | None = None, share_budget: bool = True) -> None:
         """``settings``: one for every request, or one per request (an evaluation's own seeds)."""
         if not isinstance(prompts, (list, tuple)) or not prompts:
             raise SettingsError("a batch needs a list of at least one prompt")
@@ -325,9 +331,11 @@ class BatchRun:
             raise SettingsError(f"{len(per_request)} settings for {len(prompts)} prompts: give one, or one per prompt")
         if any(s.exact_drift for s in per_request):
             raise SettingsError("exact_drift runs a second, uncached model per request: turn it off to decode a batch")
-        self.handle = handle
+        self.handle, self.share_budget = handle, share_budget
         self.runs = [Run(handle, prompt, s, guider) for prompt, s in zip(prompts, per_request)]
         self.results: list[Result] | None = None
+        self.cache: BatchKVCache | None = None
+        self.pool: QuotaPool | None = None
         # What the batch did: forwards, the rows they computed, model and wall time, and when each
         # request was done (its latency, from the batch's start).
         self.forwards = self.row_forwards = 0
@@ -338,51 +346,76 @@ class BatchRun:
         for run in self.runs:
             run.stop()
 
+    def release(self) -> None:
+        """Drop the batch's cache (every request's K/V); results and traces stay."""
+        self.cache = None
+        for run in self.runs:
+            run.release()
+
     def __iter__(self) -> Iterator[tuple[int, StepRecord]]:
-        h, runs = self.handle, self.runs
+        runs = self.runs
         start = time.perf_counter()
-        with torch.inference_mode():
-            self.cache = cache = BatchKVCache(h.model, [r.state_length for r in runs])
-            for run, view in zip(runs, cache.views):
-                run._setup(view)
-                run.recorder.trace.stats.batch_size = len(runs)
-        gpus = runs[0].recorder.gpus
-        budgets = {i: run.cache_policy.allowance for i, run in enumerate(runs) if getattr(run.cache_policy, "allowance", None)}
-        self.pool = QuotaPool(sum(budgets.values())) if budgets else None
-        active = list(range(len(runs)))  # request numbers, in cache row order
         paused = 0.0
-        while True:
+        try:
             with torch.inference_mode():
-                going = [i for i in active if runs[i]._next_step(runs[i].state)]
-                for i in set(active) - set(going):
-                    self.latency_s[i] = time.perf_counter() - start - paused
-                if going != active:
-                    cache.keep([active.index(i) for i in going])
-                    active = going
-                if not active:
-                    break
-                cache.row_tokens = [len(runs[i]._positions) for i in active]
-                positions = torch.cat([runs[i]._positions for i in active])
-                ids = torch.cat([runs[i].state.x[0, runs[i]._positions] for i in active])[None]
-                logits, seconds = timed(lambda: h.model(ids, positions, cache).logits[0].split(cache.row_tokens), gpus)
-                self.forwards += 1
-                self.row_forwards += len(active)
-                self.model_s += seconds
-                if self.pool is not None:
-                    holding = {i: runs[i].cache.num_cached() for i in active if i in budgets}
-                    for i, quota in self.pool.allocate(holding).items():
-                        runs[i].cache_policy.quota = quota
-                records = []
-                for row, i in enumerate(active):
-                    runs[i].recorder.count_forward(seconds, cache.row_tokens[row] / len(positions))
-                    records.append((i, runs[i]._take(runs[i].state, logits[row])))
-            for i, record in records:
-                t = time.perf_counter()
-                yield i, record
-                paused += time.perf_counter() - t
-                runs[i].recorder.resume()
+                self._setup()
+            active = list(range(len(runs)))  # request numbers, in cache row order
+            while True:
+                with torch.inference_mode():
+                    going = [i for i in active if runs[i]._next_step(runs[i].state)]
+                    for i in set(active) - set(going):
+                        self.latency_s[i] = time.perf_counter() - start - paused
+                    if going != active:
+                        self.cache.keep([active.index(i) for i in going])
+                        active = going
+                    if not active:
+                        break
+                    records = self._step(active)
+                for i, record in records:
+                    t = time.perf_counter()
+                    yield i, record
+                    held = time.perf_counter() - t  # the consumer's time: no request's
+                    paused += held
+                    for j in active:
+                        runs[j].recorder.pause(held)
+        except BaseException:
+            self.release()  # a failed batch lets go of its cache at once
+            raise
         self.wall_s = time.perf_counter() - start - paused
         self.results = [run.result for run in runs]
+        self.release()
+
+    def _setup(self) -> None:
+        runs = self.runs
+        self.cache = BatchKVCache(self.handle.model, [r.state_length for r in runs])
+        for run, view in zip(runs, self.cache.views):
+            run._setup(view)
+            run.recorder.trace.stats.batch_size = len(runs)
+        self._budgets = {i: run.cache_policy.allowance for i, run in enumerate(runs)
+                         if getattr(run.cache_policy, "allowance", None)}
+        if self.share_budget and self._budgets:
+            self.pool = QuotaPool(sum(self._budgets.values()))
+
+    def _step(self, active: list[int]) -> list[tuple[int, StepRecord]]:
+        """One forward for the ``active`` requests' planned positions, packed; then each takes its rows."""
+        runs, cache, h = self.runs, self.cache, self.handle
+        cache.row_tokens = [len(runs[i]._positions) for i in active]
+        positions = torch.cat([runs[i]._positions for i in active])
+        ids = torch.cat([runs[i].state.x[0, runs[i]._positions] for i in active])[None]
+        logits, seconds = timed(lambda: h.model(ids, positions, cache).logits[0].split(cache.row_tokens),
+                                runs[0].recorder.gpus)
+        self.forwards += 1
+        self.row_forwards += len(active)
+        self.model_s += seconds
+        if self.pool is not None:  # quotas from what each holds now, before anyone evicts
+            holding = {i: runs[i].cache.num_cached() for i in active if i in self._budgets}
+            for i, quota in self.pool.allocate(holding).items():
+                runs[i].cache_policy.quota = quota
+        records = []
+        for row, i in enumerate(active):
+            runs[i].recorder.count_forward(seconds, cache.row_tokens[row] / len(positions))
+            records.append((i, runs[i]._take(runs[i].state, logits[row])))
+        return records
 
 
 def stream(handle: ModelHandle, prompt: Prompt, settings: Settings | None = None, guider: GuiderHandle | None = None) -> Run:
@@ -393,13 +426,14 @@ def stream(handle: ModelHandle, prompt: Prompt, settings: Settings | None = None
 def stream_batch(handle: ModelHandle, prompts: list[Prompt], settings: Settings | list[Settings] | None = None,
                  guider: GuiderHandle | None = None) -> BatchRun:
     """Start decoding ``prompts`` together; iterate for ``(request, StepRecord)`` pairs."""
-    return BatchRun(handle, prompts, settings or Settings(), guider)
+    return BatchRun(handle, prompts, Settings() if settings is None else settings, guider)
 
 
 def generate_batch(handle: ModelHandle, prompts: list[Prompt], settings: Settings | list[Settings] | None = None,
-                   guider: GuiderHandle | None = None) -> list[Result]:
-    """One result (and trace) per prompt, decoded as a batch: the same tokens as each alone."""
-    run = stream_batch(handle, prompts, settings, guider)
+                   guider: GuiderHandle | None = None, share_budget: bool = True) -> list[Result]:
+    """One result (and trace) per prompt, decoded as a batch: the same tokens as each alone
+    (unless adaptive caches share their budgets, see ``BatchRun``)."""
+    run = BatchRun(handle, prompts, Settings() if settings is None else settings, guider, share_budget)
     for _ in run:
         pass
     return run.results
@@ -408,14 +442,17 @@ def generate_batch(handle: ModelHandle, prompts: list[Prompt], settings: Setting
 def generate_all(handle: ModelHandle, prompts: list[Prompt], settings: list[Settings], guider: GuiderHandle | None = None,
                  batch_size: int = 1, done: Callable[[int], None] | None = None) -> list[Result]:
     """One result per prompt (each with its own settings), decoded ``batch_size`` at a time;
-    ``done(k)`` is called as each batch of ``k`` finishes (a progress bar)."""
+    ``done(k)`` is called as each batch of ``k`` finishes (a progress bar). Budgets are not
+    shared: an evaluation's answers must not depend on its batch size."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise SettingsError(f"batch_size must be an integer >= 1, not {batch_size!r}")
     results: list[Result] = []
     for first in range(0, len(prompts), batch_size):
         chunk, chunk_settings = prompts[first : first + batch_size], settings[first : first + batch_size]
         if batch_size == 1:
             results.append(generate(handle, chunk[0], chunk_settings[0], guider))
         else:
-            results += generate_batch(handle, chunk, chunk_settings, guider)
+            results += generate_batch(handle, chunk, chunk_settings, guider, share_budget=False)
         if done is not None:
             done(len(chunk))
     return results

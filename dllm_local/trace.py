@@ -55,7 +55,7 @@ class Stats:
     mean_g: float = 0.0
     cache_hit_rate: float = 0.0
     model_s: float = 0.0
-    model_share_s: float = 0.0  # of model_s, this request's own positions' share (all of it outside a batch)
+    model_share_s: float = 0.0  # of model_s, this request's share: a batch's forward split by positions computed
     prefill_s: float = 0.0  # of model_s: the first forward (the prompt and the all-mask answer)
     refresh_s: float = 0.0  # of model_s: the later forwards that recomputed everything (block-start refreshes)
     other_s: float = 0.0

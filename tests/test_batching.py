@@ -19,6 +19,7 @@ from dllm_local import (
 from dllm_local.models.cache import BatchKVCache
 from dllm_local.policies import registry
 from dllm_local.policies.cache import QuotaPool
+from dllm_local.sampler import generate_all
 
 # Different lengths on purpose: the rows of a batch are not aligned anywhere.
 PROMPTS = ["What is 12 + 7?", "Deal a poker hand and name it.", "What is 3 + 4 + 5 + 6 + 7 + 8 + 9 + 10 + 11?", "hi"]
@@ -105,6 +106,64 @@ def test_per_request_settings_keep_each_requests_seed(tiny):
     assert got == [generate(tiny, p, s).token_ids for p, s in zip(PROMPTS[:3], settings)]
 
 
+def test_requests_with_different_probes_and_drift_each_see_their_own(tiny):
+    """drift_refresh beside dual, and two probe layers: each request's attention probe and its
+    per-step KV drift are its own, as alone."""
+    base = Settings(unmask="threshold", **SMALL)
+    settings = [base.with_(cache="dual"), base.with_(cache="drift_refresh", cache_params={"probe_layer": 0}),
+                base.with_(cache="drift_refresh", cache_params={"probe_layer": 3, "gamma": 0.99})]
+    batch = generate_batch(tiny, PROMPTS[:3], settings)
+    for prompt, s, got in zip(PROMPTS[:3], settings, batch):
+        alone = generate(tiny, prompt, s)
+        assert got.token_ids == alone.token_ids
+        for g, a in zip(got.trace.steps, alone.trace.steps):
+            assert g.policy.get("drift") == pytest.approx(a.policy.get("drift"), abs=1e-5)
+            assert g.kv.keys() == a.kv.keys() and g.kv  # per-layer drift summaries, not empty
+            for layer in a.kv:
+                for key, value in a.kv[layer].items():
+                    assert g.kv[layer][key] == pytest.approx(value, abs=1e-4, nan_ok=True)
+
+
+def test_a_requests_time_is_its_own(tiny, tiny_guider):
+    """Guider forwards count as the request's own model time, and the consumer's time spent on
+    the records of a batch is no request's."""
+    import time
+
+    guided = Settings(cache="dual", unmask="guided", **SMALL)
+    result = generate_batch(tiny, PROMPTS[:1], guided, tiny_guider)[0]
+    assert result.stats.guider_forwards > 0 and result.stats.model_share_s == pytest.approx(result.stats.model_s)
+
+    def times(sleep: float) -> tuple[float, list[float], int]:
+        run = stream_batch(tiny, PROMPTS, Settings(cache="dual", unmask="threshold", **SMALL))
+        records = 0
+        for _ in run:
+            time.sleep(sleep)
+            records += 1
+        return run.wall_s, [r.stats.wall_s for r in run.results], records
+
+    quiet, (wall, walls, records) = times(0.0), times(0.05)
+    slept = 0.05 * records
+    # Charged to the batch or to a request, the sleeps would add most of ``slept`` (each request
+    # waits through the others' records every round); left out, they add nothing but noise.
+    assert wall < quiet[0] + slept / 2
+    for alone, slow in zip(quiet[1], walls):
+        assert slow < alone + slept / 2
+
+
+def test_share_budget_off_keeps_each_requests_own_budget(tiny):
+    settings = Settings(cache="adaptive", cache_params={"budget": 24, "device_profile": "H100"}, unmask="threshold",
+                        **SMALL)
+    own = [r.token_ids for r in generate_batch(tiny, PROMPTS, settings, share_budget=False)]
+    assert own == _alone(tiny, PROMPTS, settings)
+
+
+def test_a_finished_request_lets_go_of_the_batch_tensors(tiny):
+    run = stream_batch(tiny, PROMPTS, Settings(cache="dual", unmask="threshold", **SMALL))
+    for _ in run:
+        pass
+    assert run.cache is None and all(r.cache is None and r._logits is None for r in run.runs)
+
+
 def test_what_cannot_be_batched_is_refused_clearly(tiny, dream_dir):
     settings = Settings(**SMALL)
     with pytest.raises(SettingsError, match="one request at a time"):
@@ -115,6 +174,11 @@ def test_what_cannot_be_batched_is_refused_clearly(tiny, dream_dir):
         stream_batch(tiny, [], settings)
     with pytest.raises(SettingsError, match="2 settings for 4 prompts"):
         stream_batch(tiny, PROMPTS, [settings, settings])
+    with pytest.raises(SettingsError, match="0 settings for 4 prompts"):
+        stream_batch(tiny, PROMPTS, [])
+    for size in (0, -1, 1.5):
+        with pytest.raises(SettingsError, match="batch_size must be an integer >= 1"):
+            generate_all(tiny, PROMPTS, [settings] * 4, batch_size=size)
 
 
 def test_a_batch_cache_row_is_a_view_of_the_batch(tiny):
@@ -230,6 +294,9 @@ def test_bench_concurrency_needs_enough_problems():
     bad = subprocess.run([sys.executable, "-m", "dllm_local", "bench", "--concurrency", "4,2"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "increasing whole numbers" in bad.stderr
+    both = subprocess.run([sys.executable, "-m", "dllm_local", "bench", "--concurrency", "1,2", "--batch-size", "4"],
+                          capture_output=True, text=True, timeout=60)
+    assert both.returncode != 0 and "takes no --batch-size" in both.stderr
 
 
 @torch.inference_mode()

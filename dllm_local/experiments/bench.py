@@ -201,8 +201,9 @@ def format_table(report: dict) -> str:
         "over model time (a batch's forwards counted once)",
         "baseline: the first row, run on this machine, with this engine, in this same run; speedup: wall time vs it",
         "quality: acc is at that speed, each row's threshold named in its strategy",
-        "time: wall s per answer counts everything: prefill (the first forward) and refresh (block-start forwards that "
-        "recompute everything) as shares of model time; other: setup, sampling and the trace, as a share of wall time",
+        "time: wall s per answer counts everything: prefill (the first forward) and refresh (later forwards that "
+        "recompute everything: block starts, refresh_every, drift) as shares of model time; other: setup, sampling "
+        "and the trace, as a share of wall time",
     ]
     unsteady = [r["strategy"] for r in report["rows"] if r.get("spread", 0.0) > SPREAD_WARNING]
     if unsteady:
@@ -215,13 +216,19 @@ def format_table(report: dict) -> str:
 
 
 # ---------------------------------------------------------------- concurrency
+def _median_run(runs: list[tuple[float, float]]) -> tuple[float, float]:
+    """The run with the median wall time (its own latency with it)."""
+    return sorted(runs)[len(runs) // 2]
+
+
 def run_concurrency(handle: ModelHandle, guider: GuiderHandle, problems: list[Problem], levels: list[int],
-                    settings: Settings, gpu: str = "H100", progress: bool = True) -> dict:
+                    settings: Settings, gpu: str = "H100", progress: bool = True, repeats: int = 3) -> dict:
     """Throughput and latency at each number of concurrent requests, for the diffusion model
     (``settings``, the requests decoded as one batch) and for the autoregressive ``guider``
     (batched, with its KV cache), on the same problems on this machine; and the cost model's
     prediction of the same two curves for LLaDA-8B and an 8B autoregressive model on ``gpu``,
-    with the G and tau measured here at one request."""
+    with the G and tau measured here. Each level runs ``repeats`` times; the run with the median
+    wall time counts."""
     from ..sampler import stream_batch
     from .costmodel import (
         DEVICES,
@@ -238,34 +245,43 @@ def run_concurrency(handle: ModelHandle, guider: GuiderHandle, problems: list[Pr
     rows = []
     for c in tqdm(levels, desc="concurrency", disable=not progress):
         batch = problems[:c]
-        run = stream_batch(handle, [p.prompt for p in batch], [settings.for_problem(i) for i in range(c)])
-        for _ in run:
-            pass
+        diffusion, ar = [], []  # per repeat: (wall s, mean latency s); the answers are the same each time
+        for _ in range(repeats):
+            # Both clocks start before the prompts are encoded and stop when the last answer is done.
+            t0 = time.perf_counter()
+            run = stream_batch(handle, [p.prompt for p in batch], [settings.for_problem(i) for i in range(c)])
+            encode_s = time.perf_counter() - t0
+            for _ in run:
+                pass
+            diffusion.append((encode_s + run.wall_s, encode_s + statistics.mean(run.latency_s)))
+            t0 = time.perf_counter()
+            texts, lengths, ar_latency = ar_generate(guider, [p.prompt for p in batch], settings.gen_length)
+            ar.append((time.perf_counter() - t0, statistics.mean(ar_latency)))
         stats = [r.stats for r in run.results]
-        t0 = time.perf_counter()
-        texts, lengths = ar_generate(guider, [p.prompt for p in batch], settings.gen_length)
-        ar_wall = time.perf_counter() - t0
+        (d_wall, d_latency), (a_wall, a_latency) = _median_run(diffusion), _median_run(ar)
         rows.append({
             "concurrency": c,
-            "diffusion_tok_s": sum(s.content_tokens for s in stats) / run.wall_s,
-            "diffusion_latency_s": statistics.mean(run.latency_s),
+            "diffusion_tok_s": sum(s.content_tokens for s in stats) / d_wall,
+            "diffusion_latency_s": d_latency,
             "diffusion_accuracy": statistics.mean(p.is_correct(r.text) for p, r in zip(batch, run.results)),
             "g": statistics.mean(s.mean_g for s in stats),
             "tau_content": statistics.mean(s.content_tokens_per_forward for s in stats),
-            "ar_tok_s": sum(lengths) / ar_wall,
-            "ar_latency_s": ar_wall,  # the batch ends with its longest answer: every request waits for it
+            "ar_tok_s": sum(lengths) / a_wall,
+            "ar_latency_s": a_latency,
             "ar_accuracy": statistics.mean(p.is_correct(t) for p, t in zip(batch, texts)),
         })
     overtaken = next((r["concurrency"] for r in rows if r["ar_tok_s"] >= r["diffusion_tok_s"]), None)
     # Flat: doubling the requests (or more) gains less than a fifth in throughput.
     flat = next((b["concurrency"] for a, b in zip(rows, rows[1:]) if b["diffusion_tok_s"] < 1.2 * a["diffusion_tok_s"]), None)
-    g, tau = rows[0]["g"], rows[0]["tau_content"]
+    # A request decodes in a batch as alone: the largest level's mean G and tau, over the most problems.
+    g, tau = rows[-1]["g"], rows[-1]["tau_content"]
     device = DEVICES[gpu]
     return {
         "machine": machine_name(), "model": handle.summary()["name"], "ar_model": guider.name,
-        "settings": settings.to_dict(), "rows": rows, "ar_overtakes_at": overtaken, "diffusion_flat_from": flat,
+        "settings": settings.to_dict(), "repeats": repeats, "rows": rows, "ar_overtakes_at": overtaken,
+        "diffusion_flat_from": flat,
         "prediction": {
-            "gpu": device.name, "g": g, "tau": tau,
+            "gpu": device.name, "g": g, "tau": tau, "measured_over": rows[-1]["concurrency"],
             "llada_8b": concurrency_crossovers(TARGET_MODELS["LLaDA-8B-Instruct"], device, g, tau),
             "teaching": concurrency_crossovers(TEACHING_EXAMPLE.model, DEVICES[TEACHING_EXAMPLE.device],
                                                TEACHING_EXAMPLE.g, TEACHING_EXAMPLE.tau),
@@ -280,7 +296,8 @@ def format_concurrency(report: dict) -> str:
     head = (f"{'requests':>8} {'diffusion tok/s':>16} {'latency s':>10} {'acc':>6} {'AR tok/s':>10} "
             f"{'latency s':>10} {'acc':>6} {'AR / diffusion':>15}")
     lines = [f"machine: {report['machine']} | diffusion: {report['model']}, {strategy}, gen {s['gen_length']}, "
-             f"block {s['block_size']} | autoregressive: {report['ar_model']}, greedy, KV cache", head, "-" * len(head)]
+             f"block {s['block_size']} | autoregressive: {report['ar_model']}, greedy, KV cache | median of "
+             f"{report['repeats']}", head, "-" * len(head)]
     for r in report["rows"]:
         lines.append(f"{r['concurrency']:>8} {r['diffusion_tok_s']:>16.1f} {r['diffusion_latency_s']:>10.3f} "
                      f"{r['diffusion_accuracy']:>6.0%} {r['ar_tok_s']:>10.1f} {r['ar_latency_s']:>10.3f} "
@@ -294,12 +311,13 @@ def format_concurrency(report: dict) -> str:
         x = p[key]
         lines.append(f"cost model, {name} on {gpu}: diffusion saturates at "
                      f"~{x['diffusion_saturates']:.0f} requests, AR overtakes at ~{x['ar_overtakes']:.0f}"
-                     + (f" (G {p['g']:.1f}, tau {p['tau']:.2f} as measured here at one request)" if key == "llada_8b" else ""))
+                     + (f" (G {p['g']:.1f} and content tau {p['tau']:.2f}: this run's, the mean over "
+                        f"{p['measured_over']} problems)" if key == "llada_8b" else ""))
     lines += [
-        "tok/s: content tokens (answer up to its end) over wall time, all requests together; latency: until a "
-        "request's answer is done (a diffusion request leaves the batch when it finishes; an AR batch ends with its "
-        "longest answer)",
+        "tok/s: content tokens (answer up to its end) over wall time, all requests together; latency: the mean time "
+        "until a request's answer is done (a diffusion request leaves the batch then; an AR request's row waits for "
+        "the batch's longest answer); acc: over the level's requests",
         "baseline: the autoregressive model runs on this machine, in this process, on the same problems",
-        "time counts everything from the batch's start: prefill, the block-start refreshes, and fixed overhead",
+        "time counts everything from the prompts' encoding on: prefill, the refresh forwards, and fixed overhead",
     ]
     return "\n".join(lines)

@@ -79,11 +79,25 @@ def evaluate_guider(guider: GuiderHandle, task: str, n: int, seed: int, max_new_
             "examples": [{"prompt": ex.prompt, "output": a, "correct": ok} for ex, a, ok in zip(problems[:5], answers, correct)]}
 
 
-def ar_generate(guider: GuiderHandle, prompts: list[str], max_new_tokens: int) -> tuple[list[str], list[int]]:
+def ar_generate(guider: GuiderHandle, prompts: list[str], max_new_tokens: int) -> tuple[list[str], list[int], list[float]]:
     """Greedy answers of the autoregressive model to ``prompts``, decoded as one batch with its
-    KV cache (prompts left-padded), and each answer's length in tokens up to its end-of-turn.
-    The batch runs until its longest answer ends: rows that are done wait, as in ``generate``."""
+    KV cache (prompts left-padded): each answer, its length in tokens up to its end-of-turn, and
+    when it was done (seconds from the call: its end-of-turn token chosen). The batch runs until
+    its longest answer ends; rows that are done wait, as in transformers' ``generate``."""
     import torch
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    class StepClock(LogitsProcessor):
+        """Notes the time each new token is chosen (the processor runs just before)."""
+
+        def __init__(self) -> None:
+            self.times: list[float] = []
+
+        def __call__(self, input_ids, scores):
+            self.times.append(time.perf_counter())
+            return scores
+
+    start = time.perf_counter()
 
     tok, model = guider.tokenizer, guider.model
     stop = [tok.eos_token_id, tok.convert_tokens_to_ids("<|eot_id|>")]
@@ -93,12 +107,16 @@ def ar_generate(guider: GuiderHandle, prompts: list[str], max_new_tokens: int) -
     pad = tok.eos_token_id
     input_ids = torch.tensor([[pad] * (width - len(row)) + row for row in ids], device=model.device)
     attention = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in ids], device=model.device)
+    clock = StepClock()
     with torch.inference_mode():
         out = model.generate(input_ids, attention_mask=attention, max_new_tokens=max_new_tokens, do_sample=False,
-                             eos_token_id=stop, pad_token_id=pad)
-    texts, lengths = [], []
+                             eos_token_id=stop, pad_token_id=pad, logits_processor=LogitsProcessorList([clock]))
+    done = time.perf_counter()
+    texts, lengths, latencies = [], [], []
     for row in out[:, width:].tolist():
         end = next((i for i, t in enumerate(row) if t in stop), len(row))
         texts.append(tok.decode(row[:end], skip_special_tokens=True))
         lengths.append(end)
-    return texts, lengths
+        # Token ``end`` (its end of turn, or the last) was chosen just after the clock's ``end``-th note.
+        latencies.append((clock.times[end] if end < len(clock.times) else done) - start)
+    return texts, lengths, latencies

@@ -109,10 +109,7 @@ class KVCache:
         k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
         index, key_mask = self._for_device(k_cache.device)
         if self.track_drift:  # the entries about to be replaced, against the fresh ones
-            vd = torch.linalg.vecdot
-            old_k, old_v = k_cache[:, :, index].float(), v_cache[:, :, index].float()
-            kf, vf = k.float(), v.float()
-            products = torch.stack([vd(old_k, kf), vd(old_k, old_k), vd(kf, kf), vd(old_v, vf), vd(old_v, old_v), vd(vf, vf)])
+            products = _drift_products(k_cache[:, :, index], k, v_cache[:, :, index], v)
             self._products.append(products.to(self.valid.device, non_blocking=True))
         k_cache[:, :, index] = k
         v_cache[:, :, index] = v
@@ -126,9 +123,13 @@ class KVCache:
                                        None if mask is None else mask.to(device, non_blocking=True))
         return self._on_device[device]
 
-    def probe(self, q: torch.Tensor, keys: torch.Tensor, key_mask: torch.Tensor | None, positions: torch.Tensor) -> None:
-        """Keep the attention mass of the probe queries over every key (``[seq_len]``, summed over
-        batch, heads and queries): one explicit softmax at one layer, beside the fused attention."""
+    def probe(self, layer: int, q: torch.Tensor, keys: torch.Tensor, key_mask: torch.Tensor | None,
+              positions: torch.Tensor) -> None:
+        """At ``probe_layer``, keep the attention mass of the probe queries over every key
+        (``[seq_len]``, summed over batch, heads and queries): one explicit softmax at one layer,
+        beside the fused attention. Any other layer passes."""
+        if layer != self.probe_layer:
+            return
         rows = torch.searchsorted(positions, self.probe_queries.to(positions.device))
         q = q[:, :, rows].float()
         keys = keys.repeat_interleave(q.shape[1] // keys.shape[1], dim=1)  # grouped-query: one K head per group
@@ -248,14 +249,17 @@ class BatchKVCache:
         rows = torch.repeat_interleave(torch.arange(self.batch, device=device), counts)
         starts = torch.cumsum(counts, 0) - counts
         slots = torch.arange(positions.numel(), device=device) - torch.repeat_interleave(starts, counts)
+        was_valid = self.valid[rows, positions]
         self.valid[rows, positions] = True
         live = self.valid[:, : self.seq_len]
         mask = None if bool(live.all()) else live[:, None, None, :]
         self._on_device = {device: (rows, positions, slots, mask)}
         reads = (live.sum(1) - counts).tolist()
-        for view, n, r, begin in zip(self.views, self.row_tokens, reads, starts.tolist()):
+        self._spans = list(zip(starts.tolist(), self.row_tokens))
+        for view, (begin, n), r in zip(self.views, self._spans, reads):
             view.last_stats = ForwardStats(recomputed=n, reads=r)
             view.last_positions = positions[begin : begin + n]
+            view._was_valid, view._products = was_valid[begin : begin + n], []
 
     def _for_device(self, device: torch.device) -> tuple:
         if device not in self._on_device:
@@ -282,20 +286,32 @@ class BatchKVCache:
         k_cache, v_cache = self.k[layer], self.v[layer]
         rows, index, _, mask = self._for_device(k_cache.device)
         # Advanced indices on dims 0 and 2 put the N tokens first: values go in as [N, heads, dim].
-        k_cache[rows, :, index] = k[0].to(k_cache.dtype).transpose(0, 1)
-        v_cache[rows, :, index] = v[0].to(v_cache.dtype).transpose(0, 1)
+        k, v = k[0].to(k_cache.dtype).transpose(0, 1), v[0].to(v_cache.dtype).transpose(0, 1)
+        tracking = [view.track_drift for view in self.views]
+        if any(tracking):  # each request's drift, as its own cache would take it (see KVCache)
+            products = _drift_products(k_cache[rows, :, index], k, v_cache[rows, :, index], v).transpose(1, 2)
+            for view, (begin, n), track in zip(self.views, self._spans, tracking):
+                if track:  # [6, 1, heads, n]: one batch row
+                    view._products.append(products[:, None, :, begin : begin + n].to(self.valid.device, non_blocking=True))
+        k_cache[rows, :, index] = k
+        v_cache[rows, :, index] = v
         return k_cache[:, :, : self.seq_len], v_cache[:, :, : self.seq_len], mask
 
-    @property
-    def probe_layer(self) -> int | None:
-        """The layer the requests' attention probes watch (one setting for the whole batch)."""
-        return self.views[0].probe_layer if self.views else None
-
-    def probe(self, q: torch.Tensor, keys: torch.Tensor, key_mask: torch.Tensor | None, positions: torch.Tensor) -> None:
-        """Each request's probe over its own row (see ``KVCache.probe``); ``q`` by rows."""
+    def probe(self, layer: int, q: torch.Tensor, keys: torch.Tensor, key_mask: torch.Tensor | None,
+              positions: torch.Tensor) -> None:
+        """Each request's own probe, at its own layer, over its own row (``q`` by rows)."""
         for r, view in enumerate(self.views):
-            mask = None if key_mask is None else key_mask[r : r + 1]
-            view.probe(q[r : r + 1], keys[r : r + 1], mask, view.last_positions.to(q.device))
+            if view.probe_layer == layer:
+                mask = None if key_mask is None else key_mask[r : r + 1]
+                view.probe(layer, q[r : r + 1], keys[r : r + 1], mask, view.last_positions.to(q.device))
+
+
+def _drift_products(old_k: torch.Tensor, k: torch.Tensor, old_v: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Dot products of the replaced and fresh K and V, and their squared norms, over head_dim:
+    ``[6, *leading dims]``, in float32 (what ``drift_cosines`` turns into cosines)."""
+    vd = torch.linalg.vecdot
+    old_k, k, old_v, v = old_k.float(), k.float(), old_v.float(), v.float()
+    return torch.stack([vd(old_k, k), vd(old_k, old_k), vd(k, k), vd(old_v, v), vd(old_v, old_v), vd(v, v)])
 
 
 def _key_mask(live: torch.Tensor) -> torch.Tensor | None:

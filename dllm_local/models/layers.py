@@ -82,8 +82,8 @@ def attend(
         k, v, key_mask = cache.update(layer, positions, k, v)
     if packed:
         q = cache.query_rows(q)
-    if cache is not None and getattr(cache, "probe_layer", None) == layer:
-        cache.probe(q, k, key_mask, positions)
+    if hasattr(cache, "probe"):  # a cache policy may watch where the queries look (drift_refresh)
+        cache.probe(layer, q, k, key_mask, positions)
     grouped = k.shape[1] != q.shape[1]  # Dream: 4 K/V heads for 28 query heads
     if grouped and key_mask is not None:
         # SDPA's grouped-query path has no fused kernel that takes a mask on CUDA (flash takes
