@@ -195,7 +195,15 @@ def _eval(args: argparse.Namespace) -> None:
 def _bench(args: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from .experiments.bench import STRATEGY_SETS, format_table, jsonl_problems, run_bench, task_problems
+    from .experiments.bench import (
+        STRATEGY_SETS,
+        format_concurrency,
+        format_table,
+        jsonl_problems,
+        run_bench,
+        run_concurrency,
+        task_problems,
+    )
 
     base = settings_from_args(args)
     _check_out(args.out)
@@ -208,9 +216,6 @@ def _bench(args: argparse.Namespace) -> None:
         problems = task_problems(args.task, args.n, args.seed_data)
     handle = _load(args)
     if args.concurrency:
-        from .experiments.bench import format_concurrency, run_concurrency
-
-
         guider = guider_for(args, handle, needed=True)
         report = run_concurrency(handle, guider, problems, args.concurrency, base, args.gpu, progress=not args.quiet,
                                  repeats=args.repeats)

@@ -94,9 +94,7 @@ class Recorder:
     def extra_forward(self, rows: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
         """A verification forward of variant sequences ``rows`` (``[k, L]``) over a cache fork."""
         logits, seconds = timed(lambda: self.handle.model(rows[:, positions], positions, cache, sequence=rows).logits, self.gpus)
-        self._model_s += seconds
-        self.trace.stats.model_share_s += seconds  # this request's alone, in a batch too
-        self._forwards += 1
+        self.count_forward(seconds)  # this request's alone, in a batch too
         return logits
 
     def guider_forward(self, guider, input_ids: torch.Tensor, past):
@@ -145,15 +143,9 @@ class Recorder:
         self._new_step()
         return record
 
-    def resume(self) -> None:
-        """The consumer hands control back: the time it held the run is not the run's."""
-        now = time.perf_counter()
-        self._paused += now - self._t_step
-        self._t_step = now
-
     def pause(self, seconds: float) -> None:
-        """The consumer held the run's batch for ``seconds`` (reading another request's record):
-        not the run's time either."""
+        """The consumer held the run for ``seconds`` (reading its record, or in a batch another
+        request's): not the run's time."""
         self._paused += seconds
         self._t_step += seconds
 

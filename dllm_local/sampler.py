@@ -156,14 +156,15 @@ class Run:
 
     def __iter__(self) -> Iterator[StepRecord]:
         for record in self._decode():
+            t = time.perf_counter()
             yield record
-            self.recorder.resume()
+            self.recorder.pause(time.perf_counter() - t)
 
     @torch.inference_mode()
     def _setup(self, cache: KVCache | None = None) -> DecodeState:
         """The run's whole state, set here and only here; ``cache``: its row of a batch's cache."""
         s, h = self.settings, self.handle
-        P, L = len(self.prompt_ids), len(self.prompt_ids) + s.gen_length
+        P, L = len(self.prompt_ids), self.state_length
         x = torch.full((1, L), h.mask_id, dtype=torch.long, device=h.device)
         x[0, :P] = torch.tensor(self.prompt_ids, device=h.device)
         steps_per_block = (s.steps // s.num_blocks) if s.steps else s.block_size

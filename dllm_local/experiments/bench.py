@@ -19,11 +19,18 @@ from tqdm import tqdm
 from ..errors import DllmError
 from ..models.loader import GuiderHandle, ModelHandle
 from ..policies import registry
-from ..sampler import generate, generate_all
+from ..sampler import generate, generate_all, stream_batch
 from ..settings import Settings
 from ..tiny.tasks import make_problems
 from ..tiny.tasks import score as score_task
-from .costmodel import machine_name
+from .costmodel import (
+    DEVICES,
+    TARGET_MODELS,
+    TEACHING_EXAMPLE,
+    concurrency_crossovers,
+    machine_name,
+)
+from .evaluate import ar_generate
 
 
 @dataclass(frozen=True)
@@ -144,6 +151,7 @@ def run_strategy(handle: ModelHandle, problems: list[Problem], settings: Setting
         models.append(sum(s.model_share_s for s in stats) / len(problems))
     content = sum(s.content_tokens for s in stats)
     model_total = sum(s.model_share_s for s in stats)  # a batch's forwards counted once
+    waited = max(1e-9, sum(s.model_s for s in stats))  # each request's forwards in full
     wall = statistics.median(walls)
     return {
         "settings": settings.to_dict(),
@@ -154,14 +162,13 @@ def run_strategy(handle: ModelHandle, problems: list[Problem], settings: Setting
         "tau_content": statistics.mean(s.content_tokens_per_forward for s in stats),
         "g": statistics.mean(s.mean_g for s in stats),
         "model_tok_s": content / model_total if model_total else 0.0,
-        "wall_tok_s": content / len(problems) / wall if wall else 0.0,
         "model_s": statistics.median(models),
         "wall_s": wall,
         "wall_s_repeats": walls,
         "spread": (max(walls) - min(walls)) / wall if wall else 0.0,
         # What the model time counts: the first forward (prefill), the block-start refreshes, the rest.
-        "prefill_share": sum(s.prefill_s for s in stats) / max(1e-9, sum(s.model_s for s in stats)),
-        "refresh_share": sum(s.refresh_s for s in stats) / max(1e-9, sum(s.model_s for s in stats)),
+        "prefill_share": sum(s.prefill_s for s in stats) / waited,
+        "refresh_share": sum(s.refresh_s for s in stats) / waited,
         "other_share": sum(s.other_s for s in stats) / max(1e-9, sum(s.wall_s for s in stats)),
     }
 
@@ -229,15 +236,6 @@ def run_concurrency(handle: ModelHandle, guider: GuiderHandle, problems: list[Pr
     prediction of the same two curves for LLaDA-8B and an 8B autoregressive model on ``gpu``,
     with the G and tau measured here. Each level runs ``repeats`` times; the run with the median
     wall time counts."""
-    from ..sampler import stream_batch
-    from .costmodel import (
-        DEVICES,
-        TARGET_MODELS,
-        TEACHING_EXAMPLE,
-        concurrency_crossovers,
-    )
-    from .evaluate import ar_generate
-
     if len(problems) < max(levels):
         raise DllmError(f"{len(problems)} problems for {max(levels)} concurrent requests: give --n >= {max(levels)}")
     generate(handle, problems[0].prompt, settings)  # warm-up, both models

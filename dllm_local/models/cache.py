@@ -252,10 +252,10 @@ class BatchKVCache:
         was_valid = self.valid[rows, positions]
         self.valid[rows, positions] = True
         live = self.valid[:, : self.seq_len]
-        mask = None if bool(live.all()) else live[:, None, None, :]
-        self._on_device = {device: (rows, positions, slots, mask)}
+        self._on_device = {device: (rows, positions, slots, _key_mask(live))}
         reads = (live.sum(1) - counts).tolist()
         self._spans = list(zip(starts.tolist(), self.row_tokens))
+        self._tracking = [view.track_drift for view in self.views]
         for view, (begin, n), r in zip(self.views, self._spans, reads):
             view.last_stats = ForwardStats(recomputed=n, reads=r)
             view.last_positions = positions[begin : begin + n]
@@ -287,10 +287,9 @@ class BatchKVCache:
         rows, index, _, mask = self._for_device(k_cache.device)
         # Advanced indices on dims 0 and 2 put the N tokens first: values go in as [N, heads, dim].
         k, v = k[0].to(k_cache.dtype).transpose(0, 1), v[0].to(v_cache.dtype).transpose(0, 1)
-        tracking = [view.track_drift for view in self.views]
-        if any(tracking):  # each request's drift, as its own cache would take it (see KVCache)
+        if any(self._tracking):  # each request's drift, as its own cache would take it (see KVCache)
             products = _drift_products(k_cache[rows, :, index], k, v_cache[rows, :, index], v).transpose(1, 2)
-            for view, (begin, n), track in zip(self.views, self._spans, tracking):
+            for view, (begin, n), track in zip(self.views, self._spans, self._tracking):
                 if track:  # [6, 1, heads, n]: one batch row
                     view._products.append(products[:, None, :, begin : begin + n].to(self.valid.device, non_blocking=True))
         k_cache[rows, :, index] = k
@@ -315,7 +314,8 @@ def _drift_products(old_k: torch.Tensor, k: torch.Tensor, old_v: torch.Tensor, v
 
 
 def _key_mask(live: torch.Tensor) -> torch.Tensor | None:
-    return None if bool(live.all()) else live.view(1, 1, 1, -1)
+    """``[rows, 1, 1, keys]`` from one row's (or each row's) valid keys; None when all are."""
+    return None if bool(live.all()) else live.view(-1, 1, 1, live.shape[-1])
 
 
 def position_cosine(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
