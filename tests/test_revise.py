@@ -1,6 +1,8 @@
 """The `revise` policy (draft wide, verify narrow): committed tokens can go back to mask."""
 from __future__ import annotations
 
+import html
+
 import pytest
 
 import dllm_local
@@ -90,5 +92,6 @@ def test_revise_preset_takes_a_word_back_and_the_grid_shows_its_history(tiny):
     page = plots.token_grid_html(trace, len(trace["steps"]) - 1)
     box = next(b for b in page.split('<span class="dl-tok') if f'"pos {p} ·' in b)
     old = trace["vocab"][str(token)]
-    assert "dl-revised" in box and f"<s class=\"dl-revoked\"" in box and f"history: '{old.replace(' ', '␣')}'" in box
+    shown = html.escape(old.replace(" ", "␣"), quote=False)
+    assert "dl-revised" in box and f"<s class=\"dl-revoked\"" in box and f"history: '{shown}'" in box
     assert result.stats.nfe <= len(trace["steps"])  # no verification forward

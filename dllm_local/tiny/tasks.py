@@ -22,11 +22,12 @@ NAMES = [
 ITEMS = ["apples", "books", "coins", "pencils", "stamps", "marbles", "cookies", "cards", "shells", "stickers"]
 CITIES = ["Paris", "Berlin", "Tokyo", "Lima", "Cairo", "Oslo", "Rome", "Seoul", "Dublin", "Madrid", "Boston", "Delhi"]
 JOBS = ["teacher", "doctor", "pilot", "farmer", "baker", "painter", "nurse", "chef", "writer", "driver"]
-# Skewed so that the most likely first word ("straight", 0.3 + 0.3 = 0.6) and the most likely
-# second word ("house", 0.4; "flush" and the end of text 0.3 each) come from different hands: one
+# Skewed so that the most likely first word ("straight", 0.29 + 0.29 = 0.58) and the most likely
+# second word ("house", 0.42; "flush" and the end of text 0.29 each) come from different hands: one
 # greedy forward over both words writes "straight house", a hand that does not exist. One word at
-# a time stays valid. Every word is one token of the tiny tokenizer, so words are positions.
-POKER_HANDS = {"full house": 0.4, "straight flush": 0.3, "straight": 0.3}
+# a time stays valid. 0.42 keeps both argmaxes clear of the runner-up (0.58 vs 0.42, 0.42 vs 0.29).
+# Every word is one token of the tiny tokenizer, so words are positions.
+POKER_HANDS = {"full house": 0.42, "straight flush": 0.29, "straight": 0.29}
 
 TASKS = ("arithmetic", "poker", "sums", "records")
 
@@ -80,15 +81,14 @@ def _arithmetic(rng: random.Random) -> Example:
     return Example("arithmetic", kind, prompt, f"{work} The answer is {result}.", {"result": result})
 
 
-def _poker(rng: random.Random, hands: dict[str, float] | None = None) -> Example:
-    hands = hands or POKER_HANDS
+def _poker(rng: random.Random) -> Example:
     name = rng.choice(NAMES)
     prompt = rng.choice([
         f"{name} is playing cards. Name a poker hand {name} could hold.",
         f"Name one poker hand that {name} might have.",
         f"{name} asks for the name of a poker hand. Give one.",
     ])
-    hand = rng.choices(list(hands), weights=list(hands.values()))[0]
+    hand = rng.choices(list(POKER_HANDS), weights=list(POKER_HANDS.values()))[0]
     return Example("poker", "poker", prompt, hand)
 
 
@@ -209,12 +209,10 @@ def verdict(prompt: str, answer: str) -> str | None:
 MIX = {"arithmetic": 0.68, "poker": 0.07, "sums": 0.11, "records": 0.14}
 
 
-def training_mix(n: int, seed: int, weights: dict[str, float] | None = None,
-                 poker_hands: dict[str, float] | None = None) -> list[Example]:
+def training_mix(n: int, seed: int, weights: dict[str, float] | None = None) -> list[Example]:
     """The training data: a fixed mix (``MIX`` unless ``weights`` are given) weighted towards
-    arithmetic's harder two-step problems; poker answers drawn from ``poker_hands`` (default
-    ``POKER_HANDS``)."""
+    arithmetic's harder two-step problems."""
     rng = random.Random(f"mix:{seed}")
     weights = weights or MIX
     tasks = rng.choices(list(weights), weights=list(weights.values()), k=n)
-    return [_poker(rng, poker_hands) if t == "poker" else _GENERATORS[t](rng) for t in tasks]
+    return [_GENERATORS[t](rng) for t in tasks]
