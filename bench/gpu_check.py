@@ -51,7 +51,7 @@ from dllm_local.models.footprint import logical_parameters, stored_bytes, weight
 from dllm_local.models import LLaDAConfig, LLaDAModelLM  # noqa: E402
 from dllm_local.models.loader import ASSETS, TINY_MODEL, ModelHandle, load_tokenizer  # noqa: E402
 from dllm_local.policies import registry  # noqa: E402
-from dllm_local.sampler import encode_prompt  # noqa: E402
+from dllm_local.prompts import encode_prompt  # noqa: E402
 
 REFERENCE = ASSETS / "reference" / "llada-8b-instruct" / "config.json"
 REAL_LAYERS = 32  # LLaDA-8B's depth, what the shallow checkpoints are projected onto

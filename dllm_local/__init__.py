@@ -11,7 +11,7 @@ _EXPORTS = {
     "ModelHandle": "models.loader", "GuiderHandle": "models.loader", "load": "models.loader", "load_guider": "models.loader",
     "Settings": "settings", "Trace": "trace", "StepRecord": "trace",
     "generate": "sampler", "stream": "sampler", "Result": "sampler",
-    "generate_batch": "sampler", "stream_batch": "sampler", "BatchRun": "sampler",
+    "generate_batch": "batch", "stream_batch": "batch", "BatchRun": "batch",
 }
 __all__ = sorted(_EXPORTS)
 

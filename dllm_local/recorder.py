@@ -1,14 +1,15 @@
 """Everything about a run that is not the algorithm: time, counts, the trace and its diagnostics.
 
-The sampler calls ``forward`` (and ``extra_forward`` / ``guider_forward``) for every model call
-and ``step`` once per step; the recorder times the calls with device synchronisation, keeps the
-counters, builds the step record at the trace level asked for, runs the exact-drift diagnostic
-beside the main forward, and computes the final stats. Time the consumer of the records spends
-between two steps (``resume``) is never the run's.
+The sampler makes the model calls, times them (``timed``) and counts them here
+(``count_forward``, ``count_guider_forward``); once per step it hands over one ``Step``. The
+recorder keeps the counters, builds the step record at the trace level asked for, runs the
+exact-drift diagnostic beside the main forward, and computes the final stats. Time the consumer
+of the records spends between two steps (``pause``) is never the run's.
 """
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -17,7 +18,6 @@ import torch.nn.functional as F
 from .models.cache import KVCache, position_cosine
 from .models.loader import ModelHandle
 from .policies.base import DecodeState
-from .policies.cache import Plan
 from .policies.unmask import Candidates, Selection
 from .settings import Settings
 from .softmax import draft_probability
@@ -49,12 +49,26 @@ def _round(values, digits: int = 5) -> list:
     return [None if (v != v) else round(float(v), digits) for v in values]
 
 
+@dataclass
+class Step:
+    """One step as the sampler hands it over: where it was taken, whether the cache policy
+    refreshed everything, the block's drafts and what the unmasking policy did with them."""
+
+    state: DecodeState  # before the step counter moves on
+    full_refresh: bool
+    candidates: Candidates
+    selection: Selection
+    masked_positions: torch.Tensor  # every still-masked position the forward scored
+    masked_logits: torch.Tensor  # their logits, the banned ids at -inf
+    policy_info: dict  # the cache policy's own report
+
+
 class Recorder:
     def __init__(self, handle: ModelHandle, settings: Settings, prompt_ids: list[int], cache: KVCache,
                  banned: torch.Tensor) -> None:
         self.handle, self.settings, self.level = handle, settings, settings.trace
         self.banned = banned  # ids no draft may be: the exact diagnostic renormalises as the drafts do
-        self.gpus = model_gpus(handle.model)
+        self.cache, self.gpus = cache, model_gpus(handle.model)
         self.trace = Trace(settings=settings.to_dict(), model=handle.summary(), prompt_ids=list(prompt_ids),
                            gen_length=settings.gen_length, mask_id=handle.mask_id)
         cache.track_drift = self.level != "off"
@@ -73,67 +87,64 @@ class Recorder:
         self._exact: dict | None = None
 
     # ---------------------------------------------------------------- model calls
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """The step's main forward: logits ``[n, vocab]`` for ``positions`` of sequence ``x``."""
-        model = self.handle.model
-        logits, seconds = timed(lambda: model(x[:, positions], positions, cache, sequence=x).logits[0], self.gpus)
-        self.count_forward(seconds)
-        if self.shadow is not None:
-            t = time.perf_counter()
-            self._exact = self._exact_forward(x, cache)
-            self._exact_s += time.perf_counter() - t
-        return logits
-
     def count_forward(self, seconds: float, share: float = 1.0) -> None:
-        """A main forward of this step took ``seconds``. In a batch that is the whole batch's
-        forward (what this request waited for), of which ``share`` was this request's positions."""
+        """A forward of this step took ``seconds``. In a batch that is the whole batch's forward
+        (what this request waited for), of which ``share`` was this request's positions."""
         self._model_s += seconds
         self._forwards += 1
         self.trace.stats.model_share_s += seconds * share
 
-    def extra_forward(self, rows: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
-        """A verification forward of variant sequences ``rows`` (``[k, L]``) over a cache fork."""
-        logits, seconds = timed(lambda: self.handle.model(rows[:, positions], positions, cache, sequence=rows).logits, self.gpus)
-        self.count_forward(seconds)  # this request's alone, in a batch too
-        return logits
-
-    def guider_forward(self, guider, input_ids: torch.Tensor, past):
-        """One forward of the autoregressive guider over ``input_ids`` after its cache ``past``."""
-        from transformers import DynamicCache
-
-        past = past if past is not None else DynamicCache(config=guider.model.config)
-        out, seconds = timed(lambda: guider.model(input_ids=input_ids[None].to(guider.model.device),
-                                                  cache=past, use_cache=True), self.gpus)
+    def count_guider_forward(self, seconds: float) -> None:
         self._model_s += seconds
         self.trace.stats.model_share_s += seconds
         self.trace.stats.guider_forwards += 1
-        return out.logits[0], out.cache
+
+    def exact_forward(self, x: torch.Tensor, cache: KVCache) -> None:
+        """With ``exact_drift``, a full uncached forward of the same sequence beside the step's:
+        the true KV drift and the error the cache made."""
+        if self.shadow is None:
+            return
+        t = time.perf_counter()
+        self.trace.stats.exact_forwards += 1
+        L = x.shape[1]
+        everything = torch.arange(L, device=x.device)
+        logits = self.handle.model(x, everything, self.shadow).logits[0]
+        cache_error = {}
+        for layer in range(len(cache.k)):
+            ck = position_cosine(cache.k[layer][:, :, :L], self.shadow.k[layer][:, :, :L])
+            cv = position_cosine(cache.v[layer][:, :, :L], self.shadow.v[layer][:, :, :L])
+            cache_error[str(layer)] = {"k": _round(ck.tolist()), "v": _round(cv.tolist())}
+        drift_k, drift_v = self.shadow.drift_cosines()
+        true_drift = {str(layer): {"k": _round(k), "v": _round(v)}
+                      for layer, (k, v) in enumerate(zip(drift_k.tolist(), drift_v.tolist()))}
+        self._exact = {"logits": logits, "true_drift": true_drift, "cache_vs_exact": cache_error}
+        self._exact_s += time.perf_counter() - t
 
     # ---------------------------------------------------------------- the step record
-    def step(self, state: DecodeState, plan: Plan, cache: KVCache, cand: Candidates, selection: Selection,
-             masked_positions: torch.Tensor, masked_logits: torch.Tensor, policy_info: dict) -> StepRecord:
+    def step(self, step: Step) -> StepRecord:
+        state, cand, selection, cache = step.state, step.candidates, step.selection, self.cache
         chosen = selection.positions
         index = torch.searchsorted(cand.positions, chosen)
         committed = [[int(p), int(t), round(float(c), 6)] for p, t, c in
                      zip(chosen.tolist(), cand.tokens[index].tolist(), cand.confidence[index].tolist())]
         stats = cache.last_stats
         record = StepRecord(
-            step=state.step, block=state.block, step_in_block=state.step_in_block, full_refresh=plan.full,
+            step=state.step, block=state.block, step_in_block=state.step_in_block, full_refresh=step.full_refresh,
             g=int(stats.recomputed), reads=int(stats.reads), committed=committed, forwards=self._forwards,
             model_ms=round(self._model_s * 1e3, 4), other_ms=0.0, exact_ms=round(self._exact_s * 1e3, 4),
             exact=self._exact_record(cand) if self._exact is not None else None,
-            policy={**selection.info, **policy_info}, revoked=selection.revoked,
+            policy={**selection.info, **step.policy_info}, revoked=selection.revoked,
         )
         if self.level != "off":
-            record.masked_positions = masked_positions.tolist()
+            record.masked_positions = step.masked_positions.tolist()
             # Confidence (max softmax probability) of every still-masked position this forward scored.
-            logits = masked_logits.float()
+            logits = step.masked_logits.float()
             best = (logits.amax(-1) - logits.logsumexp(-1)).exp()  # the top softmax probability, one exp per row
             record.masked_confidence = (torch.round(best * 1e6) / 1e6).tolist()
             record.kv = self._kv_record(cache.drift_cosines())
             if self.level == "full":
                 record.recomputed = cache.last_positions.tolist()
-                record.top_candidates = _top_candidates(cand.positions, masked_positions, logits)
+                record.top_candidates = _top_candidates(cand.positions, step.masked_positions, logits)
             self.trace.steps.append(record)
         self._count(record)
         now = time.perf_counter()
@@ -186,22 +197,6 @@ class Recorder:
         return out
 
     # ---------------------------------------------------------------- exact-drift diagnostic
-    def _exact_forward(self, x: torch.Tensor, cache: KVCache) -> dict:
-        """A full uncached forward of the same sequence: the true KV drift and the error the cache made."""
-        self.trace.stats.exact_forwards += 1
-        L = x.shape[1]
-        everything = torch.arange(L, device=x.device)
-        logits = self.handle.model(x, everything, self.shadow).logits[0]
-        cache_error = {}
-        for layer in range(len(cache.k)):
-            ck = position_cosine(cache.k[layer][:, :, :L], self.shadow.k[layer][:, :, :L])
-            cv = position_cosine(cache.v[layer][:, :, :L], self.shadow.v[layer][:, :, :L])
-            cache_error[str(layer)] = {"k": _round(ck.tolist()), "v": _round(cv.tolist())}
-        drift_k, drift_v = self.shadow.drift_cosines()
-        true_drift = {str(layer): {"k": _round(k), "v": _round(v)}
-                      for layer, (k, v) in enumerate(zip(drift_k.tolist(), drift_v.tolist()))}
-        return {"logits": logits, "true_drift": true_drift, "cache_vs_exact": cache_error}
-
     def _exact_record(self, cand: Candidates) -> dict:
         t = time.perf_counter()
         exact_logits = self._exact["logits"][cand.positions].index_fill(-1, self.banned, float("-inf"))

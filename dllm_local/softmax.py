@@ -36,3 +36,18 @@ def entropy(logits: torch.Tensor) -> torch.Tensor:
         return -(logp.exp() * logp).sum(-1)
 
     return torch.cat([of_rows(rows) for (rows,) in row_chunks(logits)])
+
+
+def draft_tokens(logits: torch.Tensor, temperature: float, rng: torch.Generator) -> torch.Tensor:
+    """Each row's draft: the argmax, with LLaDA's Gumbel-style noise when temperature > 0. The
+    noise is float64, as LLaDA draws it (float32 noise changes which low-probability tokens win),
+    a few rows at a time so that a long block never holds several float64 copies of its logits."""
+    if temperature == 0 or logits.numel() == 0:
+        return logits.argmax(-1)
+
+    def noisy_argmax(rows: torch.Tensor) -> torch.Tensor:
+        rows = rows.double()
+        noise = torch.rand(rows.shape, generator=rng, device=rows.device, dtype=torch.float64)
+        return (rows.exp() / (-torch.log(noise)) ** temperature).argmax(-1)
+
+    return torch.cat([noisy_argmax(rows) for (rows,) in row_chunks(logits)])

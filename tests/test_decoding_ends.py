@@ -10,7 +10,7 @@ from dllm_local import Settings
 from dllm_local.errors import DecodingError
 from dllm_local.policies import registry
 from dllm_local.policies.unmask import Selection, UnmaskPolicy
-from dllm_local.sampler import encode_prompt
+from dllm_local.prompts import encode_prompt
 
 PROMPT = "Give two numbers whose sum is 9."
 

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import dllm_local
 from dllm_local import Settings, SettingsError
-from dllm_local.sampler import encode_prompt
+from dllm_local.prompts import encode_prompt
 from dllm_local.tiny.tasks import make_problems as problems
 
 PROMPT = problems("arithmetic", 1, 7)[0].prompt
@@ -320,7 +320,7 @@ def test_guider_cache_reuse_matches_a_fresh_guider_forward(tiny, tiny_guider):
     from dllm_local.sampler import Run
 
     run = Run(tiny, PROMPT, Settings(gen_length=32, block_size=32, unmask="guided"), tiny_guider)
-    state = run._setup()
+    state = run.start()
     guided = run.unmask_policy
     guided.start_block(state)
     P = len(run.prompt_ids)

@@ -19,7 +19,8 @@ from tqdm import tqdm
 from ..errors import DllmError
 from ..models.loader import GuiderHandle, ModelHandle
 from ..policies import registry
-from ..sampler import generate, generate_all, stream_batch
+from ..batch import generate_all, stream_batch
+from ..sampler import generate
 from ..settings import Settings
 from ..tiny.tasks import make_problems
 from ..tiny.tasks import score as score_task

@@ -7,7 +7,7 @@ import time
 from tqdm import tqdm
 
 from ..models.loader import GuiderHandle, ModelHandle
-from ..sampler import generate_all
+from ..batch import generate_all
 from ..settings import Settings
 from ..tiny.tasks import make_problems, score
 

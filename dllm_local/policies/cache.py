@@ -149,7 +149,7 @@ class AdaptiveCache(CachePolicy):
         known = ~state.masked[positions]
         s["entropy"][positions] = torch.where(known, torch.zeros_like(entropy), entropy.to(s["entropy"].dtype))
 
-    # In a batch with budgets, the batch's QuotaPool sets this request's share of them each step.
+    # In a batch with budgets, the batch's QuotaPool (batch.py) sets this request's share of them each step.
     quota: int | None = None
 
     @property
@@ -174,32 +174,3 @@ class AdaptiveCache(CachePolicy):
         if self.quota is not None:
             info["quota"] = self.quota
         return info
-
-
-class QuotaPool:
-    """The cache budget of a batch, shared by its requests' adaptive caches (the I/O-aware
-    write-up's per-request quotas): ``total`` positions, the sum of the requests' own budgets.
-
-    After each forward the pool splits the total max-min fairly over the requests still decoding,
-    by what each now holds: a request holding less than an even share keeps it all, and what it
-    leaves is split evenly among the others, and so on. So a request that needs more (a refresh
-    fills its cache) takes what the others do not use, and a finished request's quota goes back
-    to the pool. Each request then evicts by confidence, K and V together, down to its quota: the
-    quotas never sum to more than the total.
-    """
-
-    def __init__(self, total: int) -> None:
-        self.total = int(total)
-
-    def allocate(self, holding: dict[int, int]) -> dict[int, int]:
-        """Each request's quota, from the positions it holds now."""
-        quotas, left = {}, self.total
-        waiting = sorted(holding, key=holding.get)
-        while waiting and holding[waiting[0]] <= left // len(waiting):
-            request = waiting.pop(0)
-            quotas[request] = holding[request]
-            left -= holding[request]
-        for k, request in enumerate(waiting):  # the rest share what is left evenly
-            quotas[request] = left // len(waiting) + (1 if k < left % len(waiting) else 0)
-        return quotas
-

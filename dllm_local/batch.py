@@ -1,0 +1,193 @@
+"""Several requests decoded together: each keeps its own ``Run`` (positions, policies, seed,
+trace) and all of them share one forward per step, packed into one sequence."""
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterator
+
+import torch
+
+from .errors import SettingsError
+from .models.cache import BatchKVCache
+from .models.loader import GuiderHandle, ModelHandle
+from .prompts import Prompt
+from .recorder import timed
+from .sampler import Result, Run, generate
+from .settings import Settings
+from .trace import StepRecord
+
+
+class QuotaPool:
+    """The cache budget of a batch, shared by its requests' adaptive caches (the I/O-aware
+    write-up's per-request quotas): ``total`` positions, the sum of the requests' own budgets.
+
+    After each forward the pool splits the total max-min fairly over the requests still decoding,
+    by what each now holds: a request holding less than an even share keeps it all, and what it
+    leaves is split evenly among the others, and so on. So a request that needs more (a refresh
+    fills its cache) takes what the others do not use, and a finished request's quota goes back
+    to the pool. Each request then evicts by confidence, K and V together, down to its quota: the
+    quotas never sum to more than the total.
+    """
+
+    def __init__(self, total: int) -> None:
+        self.total = int(total)
+
+    def allocate(self, holding: dict[int, int]) -> dict[int, int]:
+        """Each request's quota, from the positions it holds now."""
+        quotas, left = {}, self.total
+        waiting = sorted(holding, key=holding.get)
+        while waiting and holding[waiting[0]] <= left // len(waiting):
+            request = waiting.pop(0)
+            quotas[request] = holding[request]
+            left -= holding[request]
+        for k, request in enumerate(waiting):  # the rest share what is left evenly
+            quotas[request] = left // len(waiting) + (1 if k < left % len(waiting) else 0)
+        return quotas
+
+
+class BatchRun:
+    """Several requests decoded together: one forward per step for all the requests still
+    decoding, each row with its own positions, policies, seed and trace (rows of one
+    ``BatchKVCache``), so each request decodes as it would alone. A request that finishes leaves
+    the batch: its row is dropped from the cache and later forwards no longer compute it.
+
+    With ``share_budget`` the adaptive caches' budgets become one budget shared by quotas (see
+    ``QuotaPool``): the one thing that makes a request decode otherwise than alone.
+
+    Iterate for ``(request, StepRecord)`` pairs; ``results`` then holds one result per prompt.
+    """
+
+    def __init__(self, handle: ModelHandle, prompts: list[Prompt], settings: Settings | list[Settings],
+                 guider: GuiderHandle | None = None, share_budget: bool = True) -> None:
+        """``settings``: one for every request, or one per request (an evaluation's own seeds)."""
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise SettingsError("a batch needs a list of at least one prompt")
+        if not getattr(handle.model, "packs_requests", False):
+            raise SettingsError(f"{type(handle.model).__name__} decodes one request at a time: batched decoding "
+                                f"runs LLaDA-family models (LLaDA and the tiny model)")
+        per_request = list(settings) if isinstance(settings, (list, tuple)) else [settings] * len(prompts)
+        if len(per_request) != len(prompts):
+            raise SettingsError(f"{len(per_request)} settings for {len(prompts)} prompts: give one, or one per prompt")
+        if any(s.exact_drift for s in per_request):
+            raise SettingsError("exact_drift runs a second, uncached model per request: turn it off to decode a batch")
+        self.handle, self.share_budget = handle, share_budget
+        self.runs = [Run(handle, prompt, s, guider) for prompt, s in zip(prompts, per_request)]
+        self.results: list[Result] | None = None
+        self.cache: BatchKVCache | None = None
+        self.pool: QuotaPool | None = None
+        # What the batch did: forwards, the rows they computed, model and wall time, and when each
+        # request was done (its latency, from the batch's start).
+        self.forwards = self.row_forwards = 0
+        self.model_s = self.wall_s = 0.0
+        self.latency_s = [0.0] * len(prompts)
+
+    def stop(self) -> None:
+        for run in self.runs:
+            run.stop()
+
+    def release(self) -> None:
+        """Drop the batch's cache (every request's K/V); results and traces stay."""
+        self.cache = None
+        for run in self.runs:
+            run.release()
+
+    def __iter__(self) -> Iterator[tuple[int, StepRecord]]:
+        runs = self.runs
+        start = time.perf_counter()
+        paused = 0.0
+        try:
+            with torch.inference_mode():
+                self._start()
+            active = list(range(len(runs)))  # request numbers, in cache row order
+            while True:
+                with torch.inference_mode():
+                    going = [i for i in active if runs[i].next_step()]
+                    for i in set(active) - set(going):
+                        self.latency_s[i] = time.perf_counter() - start - paused
+                    if going != active:
+                        self.cache.keep([active.index(i) for i in going])
+                        active = going
+                    if not active:
+                        break
+                    records = self._step(active)
+                for i, record in records:
+                    t = time.perf_counter()
+                    yield i, record
+                    held = time.perf_counter() - t  # the consumer's time: no request's
+                    paused += held
+                    for j in active:
+                        runs[j].recorder.pause(held)
+        except BaseException:
+            self.release()  # a failed batch lets go of its cache at once
+            raise
+        self.wall_s = time.perf_counter() - start - paused
+        self.results = [run.result for run in runs]
+        self.release()
+
+    def _start(self) -> None:
+        runs = self.runs
+        self.cache = BatchKVCache(self.handle.model, [r.state_length for r in runs])
+        for run, view in zip(runs, self.cache.views):
+            run.start(view)
+            run.recorder.trace.stats.batch_size = len(runs)
+        self._budgets = {i: run.cache_policy.allowance for i, run in enumerate(runs)
+                         if getattr(run.cache_policy, "allowance", None)}
+        if self.share_budget and self._budgets:
+            self.pool = QuotaPool(sum(self._budgets.values()))
+
+    def _step(self, active: list[int]) -> list[tuple[int, StepRecord]]:
+        """One forward for the ``active`` requests' planned positions, packed; then each takes its rows."""
+        runs, cache, h = self.runs, self.cache, self.handle
+        planned = [runs[i].plan() for i in active]
+        cache.row_tokens = [len(p) for p in planned]
+        positions = torch.cat(planned)
+        ids = torch.cat([runs[i].state.x[0, p] for i, p in zip(active, planned)])[None]
+        logits, seconds = timed(lambda: h.model(ids, positions, cache).logits[0].split(cache.row_tokens),
+                                runs[0].recorder.gpus)
+        self.forwards += 1
+        self.row_forwards += len(active)
+        self.model_s += seconds
+        if self.pool is not None:  # quotas from what each holds now, before anyone evicts
+            holding = {i: runs[i].cache.num_cached() for i in active if i in self._budgets}
+            for i, quota in self.pool.allocate(holding).items():
+                runs[i].cache_policy.quota = quota
+        records = []
+        for row, i in enumerate(active):
+            runs[i].recorder.count_forward(seconds, cache.row_tokens[row] / len(positions))
+            records.append((i, runs[i].take(logits[row])))
+        return records
+
+
+def stream_batch(handle: ModelHandle, prompts: list[Prompt], settings: Settings | list[Settings] | None = None,
+                 guider: GuiderHandle | None = None) -> BatchRun:
+    """Start decoding ``prompts`` together; iterate for ``(request, StepRecord)`` pairs."""
+    return BatchRun(handle, prompts, Settings() if settings is None else settings, guider)
+
+
+def generate_batch(handle: ModelHandle, prompts: list[Prompt], settings: Settings | list[Settings] | None = None,
+                   guider: GuiderHandle | None = None, share_budget: bool = True) -> list[Result]:
+    """One result (and trace) per prompt, decoded as a batch: the same tokens as each alone
+    (unless adaptive caches share their budgets, see ``BatchRun``)."""
+    run = BatchRun(handle, prompts, Settings() if settings is None else settings, guider, share_budget)
+    for _ in run:
+        pass
+    return run.results
+
+
+def generate_all(handle: ModelHandle, prompts: list[Prompt], settings: list[Settings], guider: GuiderHandle | None = None,
+                 batch_size: int = 1, done: Callable[[int], None] | None = None) -> list[Result]:
+    """One result per prompt (each with its own settings), decoded ``batch_size`` at a time;
+    ``done(k)`` is called as each batch of ``k`` finishes (a progress bar). Budgets are not
+    shared: an evaluation's answers must not depend on its batch size."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise SettingsError(f"batch_size must be an integer >= 1, not {batch_size!r}")
+    results: list[Result] = []
+    for first in range(0, len(prompts), batch_size):
+        chunk, chunk_settings = prompts[first : first + batch_size], settings[first : first + batch_size]
+        if batch_size == 1:
+            results.append(generate(handle, chunk[0], chunk_settings[0], guider))
+        else:
+            results += generate_batch(handle, chunk, chunk_settings, guider, share_budget=False)
+        if done is not None:
+            done(len(chunk))
+    return results
