@@ -27,6 +27,10 @@ def memory_fraction(text: str) -> float:
     return value
 
 
+POLICIES_HELP = ("modules that register policies of your own, imported by the page and the engine (installed "
+                 "packages' dllm_local.policies entry points load anyway)")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description="dllm-local: watch diffusion-LLM decoding step by step")
     ap.add_argument("--model", default="tiny", help="hub id, local folder or short name (default: the embedded tiny model)")
@@ -45,6 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--models-dir", default=None, metavar="DIR",
                     help="local model folders in DIR may be loaded from the page's model box (default: none; "
                          "the page loads only its listed models)")
+    ap.add_argument("--policies", default="", metavar="MODULE[,MODULE]", help=POLICIES_HELP)
     ap.add_argument("--allow-downloads", action="store_true",
                     help="let the page's model box load (and download) any Hugging Face hub id")
     return ap.parse_args(argv)
@@ -67,8 +72,10 @@ def address_problem(host: str, port: int) -> str | None:
 
 
 def create(args: argparse.Namespace):
+    from dllm_local.policies import registry
     from dllm_local.serving.session import Session, load_presets
 
+    registry.load_plugins(getattr(args, "policies", "").split(","))  # the Session hands them on to the engine
     # The engine process loads the model while this one imports the page.
     session = Session(args.model, device=args.device, quantization=args.quantize, guider=args.guider,
                       threads=args.threads, lazy=True, memory_fraction=getattr(args, "gpu_memory_fraction", None))

@@ -1,4 +1,9 @@
-"""Command line: ``python -m dllm_local {info,generate,eval}``."""
+"""Command line: ``python -m dllm_local {info,generate,eval,bench,sweep,lm-eval}``.
+
+The parser is built from torch-free modules (the registry, the task and strategy names), so
+``--help`` and a bad argument answer at once; the engine (torch, the model code) is imported
+when a command runs.
+"""
 from __future__ import annotations
 
 import argparse
@@ -6,20 +11,73 @@ import json
 import sys
 
 from .errors import DllmError, SettingsError
+from .policies import registry
+
+# Each policy parameter's shorthand flag stores its value under this prefix (``--floor`` -> ``param_floor``).
+PARAM_DEST = "param_"
 
 
 def _policy_help(kind: str) -> str:
-    from .policies import registry
-
     table = registry.CACHE if kind == "cache" else registry.UNMASK
     return "; ".join(f"{spec.name}: {spec.label}" + (f" [{', '.join(p.name for p in spec.params)}]" if spec.params else "")
                      for spec in table.values())
 
 
+def policy_params() -> dict[str, list[tuple[registry.PolicySpec, registry.Param]]]:
+    """Every parameter of every registered policy by name, with the policies that take it."""
+    by_name: dict[str, list[tuple[registry.PolicySpec, registry.Param]]] = {}
+    for table in (registry.CACHE, registry.UNMASK):
+        for spec in table.values():
+            for param in spec.params:
+                by_name.setdefault(param.name, []).append((spec, param))
+    return by_name
+
+
+def _param_value(takers: list[tuple[registry.PolicySpec, registry.Param]]):
+    """An argparse type: the text as the value of a parameter of any policy that takes it."""
+    def parse(text: str):
+        for spec, param in takers:
+            try:
+                return param.coerce(text, spec.name)
+            except SettingsError:
+                continue
+        rules = " or ".join(dict.fromkeys(param.rule() for _, param in takers))
+        raise argparse.ArgumentTypeError(f"must be {rules}, not {text!r}")
+    return parse
+
+
+def _owners(specs: list[registry.PolicySpec]) -> str:
+    """"cache drift_refresh; unmask guided": the policies, by kind."""
+    return "; ".join(f"{kind} {', '.join(s.name for s in specs if s.kind == kind)}"
+                     for kind in dict.fromkeys(s.kind for s in specs))
+
+
+def _add_param_shorthands(ap: argparse.ArgumentParser) -> None:
+    """``--NAME`` for each parameter of each registered policy (plugins included): it sets the
+    parameter of whichever chosen policy takes it. A name that is already a flag is left to
+    --cache-param / --unmask-param."""
+    params = policy_params()
+    choosers = [f"--{name}" for name in params if name in registry.UNMASK]
+    group = ap.add_argument_group(
+        "policy parameters", "shorthands for --cache-param / --unmask-param KEY=VALUE; each sets the parameter of the "
+        f"chosen policy that takes it. {' or '.join(choosers)} without --unmask also chooses that unmasking policy.")
+    for name, takers in params.items():
+        # Policies that share a parameter's meaning share its line: "(in (0, 1]; unmask threshold, self_verify)".
+        meanings: dict[tuple, list[registry.PolicySpec]] = {}
+        for spec, param in takers:
+            meanings.setdefault((param.label, param.help, param.rule()), []).append(spec)
+        help_ = " | ".join(f"{label}: {text} ({rule}; {_owners(specs)})"
+                           for (label, text, rule), specs in meanings.items()).replace("%", "%%")
+        try:
+            group.add_argument(f"--{name.replace('_', '-')}", dest=PARAM_DEST + name, type=_param_value(takers),
+                               default=argparse.SUPPRESS, metavar=name.upper(), help=help_)
+        except argparse.ArgumentError:
+            continue
+
+
 def add_settings_args(ap: argparse.ArgumentParser) -> None:
     """The sampler knobs as flags (shared by generate, eval, bench and sweep); the policy names and
     their parameters come from the registry."""
-    from .policies import registry
     from .settings import TRACE_LEVELS
 
     ap.add_argument("--gen-length", type=int, default=128)
@@ -30,18 +88,14 @@ def add_settings_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--cache", default="none", choices=list(registry.CACHE), help=_policy_help("cache"))
     ap.add_argument("--cache-param", action="append", default=[], metavar="KEY=VALUE", help="e.g. refresh_every=4, floor=0.5")
     ap.add_argument("--unmask", default=None, choices=list(registry.UNMASK),
-                    help="(default: threshold when --threshold is given, factor when --factor is, else fixed) "
+                    help="(default: the policy a given parameter flag is named after, such as --threshold, else fixed) "
                     + _policy_help("unmask"))
     ap.add_argument("--unmask-param", action="append", default=[], metavar="KEY=VALUE", help="e.g. rho=0.5, rule=topk")
-    ap.add_argument("--threshold", type=float, default=None, help="shorthand for --unmask-param threshold=...")
-    ap.add_argument("--factor", type=float, default=None, help="shorthand for --unmask-param factor=...")
-    fixed = registry.UNMASK["fixed"].params[0]
-    ap.add_argument("--remasking", choices=list(fixed.choices), default=None,
-                    help="shorthand for --unmask-param remasking=... (the fixed schedule's order)")
     ap.add_argument("--trace", choices=list(TRACE_LEVELS), default="summary")
     ap.add_argument("--exact-drift", action="store_true")
     ap.add_argument("--early-stop", action="store_true")
     ap.add_argument("--guider", default=None, help="guider model for a policy that needs one (default: tiny-guider)")
+    _add_param_shorthands(ap)
 
 
 BATCH_HELP = ("problems decoded together, each with its own seed: the same answers as one at a time, in less wall "
@@ -82,16 +136,22 @@ def _parse_params(pairs: list[str]) -> dict:
 def settings_from_args(args: argparse.Namespace):
     from .settings import Settings
 
-    unmask_params = _parse_params(args.unmask_param)
-    # A threshold or factor given alone names its policy: `--threshold 0.9` is threshold decoding.
-    unmask = args.unmask or ("threshold" if args.threshold is not None else "factor" if args.factor is not None
-                             else "fixed")
-    for shorthand in ("threshold", "factor", "remasking"):
-        if getattr(args, shorthand) is not None:
-            unmask_params[shorthand] = getattr(args, shorthand)
+    given = {dest[len(PARAM_DEST):]: value for dest, value in vars(args).items() if dest.startswith(PARAM_DEST)}
+    # A parameter named after its policy, given alone, chooses it: `--threshold 0.9` is threshold decoding.
+    unmask = args.unmask or next((name for name in registry.UNMASK if name in given), "fixed")
+    cache_params, unmask_params = _parse_params(args.cache_param), _parse_params(args.unmask_param)
+    chosen = ((registry.get("cache", args.cache), cache_params), (registry.get("unmask", unmask), unmask_params))
+    for name, value in given.items():
+        takers = [params for spec, params in chosen if name in spec.defaults]
+        if not takers:
+            owners = ", ".join(spec.name for spec, _ in policy_params()[name])
+            raise SettingsError(f"--{name.replace('_', '-')} is a parameter of {owners}; the chosen policies "
+                                f"(cache {args.cache}, unmask {unmask}) do not take it")
+        for params in takers:
+            params[name] = value
     return Settings(
         gen_length=args.gen_length, block_size=args.block_size, steps=args.steps, temperature=args.temperature,
-        seed=args.seed, cache=args.cache, cache_params=_parse_params(args.cache_param),
+        seed=args.seed, cache=args.cache, cache_params=cache_params,
         unmask=unmask, unmask_params=unmask_params, trace=args.trace, exact_drift=args.exact_drift,
         early_stop=args.early_stop,
     )
@@ -270,9 +330,16 @@ def _number_list(text: str, flag: str) -> list:
     return values
 
 
-def _sweep_axes(args: argparse.Namespace) -> dict[str, list]:
-    axes = {"threshold": _number_list(args.thresholds, "--thresholds"),
-            "block_size": _number_list(args.block_sizes, "--block-sizes")}
+DEFAULT_THRESHOLDS = "0.5,0.7,0.8,0.9"
+
+
+def _sweep_axes(args: argparse.Namespace, base) -> dict[str, list]:
+    # The default threshold axis only where the unmasking policy has a threshold (a plugin's may not).
+    thresholds = args.thresholds
+    if thresholds is None and "threshold" in base.unmask_spec.defaults:
+        thresholds = DEFAULT_THRESHOLDS
+    axes = {"threshold": _number_list(thresholds, "--thresholds")} if thresholds is not None else {}
+    axes["block_size"] = _number_list(args.block_sizes, "--block-sizes")
     for extra in args.axis:
         knob, sep, values = extra.partition("=")
         if not sep or not knob:
@@ -290,7 +357,7 @@ def _sweep(args: argparse.Namespace) -> None:
     from .experiments.sweep import format_sweep, plan, run_sweep
 
     base = settings_from_args(args)
-    axes = _sweep_axes(args)
+    axes = _sweep_axes(args, base)
     points = len(plan(base, axes))  # every point checked before the model loads
     _check_out(args.out)
     problems = task_problems(args.task, args.n, args.seed_data)
@@ -334,8 +401,25 @@ EXAMPLES = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
+POLICIES_HELP = ("modules that register policies of your own, imported before the command runs (installed "
+                 "packages' dllm_local.policies entry points load anyway)")
+
+
+def _policy_modules(argv: list[str] | None) -> list[str]:
+    """The --policies modules, read before the parser is built: their policies are choices and flags in it."""
+    early = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    early.add_argument("--policies", default="")
+    try:
+        return early.parse_known_args(argv)[0].policies.split(",")
+    except argparse.ArgumentError:  # the parser proper says what is wrong
+        return []
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every command and its flags, from torch-free modules only: nothing here loads torch."""
     from .experiments.bench import SCORERS, STRATEGY_SETS
+    from .experiments.costmodel import DEVICES
+    from .experiments.sweep import sweepable
     from .tiny.tasks import TASKS
 
     ap = argparse.ArgumentParser(prog="python -m dllm_local", description="dllm-local engine",
@@ -352,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--threads", type=_at_least_one, default=None,
                        help="torch threads on the CPU (default: 1 for a model under 50M parameters, such as the tiny "
                             "model, where one thread is fastest; every core for larger ones)")
+        p.add_argument("--policies", default="", metavar="MODULE[,MODULE]", help=POLICIES_HELP)
         if progress:
             p.add_argument("--quiet", action="store_true", help="no progress bar")
         p.set_defaults(run=run)
@@ -389,8 +474,6 @@ def main(argv: list[str] | None = None) -> int:
     be.add_argument("--concurrency", type=_levels, default=None, metavar="1,2,4,...",
                     help="instead of the strategy table: throughput and latency at each number of concurrent requests, "
                          "the diffusion model (these settings) against the autoregressive guider, and the crossover")
-    from .experiments.costmodel import DEVICES
-
     be.add_argument("--gpu", default="H100", choices=list(DEVICES),
                     help="the GPU of the cost model's prediction next to --concurrency (default: H100)")
     add_settings_args(be)
@@ -398,10 +481,9 @@ def main(argv: list[str] | None = None) -> int:
 
     sw = command("sweep", "grid over threshold x block size (and more): accuracy vs tokens/s, Pareto frontier", _sweep,
                  progress=True)
-    sw.add_argument("--thresholds", default="0.5,0.7,0.8,0.9")
+    sw.add_argument("--thresholds", default=None,
+                    help=f"(default: {DEFAULT_THRESHOLDS} when the unmasking policy has a threshold, else none)")
     sw.add_argument("--block-sizes", default="8,16,32")
-    from .experiments.sweep import sweepable
-
     sw.add_argument("--axis", action="append", default=[], metavar="KNOB=V1,V2",
                     help=f"another knob to vary: {', '.join(sweepable())}")
     sw.add_argument("--task", default="arithmetic", choices=TASKS)
@@ -421,8 +503,16 @@ def main(argv: list[str] | None = None) -> int:
     le.add_argument("--out", default=None, help="also write the report as JSON here")
     add_settings_args(le)
     le.set_defaults(gen_length=256, block_size=32)
+    return ap
 
-    args = ap.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        registry.load_plugins(_policy_modules(argv))
+    except DllmError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    args = build_parser().parse_args(argv)
     try:
         args.run(args)
     except DllmError as exc:

@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from dllm_local import Settings
+from dllm_local import Settings, SettingsError
 from dllm_local.__main__ import EXAMPLES, main as cli_main
 from dllm_local.experiments.bench import SPREAD_WARNING, Strategy, format_table, run_bench, task_problems
 
@@ -51,15 +51,13 @@ def test_progress_bar_with_eta_and_quiet(capsys, keep_threads):
 
 
 def test_bench_repeats_three_times_and_warns_when_repeats_disagree(tiny, monkeypatch, keep_threads):
-    from dllm_local.experiments import bench
-
-    from dllm_local import sampler
+    from dllm_local import batch, sampler
 
     calls = []
     real = sampler.generate
     counted = lambda *a, **k: calls.append(a[1]) or real(*a, **k)  # noqa: E731
-    monkeypatch.setattr(bench, "generate", counted)  # the warm-up
-    monkeypatch.setattr(sampler, "generate", counted)  # the set, one answer at a time
+    monkeypatch.setattr(sampler, "generate", counted)  # the warm-up: bench imports it when it runs
+    monkeypatch.setattr(batch, "generate", counted)  # the set, one answer at a time
     torch.set_num_threads(1)
     problems = task_problems("arithmetic", 2, 1000)
     report = run_bench(tiny, problems, [Strategy({"cache": "none"}), Strategy({"cache": "dual"})],
@@ -78,3 +76,59 @@ def test_bench_repeats_three_times_and_warns_when_repeats_disagree(tiny, monkeyp
     name = report["rows"][1]["strategy"]
     assert f"WARNING: the repeats of {name} differ by more than 20%" in table and name.startswith("dual")
     assert report["machine"].endswith(", 1 torch thread")  # the table names the threads it ran with
+
+
+@pytest.mark.parametrize("argv, answer", [
+    (["--help"], "python -m dllm_local COMMAND --help"),
+    (["bench", "--help"], "--concurrency"),
+    (["generate", "--prompt", "hi", "--cache", "nope"], "invalid choice: 'nope'"),
+])
+def test_help_and_bad_arguments_answer_without_importing_torch_or_transformers(argv, answer):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "dllm_local", *argv], capture_output=True, text=True,
+                          timeout=120)
+    assert answer in done.stdout + done.stderr
+    imported = {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in done.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "dllm_local" in imported and not imported & {"torch", "transformers"}
+
+
+@pytest.fixture
+def sharp():
+    """An unmasking policy registered as a plugin would be: its parameter becomes a flag."""
+    from dllm_local.policies import registry
+
+    spec = registry.register(registry.PolicySpec(
+        "unmask", "sharp", "Sharp (test)", "A test policy.", "no_such_module:Sharp",
+        (registry.Param("sharpness", float, 0.25, "Sharpness", "how sharp", low=0, high=1),)))
+    yield spec
+    registry.unregister("unmask", "sharp")
+
+
+def _settings(*argv: str):
+    from dllm_local.__main__ import build_parser, settings_from_args
+
+    return settings_from_args(build_parser().parse_args(["generate", "--prompt", "hi", *argv]))
+
+
+def test_every_registered_parameter_is_a_flag_of_the_policy_that_takes_it(sharp, capsys):
+    s = _settings("--unmask", "sharp", "--sharpness", "0.75")
+    assert (s.unmask, s.unmask_params) == ("sharp", {"sharpness": 0.75})
+    with pytest.raises(SystemExit):
+        _settings("--unmask", "sharp", "--sharpness", "2")
+    assert "argument --sharpness: must be in [0, 1], not '2'" in capsys.readouterr().err
+    # a name two chosen policies share goes to both; a cache parameter to the cache policy
+    s = _settings("--cache", "drift_refresh", "--unmask", "guided", "--top-k", "3", "--gamma", "0.5")
+    assert s.cache_params["top_k"] == 3 == s.unmask_params["top_k"] and s.cache_params["gamma"] == 0.5
+    with pytest.raises(SettingsError, match=r"--floor is a parameter of adaptive; the chosen policies \(cache dual, "
+                                            r"unmask sharp\) do not take it"):
+        _settings("--cache", "dual", "--unmask", "sharp", "--floor", "0.3")
+
+
+def test_a_parameter_named_after_its_policy_chooses_it():
+    assert _settings("--threshold", "0.8").unmask_params == {"threshold": 0.8}
+    assert _settings("--threshold", "0.8").unmask == "threshold" and _settings("--factor", "2").unmask == "factor"
+    assert _settings("--remasking", "random").unmask == "fixed"
+    assert _settings("--unmask", "self_verify", "--threshold", "0.8").unmask_params["threshold"] == 0.8

@@ -12,15 +12,12 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from tqdm import tqdm
 
 from ..errors import DllmError
-from ..models.loader import GuiderHandle, ModelHandle
 from ..policies import registry
-from ..batch import generate_all, stream_batch
-from ..sampler import generate
 from ..settings import Settings
 from ..tiny.tasks import make_problems
 from ..tiny.tasks import score as score_task
@@ -31,7 +28,11 @@ from .costmodel import (
     concurrency_crossovers,
     machine_name,
 )
-from .evaluate import ar_generate
+
+# The model side is imported where a bench runs: the CLI builds its parser from this module's
+# STRATEGY_SETS and SCORERS without loading torch.
+if TYPE_CHECKING:
+    from ..models.loader import GuiderHandle, ModelHandle
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,9 @@ def run_strategy(handle: ModelHandle, problems: list[Problem], settings: Setting
     """One row of the table: per-answer means, and the median over repeats of the times (after
     one warm-up answer, so start-up costs stay out of it). ``batch_size`` answers are decoded
     together, each with its own seed. ``bar`` advances as answers finish."""
+    from ..batch import generate_all
+    from ..sampler import generate
+
     repeats = registry.check_value(repeats, int, "repeats", "an integer >= 1", lambda v: v >= 1)
     walls, models = [], []
     generate(handle, problems[0].prompt, settings, guider)
@@ -237,6 +241,10 @@ def run_concurrency(handle: ModelHandle, guider: GuiderHandle, problems: list[Pr
     prediction of the same two curves for LLaDA-8B and an 8B autoregressive model on ``gpu``,
     with the G and tau measured here. Each level runs ``repeats`` times; the run with the median
     wall time counts."""
+    from ..batch import stream_batch
+    from ..sampler import generate
+    from .evaluate import ar_generate
+
     if len(problems) < max(levels):
         raise DllmError(f"{len(problems)} problems for {max(levels)} concurrent requests: give --n >= {max(levels)}")
     generate(handle, problems[0].prompt, settings)  # warm-up, both models

@@ -7,14 +7,16 @@ from __future__ import annotations
 import itertools
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from .bench import Problem, run_strategy
 from .frontier import pareto
 from ..errors import SettingsError
 from ..policies import registry
-from ..models.loader import GuiderHandle, ModelHandle
 from ..settings import Settings
+
+if TYPE_CHECKING:  # the CLI's parser reads sweepable() without loading torch
+    from ..models.loader import GuiderHandle, ModelHandle
 
 # Settings knobs any sweep can vary; besides them, every numeric parameter of the policies swept.
 SETTINGS_KNOBS = ("block_size", "gen_length", "steps", "temperature")

@@ -4,14 +4,15 @@ A ``PolicySpec`` names a policy, says what it does in one line, lists its parame
 range, default, label, help) and its needs, and points at the class that implements it. Settings
 validate against the specs, and the page, the CLI, the sweep and the bench build their choices
 from them, so none of those imports torch or knows a policy by name. Adding a policy is its own
-file (the behaviour) plus one ``register`` call here.
+file (the behaviour) plus one ``register`` call here; a policy outside the package registers from
+a module of its own, loaded by ``load_plugins`` (an entry point or ``--policies``).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from importlib import import_module
-from typing import Any, Callable
+from importlib import import_module, metadata
+from typing import Any, Callable, Iterable
 
 from ..errors import SettingsError
 
@@ -188,6 +189,36 @@ def get(kind: str, name: str) -> PolicySpec:
 def all_specs() -> dict[str, list[dict]]:
     """Every registered policy as plain dicts, for a process that has no registry of its own to ask."""
     return {kind: [s.to_dict() for s in table.values()] for kind, table in _KINDS.items()}
+
+
+# ---------------------------------------------------------------- policies outside the package
+ENTRY_POINT_GROUP = "dllm_local.policies"
+_PLUGINS: list[str] = []  # the modules load_plugins imported, in order
+
+
+def load_plugins(modules: Iterable[str] = ()) -> list[str]:
+    """Import every module named by an installed package's ``dllm_local.policies`` entry point,
+    then ``modules`` (``--policies a,b``, split at the commas); each registers its specs when imported. A spec names its
+    behaviour as "module:Class", imported on first use, so loading stays torch-free when the plugin
+    module is. Returns every plugin module loaded so far: a process that starts the engine hands
+    them on (the engine process imports them too). A module that is missing or fails to import
+    raises SettingsError in one line."""
+    wanted = [(f"the entry point {ep.name} = {ep.value} (group {ENTRY_POINT_GROUP})", ep.module)
+              for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)]
+    wanted += [(f"--policies {name}", name.strip()) for name in modules if name.strip()]
+    for where, name in wanted:
+        try:
+            import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and (name == exc.name or name.startswith(exc.name + ".")):  # not one it imports
+                raise SettingsError(f"{where}: no module named {name!r} (it must be importable from here: the "
+                                    f"current folder, PYTHONPATH or an installed package)") from None
+            raise SettingsError(f"{where}: importing {name!r} failed: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - whatever the module raised, said in one line
+            raise SettingsError(f"{where}: importing {name!r} failed: {type(exc).__name__}: {exc}") from None
+        if name not in _PLUGINS:
+            _PLUGINS.append(name)
+    return list(_PLUGINS)
 
 
 # ---------------------------------------------------------------- the built-in policies

@@ -173,6 +173,8 @@ def serve(conn: Connection, stop: Event, spec: dict) -> None:
     # semaphore, which this process would leave behind when the page process ends it.
     tqdm.set_lock(threading.RLock())
     try:
+        # Before any policy is built: the page process's plugin policies (entry points, --policies).
+        registry.load_plugins(spec.pop("policies", ()))
         if memory_fraction:
             device = pick_device(spec.get("device", "auto"))
             if device.type == "cuda":  # the caching allocator refuses more than this share of the card

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ..errors import BusyError, DllmError, EngineError, OutOfMemory  # noqa: F401 - the page catches these
+from ..policies import registry
 from ..settings import Settings
 from ..trace import fold
 
@@ -68,7 +69,7 @@ class Session:
                  guider: str | None = "tiny-guider", threads: int = 0, lazy: bool = False,
                  memory_fraction: float | None = None) -> None:
         self._spec = {"model": model, "device": device, "quantization": quantization, "guider": guider,
-                      "threads": threads, "memory_fraction": memory_fraction}
+                      "threads": threads, "memory_fraction": memory_fraction, "policies": registry.load_plugins()}
         self._lock = threading.Lock()
         self._owner: str | None = None  # the run_id of the request in progress
         self._start()
