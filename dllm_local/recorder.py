@@ -141,7 +141,7 @@ class Recorder:
             logits = step.masked_logits.float()
             best = (logits.amax(-1) - logits.logsumexp(-1)).exp()  # the top softmax probability, one exp per row
             record.masked_confidence = (torch.round(best * 1e6) / 1e6).tolist()
-            record.kv = self._kv_record(cache.drift_cosines())
+            record.kv = self._kv_record(cache)
             if self.level == "full":
                 record.recomputed = cache.last_positions.tolist()
                 record.top_candidates = _top_candidates(cand.positions, step.masked_positions, logits)
@@ -175,26 +175,19 @@ class Recorder:
         self._reads += record.reads
         self._main_forwards += 1
 
-    def _kv_record(self, drift: tuple[torch.Tensor, torch.Tensor] | None) -> dict:
-        if drift is None:
-            return {}
-        cos_k, cos_v = drift  # [layers, n]
+    def _kv_record(self, cache: KVCache) -> dict:
         if self.level == "full":
-            ks, vs = cos_k.tolist(), cos_v.tolist()
+            drift = cache.drift_cosines()
+            if drift is None:
+                return {}
+            ks, vs = drift[0].tolist(), drift[1].tolist()  # [layers, n]
             return {str(layer): {"k": _round(ks[layer]), "v": _round(vs[layer])} for layer in range(len(ks))}
-        # Summary: four numbers per layer, computed for all layers in one go.
-        both = torch.stack([cos_k, cos_v])  # [2, layers, n]
-        seen = ~torch.isnan(both)
-        count = seen.sum(-1)
-        mean = (torch.where(seen, both, 0).sum(-1) / count.clamp(min=1)).tolist()
-        low = torch.where(seen, both, float("inf")).min(-1).values.tolist()
-        has = (count > 0).tolist()
-        out = {}
-        for layer in range(cos_k.shape[0]):
-            def pick(table, i):
-                return round(table[i][layer], 6) if has[i][layer] else None
-            out[str(layer)] = {"k_mean": pick(mean, 0), "k_min": pick(low, 0), "v_mean": pick(mean, 1), "v_min": pick(low, 1)}
-        return out
+        summary = cache.drift_summary()
+        if summary is None:
+            return {}
+        names = ("k_mean", "k_min", "v_mean", "v_min")
+        return {str(layer): {name: None if value != value else round(value, 6) for name, value in zip(names, row)}
+                for layer, row in enumerate(summary.tolist())}
 
     # ---------------------------------------------------------------- exact-drift diagnostic
     def _exact_record(self, cand: Candidates) -> dict:

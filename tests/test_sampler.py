@@ -334,3 +334,23 @@ def test_guider_cache_reuse_matches_a_fresh_guider_forward(tiny, tiny_guider):
     fresh = tiny_guider.model(seq2[None, : P + 25]).logits[0, later - 1]
     torch.testing.assert_close(got, fresh, atol=1e-4, rtol=1e-4)
     assert guided._past.get_seq_length() == P + 24
+
+
+@pytest.mark.parametrize("cache", ["dual", "adaptive"])
+def test_summary_drift_is_the_mean_and_min_of_the_full_levels_cosines(tiny, cache):
+    settings = Settings(gen_length=64, block_size=16, cache=cache, unmask="threshold")
+    summary = dllm_local.generate(tiny, "Give two numbers whose sum is 9.", settings)
+    full = dllm_local.generate(tiny, "Give two numbers whose sum is 9.", settings.with_(trace="full"))
+    assert summary.token_ids == full.token_ids
+    replaced_somewhere = False
+    for step_s, step_f in zip(summary.trace.steps, full.trace.steps):
+        for layer, numbers in step_s.kv.items():
+            for which in "kv":
+                cosines = [c for c in step_f.kv[layer][which] if c is not None]
+                replaced_somewhere |= bool(cosines)
+                want = (sum(cosines) / len(cosines), min(cosines)) if cosines else (None, None)
+                got = (numbers[f"{which}_mean"], numbers[f"{which}_min"])
+                assert (got[0] is None) == (want[0] is None)
+                if cosines:
+                    assert got == pytest.approx(want, abs=2e-5)
+    assert replaced_somewhere and summary.trace.steps[0].kv["0"]["k_mean"] is None  # step 0 replaces nothing

@@ -74,6 +74,7 @@ class KVCache:
         # Per layer, while tracking drift: dot products of replaced and fresh K and V, and their norms.
         self._products: list[torch.Tensor] = []
         self._was_valid: torch.Tensor | None = None
+        self._replaces_any = True  # this forward replaces some valid entry: there is drift to measure
         # This forward's write index and key mask, copied once to each other device that asks.
         self._on_device: dict[torch.device, tuple] = {}
 
@@ -91,6 +92,9 @@ class KVCache:
         positions = positions.to(self.valid.device)
         self._index = slice(lo, hi + 1) if hi - lo + 1 == positions.numel() else positions
         self._was_valid = self.valid[positions]
+        # The first forward (and any over an emptied cache) replaces nothing: its drift is all NaN,
+        # known without the dot products.
+        self._replaces_any = self.track_drift and bool(self._was_valid.any())
         self.valid[positions] = True
         live = self.valid[: self.seq_len]
         self._key_mask = _key_mask(live)
@@ -108,7 +112,7 @@ class KVCache:
         k_cache, v_cache = self.k[layer], self.v[layer]
         k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
         index, key_mask = self._for_device(k_cache.device)
-        if self.track_drift:  # the entries about to be replaced, against the fresh ones
+        if self._replaces_any:  # the entries about to be replaced, against the fresh ones
             products = _drift_products(k_cache[:, :, index], k, v_cache[:, :, index], v)
             self._products.append(products.to(self.valid.device, non_blocking=True))
         k_cache[:, :, index] = k
@@ -141,12 +145,28 @@ class KVCache:
     def drift_cosines(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The last forward's KV drift: ``[layers, n]`` for K and for V over its recomputed
         positions, NaN where the cache held nothing before. None unless ``track_drift``."""
-        if not self._products:
+        if not self.track_drift:
             return None
+        if not self._products:
+            nothing = torch.full((len(self.k), len(self._was_valid)), float("nan"), device=self.valid.device)
+            return nothing, nothing
         p = torch.stack(self._products).sum(-2)  # [layers, 6, batch, n]: summed over heads
         cos = (p[:, 0::3] / (p[:, 1::3] * p[:, 2::3]).sqrt().clamp_min(1e-8)).mean(-2)  # [layers, 2, n]
         cos = torch.where(self._was_valid, cos, torch.tensor(float("nan"), device=cos.device))
         return cos[:, 0], cos[:, 1]
+
+    def drift_summary(self) -> torch.Tensor | None:
+        """The last forward's KV drift in four numbers per layer, ``[layers, 4]``: K mean, K min,
+        V mean, V min of the cosines over the positions it replaced (NaN where it replaced none).
+        The trace's summary level; the same cosines as ``drift_cosines``, without the NaN
+        bookkeeping over every position. None unless ``track_drift``."""
+        if not self.track_drift:
+            return None
+        if not self._products or not bool(self._was_valid.any()):
+            return torch.full((len(self.k), 4), float("nan"), device=self.valid.device)
+        p = torch.stack(self._products)[..., self._was_valid].sum(-2)  # [layers, 6, batch, replaced]
+        cos = (p[:, 0::3] / (p[:, 1::3] * p[:, 2::3]).sqrt().clamp_min(1e-8)).mean(-2)  # [layers, 2, replaced]
+        return torch.stack([cos.mean(-1), cos.amin(-1)], -1).flatten(1)
 
     def fork(self) -> "CacheFork":
         """A copy-on-write view for verification forwards: they see the cache plus their own fresh
