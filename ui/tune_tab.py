@@ -198,8 +198,9 @@ class TuneTab:
     def show_knobs(self, preset_name: str, knob: str | None) -> dict:
         """The knobs of the new base settings' policies; values to try for the knob, if it changed."""
         menu = knob_choices(self.specs, self.presets[preset_name]["settings"])
-        kept = menu["value"] == knob
-        return {self.knob: gr.update(**menu), **({} if kept else {self.values: self.suggest_values(preset_name, menu["value"])})}
+        if menu["value"] == knob:
+            return {self.knob: gr.update(**menu)}
+        return {self.knob: gr.update(**menu), self.values: self.suggest_values(preset_name, menu["value"])}
 
     def suggest_values(self, preset_name: str, knob: str | None) -> str | dict:
         settings = self.presets[preset_name]["settings"]
