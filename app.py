@@ -73,13 +73,15 @@ def address_problem(host: str, port: int) -> str | None:
 
 def create(args: argparse.Namespace):
     from dllm_local.policies import registry
-    from dllm_local.serving.session import Session, load_presets
+    from dllm_local.serving.session import Session
 
     registry.load_plugins(getattr(args, "policies", "").split(","))  # the Session hands them on to the engine
     # The engine process loads the model while this one imports the page.
     session = Session(args.model, device=args.device, quantization=args.quantize, guider=args.guider,
                       threads=args.threads, lazy=True, memory_fraction=getattr(args, "gpu_memory_fraction", None))
-    from ui.page import ModelAccess, build
+    from ui.model_access import ModelAccess
+    from ui.page import build
+    from ui.presets import load_presets
 
     presets, problems = load_presets()
     models = ModelAccess(getattr(args, "models_dir", None), getattr(args, "allow_downloads", False))

@@ -62,12 +62,12 @@ def main() -> int:
     import dllm_local
     from dllm_local.experiments.costmodel import machine_name
     from dllm_local.serving.engine import engine_threads
-    from dllm_local.serving.session import load_presets
     from dllm_local.settings import Settings
     from playwright.sync_api import sync_playwright
 
     from ui.controls import controls_from_settings, settings_from_controls
     from ui.page import LAUNCH_OPTIONS
+    from ui.presets import load_presets
 
     presets = load_presets()[0]
     name = args.preset or next(iter(presets))

@@ -11,6 +11,9 @@ from typing import Any, NoReturn
 from .errors import TraceError
 
 SCHEMA_VERSION = 1
+# The KV panel's views of a trace: the cache's drift (from each step's ``kv``), and, from its
+# ``exact`` diagnostic, the true drift and the cache-vs-exact error. A preset may open on one.
+KV_VIEWS = ("drift", "true_drift", "cache_error")
 
 
 @dataclass

@@ -11,10 +11,10 @@ from pathlib import Path
 import dllm_local
 from dllm_local import Settings
 from dllm_local.models.loader import TINY_MODEL
-from dllm_local.serving.session import load_presets
 from dllm_local.settings import length_notice
 from dllm_local.tiny.tasks import verdict
-from ui import plots
+from ui import grid, replay, run_figures
+from ui.presets import load_presets
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS, _ = load_presets()
@@ -32,7 +32,7 @@ def test_straight_house_is_written_greedily_in_one_forward_with_no_guarantee(tin
     assert settings.temperature == 0 and result.text == "straight house" and verdict(prompt, result.text) == "invalid"
     trace = result.trace.to_dict()
     words = next(s for s in trace["steps"] if len(s["committed"]) > 1)
-    assert plots.theorem1(words)["verdict"] == "no guarantee"
+    assert replay.theorem1(words)["verdict"] == "no guarantee"
     # The candidates behind it: each word's own marginal, its argmax from a different hand.
     top = dict(words["top_candidates"])
     first, second = (top[pos] for pos in sorted(top)[:2])
@@ -70,9 +70,9 @@ def test_self_verify_records_what_it_sent_back_and_the_views_draw_it(tiny):
     committed = {pos for pos, _, _ in record["committed"]}
     for pos, token, score in record["policy"]["rejected_at"]:
         assert pos not in committed and score < settings.unmask_params["rho"] and str(token) in trace["vocab"]
-    page = plots.token_grid_html(trace, i)
+    page = grid.token_grid_html(trace, i)
     assert page.count("dl-rejected") == len(record["policy"]["rejected_at"]) and "conflict score" in page
-    sent_back = next(t for t in plots.confidence_heatmap(trace).data if t.name == "sent back (self-verify)")
+    sent_back = next(t for t in run_figures.confidence_heatmap(trace).data if t.name == "sent back (self-verify)")
     assert len(sent_back.x) == sum(len(s["policy"].get("rejected_at", [])) for s in trace["steps"])
 
 

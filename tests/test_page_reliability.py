@@ -55,13 +55,6 @@ def _client(url):
     return Client(url, verbose=False)
 
 
-def _run_args(page, settings: dict) -> dict:
-    """/run keyword arguments for ``settings`` (the controls are the API's param_8 ... in order, after
-    the prompt, the trace state, follow and the five view inputs)."""
-    names = page.callbacks.control_names
-    return {f"param_{8 + names.index(name)}": value for name, value in settings.items()}
-
-
 def _status(outputs) -> str:
     return outputs[6]  # grid, numbers, three plots, scrubber, then the status line
 
@@ -93,9 +86,9 @@ def test_session_stop_ends_only_the_run_of_the_same_id(served):
 
 
 def test_another_clients_stop_leaves_a_run_going_to_its_end(served):
-    url, page, session, _ = served
+    url, _, session, _ = served
     a, b = _client(url), _client(url)
-    job = a.submit(ARITHMETIC, api_name="/run", **_run_args(page, SLOW))
+    job = a.submit(ARITHMETIC, api_name="/run", **SLOW)  # the controls by name
     _wait_running(job, session)
     said = b.predict(api_name="/stop")
     print(f"\nclient B's Stop while A runs: {said!r}")
@@ -105,7 +98,7 @@ def test_another_clients_stop_leaves_a_run_going_to_its_end(served):
     assert final.startswith("Done: 256 steps (")  # not "Stopped"
 
     # The same client's Stop does stop its own run.
-    job = a.submit(ARITHMETIC, api_name="/run", **_run_args(page, SLOW))
+    job = a.submit(ARITHMETIC, api_name="/run", **SLOW)  # the controls by name
     _wait_running(job, session)
     assert a.predict(api_name="/stop").startswith("Stopping")
     final = _final(job)
@@ -116,9 +109,10 @@ def test_another_clients_stop_leaves_a_run_going_to_its_end(served):
 # ---------------------------------------------------------------- 2. one queue for every engine request
 
 def test_a_run_waits_for_a_sweep_instead_of_failing(served):
-    url, page, session, _ = served
+    url, _, session, _ = served
     a, b = _client(url), _client(url)
-    sweep = a.submit("Fast-dLLM DualCache (paper default)", "arithmetic", 4, "0.5,0.9", "8,16", 32, api_name="/sweep")
+    sweep = a.submit("Fast-dLLM DualCache (paper default)", "arithmetic", 4, "unmask.threshold", "0.5,0.9", "8,16", 32,
+                     api_name="/sweep")
     end = time.monotonic() + 60
     while session.owner() is None:  # the sweep holds the engine
         assert time.monotonic() < end
@@ -129,6 +123,27 @@ def test_a_run_waits_for_a_sweep_instead_of_failing(served):
     print(f"\nsweep: {sweep_status!r}; run started meanwhile: {final[:60]!r}")
     assert sweep_status.startswith("Done") and final.startswith("Done")
     assert "already going" not in final
+
+
+def test_the_tune_tab_sweeps_any_numeric_knob_of_the_base_policies(served):
+    url, _, _, _ = served
+    client = _client(url)
+    # An integer knob of the self-verifying policy: not a knob of the page's default preset.
+    _, table, status = client.predict("Self-verifying parallel decoding", "arithmetic", 2, "unmask.window", "1, 4",
+                                      "32", 32, api_name="/sweep")
+    assert status == "Done: 2 points."
+    assert [row[1] for row in table["data"]] == ["window 1 · B 32", "window 4 · B 32"]
+    # A cache policy's knob, and a knob that is not the base policies' is a message naming the box.
+    _, table, status = client.predict("Fast-dLLM DualCache (paper default)", "arithmetic", 2, "cache.refresh_every",
+                                      "0, 2", "32", 32, api_name="/sweep")
+    assert status == "Done: 2 points." and [row[1] for row in table["data"]] == ["refresh_every 0 · B 32",
+                                                                                "refresh_every 2 · B 32"]
+    _, _, status = client.predict("Fast-dLLM DualCache (paper default)", "arithmetic", 2, "unmask.rho", "0.5", "32",
+                                  32, api_name="/sweep")
+    assert status.startswith("⚠ Knob: 'unmask.rho' is not a numeric parameter of dual + threshold")
+    _, _, status = client.predict("Fast-dLLM DualCache (paper default)", "arithmetic", 2, "unmask.threshold", "1.5",
+                                  "32", 32, api_name="/sweep")
+    assert status.startswith("⚠") and "threshold must be in (0, 1], not 1.5" in status
 
 
 # ---------------------------------------------------------------- 3. bounded trace import
@@ -173,7 +188,7 @@ def test_importing_a_trace_sets_its_prompt_and_settings(served, tmp_path):
     outputs = _client(url).predict(handle_file(str(path)), api_name="/import_trace")
     assert _status(outputs).startswith("Replaying an imported trace")
     assert outputs[8] == prompt
-    controls = dict(zip(page.callbacks.control_names, outputs[9:]))
+    controls = dict(zip(page.control_names, outputs[9:]))
     assert (controls["gen_length"], controls["block_size"], controls["cache"], controls["unmask"]) == (64, 16, "prefix",
                                                                                                       "threshold")
     assert controls["unmask.threshold"] == 0.7 and controls["seed"] == 3
@@ -182,7 +197,8 @@ def test_importing_a_trace_sets_its_prompt_and_settings(served, tmp_path):
 # ---------------------------------------------------------------- 4. files
 
 def test_exports_stay_in_one_folder_and_only_the_last_twenty_are_kept(served):
-    from ui.page import DELETE_CACHE, ExportFolder
+    from ui.exports import ExportFolder
+    from ui.page import DELETE_CACHE
 
     _, page, _, _ = served
     folder = ExportFolder()
@@ -215,7 +231,7 @@ def test_the_model_box_loads_only_what_the_page_was_started_to_allow(served, tmp
 
 
 def test_model_access_rules(tmp_path):
-    from ui.page import ModelAccess
+    from ui.model_access import ModelAccess
 
     (tmp_path / "m").mkdir()
     closed = ModelAccess()
@@ -250,7 +266,7 @@ def test_browser_stop_cancels_a_queued_run_of_its_own_tab_only(served, browser):
     a, b = _client(url), browser.new_page(viewport={"width": 1500, "height": 2000})
     b.goto(url)
     b.wait_for_selector("#run-btn")
-    job = a.submit(ARITHMETIC, api_name="/run", **_run_args(page, SLOW))
+    job = a.submit(ARITHMETIC, api_name="/run", **SLOW)  # the controls by name
     _wait_running(job, session)
     b.click("#run-btn")
     b.wait_for_function("() => document.querySelector('#status').innerText.includes('ahead of yours')", timeout=20_000)
@@ -277,7 +293,8 @@ def test_added_results_join_the_sweep_chart_and_a_bad_file_is_a_message(served, 
     path = tmp_path / "other_sweep.json"
     path.write_text(json.dumps(events[-1]["report"]))
     client = _client(url)
-    swept = client.predict("Fast-dLLM DualCache (paper default)", "arithmetic", 3, "0.9", "32", 32, api_name="/sweep")
+    swept = client.predict("Fast-dLLM DualCache (paper default)", "arithmetic", 3, "unmask.threshold", "0.9", "32", 32,
+                           api_name="/sweep")
     assert swept[-1].startswith("Done")
     plot, table, status = client.predict(handle_file(str(path)), api_name="/add_results")
     assert status == "Added 1 point from other_sweep.json."

@@ -1,4 +1,4 @@
-"""ui.plots against a real recorded trace (tiny model, dual cache, threshold unmasking, full level)."""
+"""The replay, the token grid and the figures against a real recorded trace (tiny model, dual cache, threshold unmasking, full level)."""
 from __future__ import annotations
 
 import copy
@@ -16,7 +16,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ui import plots  # noqa: E402
+from dllm_local.trace import KV_VIEWS  # noqa: E402
+from ui import grid, replay, run_figures, tables, tune_figures  # noqa: E402
 
 TRACE_PATH = ROOT / "tests" / "data" / "trace_small.json"
 
@@ -52,17 +53,17 @@ def _summary_level(trace: dict) -> dict:
 
 def test_state_before_and_after(trace):
     n = trace["gen_length"]
-    before = plots.state_at(trace, -1)
+    before = replay.state_at(trace, -1)
     assert before["ids"] == [None] * n and before["masked"] == n and before["step"] == -1
     last = len(trace["steps"]) - 1
-    after = plots.state_at(trace, last)
+    after = replay.state_at(trace, last)
     assert after["ids"] == trace["final_ids"] and after["masked"] == 0
-    assert plots.state_at(trace, last + 50)["step"] == last  # clamped
+    assert replay.state_at(trace, last + 50)["step"] == last  # clamped
 
 
 def test_state_records_commit_step_and_confidence(trace):
     P = len(trace["prompt_ids"])
-    state = plots.state_at(trace, 0)
+    state = replay.state_at(trace, 0)
     first = trace["steps"][0]["committed"]
     assert len(first) == trace["gen_length"] - state["masked"]
     for position, token, conf in first:
@@ -70,14 +71,14 @@ def test_state_records_commit_step_and_confidence(trace):
         assert state["ids"][p] == token and state["commit_step"][p] == 0 and state["confidence"][p] == conf
     # A position committed at step 1 is still masked after step 0.
     p1 = trace["steps"][1]["committed"][0][0] - P
-    assert state["ids"][p1] is None and plots.state_at(trace, 1)["commit_step"][p1] == 1
+    assert state["ids"][p1] is None and replay.state_at(trace, 1)["commit_step"][p1] == 1
 
 
 # ----------------------------------------------------------------------------- token grid
 
 def test_token_grid_hover_escape_and_outline(trace):
     P = len(trace["prompt_ids"])
-    page = plots.token_grid_html(trace, 2)
+    page = grid.token_grid_html(trace, 2)
     position, token, conf = trace["steps"][1]["committed"][1]  # " The" at step 1
     text = trace["vocab"][str(token)].replace(" ", "␣")
     assert f"title=\"pos {position - P} · token '{text}' · step 1 · confidence {conf:.2f}\"" in page
@@ -85,23 +86,23 @@ def test_token_grid_hover_escape_and_outline(trace):
     assert "&lt;|endoftext|&gt;" in page and "<|endoftext|>" not in page
     assert "dl-end" in page
     assert page.count("dl-new") == len(trace["steps"][2]["committed"])
-    masked = plots.state_at(trace, 2)["masked"]
+    masked = replay.state_at(trace, 2)["masked"]
     assert page.count("dl-masked") == masked and page.count("▢") == masked
     assert "dl-legend" in page
 
 
 def test_token_grid_by_confidence_and_bad_mode(trace):
-    page = plots.token_grid_html(trace, len(trace["steps"]) - 1, color_by="confidence")
+    page = grid.token_grid_html(trace, len(trace["steps"]) - 1, color_by="confidence")
     assert "dl-masked" not in page and "confidence at commit" in page
-    assert "dl-masked" in plots.token_grid_html(trace, -1)
+    assert "dl-masked" in grid.token_grid_html(trace, -1)
     with pytest.raises(ValueError):
-        plots.token_grid_html(trace, 0, color_by="colour")
+        grid.token_grid_html(trace, 0, color_by="colour")
 
 
 def test_token_grid_numbers_positions_collapses_padding_and_marks_tokens_after_the_end(trace):
     last = len(trace["steps"]) - 1
     n, stop = trace["gen_length"], set(trace["model"]["stop_ids"])
-    page = plots.token_grid_html(trace, last)
+    page = grid.token_grid_html(trace, last)
     numbers = re.findall(r'class="dl-pos"[^>]*>(\d+)<', page)
     assert numbers == [str(p) for p in range(n)]  # every position, in order, padding included
     final = trace["final_ids"]
@@ -115,18 +116,18 @@ def test_token_grid_numbers_positions_collapses_padding_and_marks_tokens_after_t
     for record in stray["steps"]:
         record["committed"] = [[pos, token if pos - len(trace["prompt_ids"]) == first_end + 3 else tok, c]
                                for pos, tok, c in record["committed"]]
-    page = plots.token_grid_html(stray, last)
+    page = grid.token_grid_html(stray, last)
     assert page.count("dl-after-end") == 1 and "committed after the end of text" in page
     assert f"× {n - first_end - 4} end of text" in page
     # Before the run ends nothing is collapsed: the masked tail stays position by position.
-    assert "dl-pad-chip" not in plots.token_grid_html(trace, -1)
+    assert "dl-pad-chip" not in grid.token_grid_html(trace, -1)
 
 
 # ----------------------------------------------------------------------------- confidence
 
 def test_confidence_heatmap_cells_and_commits(trace):
     P, n, steps = len(trace["prompt_ids"]), trace["gen_length"], trace["steps"]
-    fig = plots.confidence_heatmap(trace)
+    fig = run_figures.confidence_heatmap(trace)
     z = _trace_named(fig, "confidence").z
     assert (len(z), len(z[0])) == (len(steps), n)
     s1 = steps[1]
@@ -146,59 +147,59 @@ def test_confidence_heatmap_cells_and_commits(trace):
 
 
 def test_confidence_heatmap_upto_step(trace):
-    fig = plots.confidence_heatmap(trace, upto_step=3)
+    fig = run_figures.confidence_heatmap(trace, upto_step=3)
     assert len(_trace_named(fig, "confidence").z) == 4
     assert len(_trace_named(fig, "commit").x) == sum(len(s["committed"]) for s in trace["steps"][:4])
 
 
 def test_theorem1_marks_each_step(trace):
-    full_pair = plots.theorem1({"committed": [[40, 7, 0.4], [41, 9, 0.6]]})
+    full_pair = replay.theorem1({"committed": [[40, 7, 0.4], [41, 9, 0.6]]})
     assert full_pair["verdict"] == "no guarantee" and full_pair["epsilon"] == pytest.approx(0.6)
     assert full_pair["bound"] == pytest.approx(1.8) and "1.80 > 1" in full_pair["text"]
-    sure = plots.theorem1({"committed": [[40, 7, 0.95], [41, 9, 0.99], [42, 1, 0.9]]})
+    sure = replay.theorem1({"committed": [[40, 7, 0.95], [41, 9, 0.99], [42, 1, 0.9]]})
     assert sure["verdict"] == "guaranteed" and sure["bound"] == pytest.approx(0.4)
-    edge = plots.theorem1({"committed": [[40, 7, 0.75], [41, 9, 0.8], [42, 1, 0.9]]})  # (3 + 1) x 0.25 = 1
+    edge = replay.theorem1({"committed": [[40, 7, 0.75], [41, 9, 0.8], [42, 1, 0.9]]})  # (3 + 1) x 0.25 = 1
     assert edge["verdict"] == "guaranteed"
-    assert plots.theorem1({"committed": [[40, 7, 0.2]]})["verdict"] == "serial"
-    fig = plots.confidence_heatmap(trace)
+    assert replay.theorem1({"committed": [[40, 7, 0.2]]})["verdict"] == "serial"
+    fig = run_figures.confidence_heatmap(trace)
     marked = [*_trace_named(fig, "Theorem 1: guaranteed").y, *_trace_named(fig, "Theorem 1: no guarantee").y]
     assert sorted(marked) == [i for i, s in enumerate(trace["steps"]) if len(s["committed"]) > 1]
     i = next(i for i, s in enumerate(trace["steps"]) if len(s["committed"]) > 1)
-    page = plots.token_grid_html(trace, i)
-    assert f'data-verdict="{plots.theorem1(trace["steps"][i])["verdict"]}"' in page and f"Step {i}: Theorem 1" in page
+    page = grid.token_grid_html(trace, i)
+    assert f'data-verdict="{replay.theorem1(trace["steps"][i])["verdict"]}"' in page and f"Step {i}: Theorem 1" in page
 
 
 def test_what_if_threshold_replays_the_stored_confidences(trace):
     P, steps = len(trace["prompt_ids"]), trace["steps"]
     actual = [sorted(p - P for p, _, _ in s["committed"]) for s in steps]
     # The run's own threshold (0.7) reproduces every step's commits: the replay never diverges.
-    same = plots.what_if(trace, trace["settings"]["unmask_params"]["threshold"])
+    same = replay.what_if(trace, trace["settings"]["unmask_params"]["threshold"])
     assert same["diverges_at"] is None and same["commits"] == actual
     # A stricter τ′ commits a subset at the first step, and the replay stops there.
-    strict = plots.what_if(trace, 0.8)
+    strict = replay.what_if(trace, 0.8)
     first = steps[0]
     scored = dict(zip(first["masked_positions"], first["masked_confidence"]))
     assert strict["diverges_at"] == 0 and strict["commits"] == [sorted(p - P for p, c in scored.items()
                                                                        if c >= 0.8 and p - P < 16)]
     # Equal commits up to the divergence step, which is the first where the sets differ.
-    later = plots.what_if(trace, 0.72)
+    later = replay.what_if(trace, 0.72)
     d = later["diverges_at"]
     assert d == 1 and later["commits"][:d] == actual[:d] and later["commits"][d] != actual[d]
     # The grid frames what τ′ would commit and says where it diverges.
-    page = plots.token_grid_html(trace, 1, what_if_threshold=0.72)
+    page = grid.token_grid_html(trace, 1, what_if_threshold=0.72)
     assert page.count("dl-whatif-box") == len(later["commits"][1]) and "diverges here" in page
-    assert "dl-whatif-box" not in plots.token_grid_html(trace, 1)
-    assert "diverged at step 1" in plots.token_grid_html(trace, 3, what_if_threshold=0.72)
+    assert "dl-whatif-box" not in grid.token_grid_html(trace, 1)
+    assert "diverged at step 1" in grid.token_grid_html(trace, 3, what_if_threshold=0.72)
     sampled = copy.deepcopy(trace)
     sampled["settings"]["temperature"] = 1.0
-    assert "greedy" in plots.what_if(sampled, 0.5)["reason"]
+    assert "greedy" in replay.what_if(sampled, 0.5)["reason"]
 
 
 # ----------------------------------------------------------------------------- KV
 
 def test_kv_drift_cached_vs_recomputed(trace):
     P, n, steps = len(trace["prompt_ids"]), trace["gen_length"], trace["steps"]
-    fig = plots.kv_heatmap(trace, layer=0, which="k")
+    fig = run_figures.kv_heatmap(trace, layer=0, which="k")
     drift, cached = _trace_named(fig, "drift").z, _trace_named(fig, "cached").z
     assert (len(drift), len(drift[0])) == (len(cached), len(cached[0])) == (len(steps), n)
     i = next(i for i, s in enumerate(steps) if not s["full_refresh"])
@@ -215,95 +216,95 @@ def test_kv_drift_cached_vs_recomputed(trace):
 
 def test_kv_views_share_one_fixed_scale_mean_layers_and_mark_commits(trace):
     steps = trace["steps"]
-    for view in plots.KV_VIEWS:
+    for view in KV_VIEWS:
         for layer in ("mean", 0, 3):
-            heat = _trace_named(plots.kv_heatmap(trace, layer=layer, which="v", view=view), view)
+            heat = _trace_named(run_figures.kv_heatmap(trace, layer=layer, which="v", view=view), view)
             assert (heat.zmin, heat.zmax) == (0.0, 1.0) and "1 unchanged" in heat.colorbar.ticktext
     # "mean": the mean over every layer's cosine, cell by cell.
-    mean = _trace_named(plots.kv_heatmap(trace, layer="mean", which="k"), "drift").z
-    layers = [_trace_named(plots.kv_heatmap(trace, layer=l, which="k"), "drift").z for l in steps[1]["kv"]]
+    mean = _trace_named(run_figures.kv_heatmap(trace, layer="mean", which="k"), "drift").z
+    layers = [_trace_named(run_figures.kv_heatmap(trace, layer=l, which="k"), "drift").z for l in steps[1]["kv"]]
     np.testing.assert_allclose(mean[1][3], np.mean([z[1][3] for z in layers]), rtol=1e-5)
-    assert "all layers (mean)" in plots.kv_heatmap(trace).layout.title.text
+    assert "all layers (mean)" in run_figures.kv_heatmap(trace).layout.title.text
     # The staircase sits under each position's commit step.
-    line = _trace_named(plots.kv_heatmap(trace, layer=2), "committed below")
-    commit = plots.state_at(trace, len(steps) - 1)["commit_step"]
+    line = _trace_named(run_figures.kv_heatmap(trace, layer=2), "committed below")
+    commit = replay.state_at(trace, len(steps) - 1)["commit_step"]
     assert list(line.y[::2]) == [c + 0.5 for c in commit]
     one = copy.deepcopy(trace)
     one["steps"] = one["steps"][:1]
-    assert any("one step only" in a for a in _annotations(plots.kv_heatmap(one, layer=0)))
+    assert any("one step only" in a for a in _annotations(run_figures.kv_heatmap(one, layer=0)))
 
 
 def test_kv_step_without_drift_record(trace):
     # A first forward into an empty cache may record kv == {}: its recomputed cells are not "cached".
     t = copy.deepcopy(trace)
     t["steps"][0]["kv"] = {}
-    fig = plots.kv_heatmap(t)
+    fig = run_figures.kv_heatmap(t)
     assert all(_nan(v) for v in _trace_named(fig, "cached").z[0])
     assert all(_nan(v) for v in _trace_named(fig, "drift").z[0])
 
 
 def test_kv_refresh_rows_marked_and_upto(trace):
     steps = trace["steps"]
-    fig = plots.kv_heatmap(trace, layer="2", which="v")
+    fig = run_figures.kv_heatmap(trace, layer="2", which="v")
     assert list(_trace_named(fig, "refresh").y) == [i for i, s in enumerate(steps) if s["full_refresh"]]
-    short = plots.kv_heatmap(trace, upto_step=3)
+    short = run_figures.kv_heatmap(trace, upto_step=3)
     assert len(_trace_named(short, "drift").z) == 4
     assert list(_trace_named(short, "refresh").y) == [0]
 
 
 def test_kv_exact_views(trace):
     P, n, steps = len(trace["prompt_ids"]), trace["gen_length"], trace["steps"]
-    true = _trace_named(plots.kv_heatmap(trace, layer=0, view="true_drift"), "true_drift").z.tolist()
+    true = _trace_named(run_figures.kv_heatmap(trace, layer=0, view="true_drift"), "true_drift").z.tolist()
     assert all(_nan(v) for v in true[0])  # no previous exact K at the first step
     # the figure holds float32 grids
     np.testing.assert_allclose(true[1], np.array(steps[1]["exact"]["true_drift"]["0"]["k"][P:P + n], float), rtol=1e-6)
-    err = _trace_named(plots.kv_heatmap(trace, layer=1, which="v", view="cache_error"), "cache_error").z.tolist()
+    err = _trace_named(run_figures.kv_heatmap(trace, layer=1, which="v", view="cache_error"), "cache_error").z.tolist()
     np.testing.assert_allclose(err[5], np.array(steps[5]["exact"]["cache_vs_exact"]["1"]["v"][P:P + n], float), rtol=1e-6)
     no_exact = copy.deepcopy(trace)
     for s in no_exact["steps"]:
         s["exact"] = None
-    assert any("exact" in a for a in _annotations(plots.kv_heatmap(no_exact, view="true_drift")))
+    assert any("exact" in a for a in _annotations(run_figures.kv_heatmap(no_exact, view="true_drift")))
     with pytest.raises(ValueError):
-        plots.kv_heatmap(trace, view="nope")
+        run_figures.kv_heatmap(trace, view="nope")
     with pytest.raises(ValueError):
-        plots.kv_heatmap(trace, which="q")
+        run_figures.kv_heatmap(trace, which="q")
 
 
 def test_summary_level_trace(trace):
     t = _summary_level(trace)
-    fig = plots.kv_heatmap(t)
-    assert plots.SUMMARY_MESSAGE in _annotations(fig)
+    fig = run_figures.kv_heatmap(t)
+    assert run_figures.SUMMARY_MESSAGE in _annotations(fig)
     assert "per-position KV data needs trace level 'full'" in _annotations(fig)
     json.loads(fig.to_json())
     # Everything that does not need per-position KV still works.
-    assert len(_trace_named(plots.confidence_heatmap(t), "commit").x) == len(trace["final_ids"])
-    plots.cache_panel(t).to_json()
-    plots.token_grid_html(t, 3)
+    assert len(_trace_named(run_figures.confidence_heatmap(t), "commit").x) == len(trace["final_ids"])
+    run_figures.cache_panel(t).to_json()
+    grid.token_grid_html(t, 3)
 
 
 # ----------------------------------------------------------------------------- cache, numbers
 
 def test_cache_panel(trace):
     steps = trace["steps"]
-    fig = plots.cache_panel(trace)
+    fig = run_figures.cache_panel(trace)
     full, partial = _trace_named(fig, "G, full refresh"), _trace_named(fig, "G, partial")
     assert list(full.x) == [i for i, s in enumerate(steps) if s["full_refresh"]]
     assert sorted([*full.x, *partial.x]) == list(range(len(steps)))
     assert dict(zip([*full.x, *partial.x], [*full.y, *partial.y])) == {i: s["g"] for i, s in enumerate(steps)}
     no_cache = copy.deepcopy(trace)
     no_cache["settings"]["cache"] = "none"
-    assert any("no cache" in a for a in _annotations(plots.cache_panel(no_cache)))
+    assert any("no cache" in a for a in _annotations(run_figures.cache_panel(no_cache)))
     rate = _trace_named(fig, "hit rate").y
     assert rate[1] == pytest.approx(steps[1]["reads"] / (steps[1]["reads"] + steps[1]["g"]))
     assert _trace_named(fig, "cumulative").y[-1] == pytest.approx(trace["stats"]["cache_hit_rate"], abs=1e-4)
     assert list(fig.layout.yaxis2.range) == [0, 1.02]
-    assert len(_trace_named(plots.cache_panel(trace, upto_step=2), "hit rate").y) == 3
+    assert len(_trace_named(run_figures.cache_panel(trace, upto_step=2), "hit rate").y) == 3
     json.loads(fig.to_json())
 
 
 def test_numbers_match_engine_stats(trace):
     st = trace["stats"]
-    nums = plots.numbers(trace)
+    nums = replay.numbers(trace)
     assert nums["finished"] and nums["nfe"] == st["nfe"] and nums["committed"] == trace["gen_length"]
     assert nums["tau"] == pytest.approx(st["tokens_per_forward"], abs=1e-3)
     assert nums["content_tau"] == st["content_tokens_per_forward"]
@@ -314,36 +315,36 @@ def test_numbers_match_engine_stats(trace):
     assert nums["content_tokens_per_s"] < nums["tokens_per_s"]  # padding is not answer
     assert nums["wall_s"] == st["wall_s"]
     assert nums["other_share"] == pytest.approx(st["other_s"] / (st["model_s"] + st["other_s"]), rel=1e-3)
-    partial = plots.numbers(trace, upto_step=3)
+    partial = replay.numbers(trace, upto_step=3)
     assert not partial["finished"] and partial["content_tau"] is None and partial["steps"] == 4
     assert partial["committed"] == sum(len(s["committed"]) for s in trace["steps"][:4])
     assert partial["wall_s"] == pytest.approx(sum(s["model_ms"] + s["other_ms"] for s in trace["steps"][:4]) / 1e3)
-    page = plots.numbers_html(nums)
+    page = tables.numbers_html(nums)
     assert "NFE" in page and "tokens / s" in page and f">{st['nfe']}<" in page
     # The first card, the headline, is the answer-token speed, not the rate that counts padding.
     first = re.search(r'dl-card.*?</div><div[^>]*>([^<]*)</div>', page)
     assert first.group(1) == f"{st['content_tokens_per_s']:.1f}"
-    content_before = sum(1 for t in plots.state_at(trace, 3)["ids"][:plots._first_end(trace, plots.state_at(trace, 3)["ids"])]
+    content_before = sum(1 for t in replay.state_at(trace, 3)["ids"][:replay.first_end(trace, replay.state_at(trace, 3)["ids"])]
                          if t is not None)
     assert partial["content_tokens_per_s"] == pytest.approx(content_before / partial["model_s"])
-    assert "—" in plots.numbers_html(partial)  # content tau not known yet
+    assert "—" in tables.numbers_html(partial)  # content tau not known yet
 
 
 # ----------------------------------------------------------------------------- compare
 
 def test_compare(trace):
-    same = plots.compare(trace, trace)
+    same = replay.compare(trace, trace)
     assert same["agreement"] == 1.0 and same["first_difference"] is None
     assert same["speedup_wall"] == pytest.approx(1.0) and same["nfe_a"] == same["nfe_b"] == trace["stats"]["nfe"]
     other = copy.deepcopy(trace)
     other["final_ids"][5] = other["final_ids"][5] + 1
     other["stats"]["wall_s"] = trace["stats"]["wall_s"] / 2
-    diff = plots.compare(trace, other)
+    diff = replay.compare(trace, other)
     assert diff["first_difference"] == 5
     assert diff["agreement"] == pytest.approx((trace["gen_length"] - 1) / trace["gen_length"])
     assert diff["speedup_wall"] == pytest.approx(2.0)
     other["text"] = "a different answer"
-    table = plots.compare_html(plots.compare(trace, other))
+    table = tables.compare_html(replay.compare(trace, other))
     for shown in (trace["text"], "a different answer", "answer position 5", "content τ", "model time",
                   f"{trace['stats']['wall_s']:.3f} s", f"{trace['stats']['wall_s'] / 2:.3f} s"):
         assert html.escape(shown) in table
@@ -351,7 +352,8 @@ def test_compare(trace):
 
 def test_compare_changes_to_b_are_parsed_against_the_policies():
     from dllm_local.policies import registry
-    from ui.page import apply_changes
+    from dllm_local.settings import Settings
+    from ui.compare_tab import apply_changes
 
     specs = registry.all_specs()
     base = {"cache": "dual", "unmask": "threshold", "unmask_params": {"threshold": 0.9}, "cache_params": {},
@@ -363,8 +365,8 @@ def test_compare_changes_to_b_are_parsed_against_the_policies():
         apply_changes(base, "rho=0.5", specs)
     with pytest.raises(Exception, match="not key=value"):
         apply_changes(base, "threshold", specs)
-    with pytest.raises(ValueError, match="must be one of"):
-        apply_changes(base, "cache=turbo", specs)
+    with pytest.raises(ValueError, match="must be one of"):  # checked where every setting is
+        Settings.from_dict(apply_changes(base, "cache=turbo", specs))
 
 
 # ----------------------------------------------------------------------------- edge cases, purity
@@ -372,26 +374,30 @@ def test_compare_changes_to_b_are_parsed_against_the_policies():
 def test_empty_trace_does_not_crash(trace):
     empty = copy.deepcopy(trace)
     empty["steps"], empty["final_ids"] = [], []
-    for fig in (plots.confidence_heatmap(empty), plots.kv_heatmap(empty), plots.cache_panel(empty),
-                plots.kv_heatmap(empty, view="cache_error")):
+    for fig in (run_figures.confidence_heatmap(empty), run_figures.kv_heatmap(empty), run_figures.cache_panel(empty),
+                run_figures.kv_heatmap(empty, view="cache_error")):
         assert "no steps yet" in _annotations(fig)
         json.loads(fig.to_json())
-    assert "no steps yet" in _annotations(plots.confidence_heatmap(trace, upto_step=-1))
-    assert plots.numbers(empty)["nfe"] == 0 and not plots.numbers(empty)["finished"]
-    assert plots.token_grid_html(empty, 0).count("dl-masked") == trace["gen_length"]
+    assert "no steps yet" in _annotations(run_figures.confidence_heatmap(trace, upto_step=-1))
+    assert replay.numbers(empty)["nfe"] == 0 and not replay.numbers(empty)["finished"]
+    assert grid.token_grid_html(empty, 0).count("dl-masked") == trace["gen_length"]
 
 
 def test_figures_styled(trace):
-    for fig in (plots.confidence_heatmap(trace), plots.kv_heatmap(trace), plots.cache_panel(trace)):
+    for fig in (run_figures.confidence_heatmap(trace), run_figures.kv_heatmap(trace), run_figures.cache_panel(trace)):
         assert fig.layout.plot_bgcolor == "white" and fig.layout.xaxis.gridcolor  # a light style, not plotly's grey default
         assert 300 <= fig.layout.height <= 360
-    assert set(plots.CAPTIONS) >= {"token_grid", "confidence", "kv", "cache"}
+    assert set(run_figures.CAPTIONS) >= {"confidence", "kv", "cache"} and grid.CAPTION
 
 
-def test_import_is_torch_free():
-    code = ("import sys; sys.path.insert(0, '.'); import ui.plots; "
-            "assert 'torch' not in sys.modules; assert 'transformers' not in sys.modules; "
-            "assert 'dllm_local' not in sys.modules")
+def test_the_views_import_nothing_of_the_engine():
+    """Trace in, view out: the replay draws nothing, and the views read only the trace's module
+    of the engine package."""
+    code = ("import sys; sys.path.insert(0, '.'); import ui.replay; assert 'plotly' not in sys.modules; "
+            "import ui.grid, ui.tables, ui.run_figures, ui.tune_figures; "
+            "engine = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers') or m.startswith("
+            "('dllm_local.models', 'dllm_local.policies', 'dllm_local.sampler', 'dllm_local.serving'))]; "
+            "assert not engine, engine")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
 
@@ -402,28 +408,51 @@ def test_sweep_figure_labels_points_zooms_to_the_data_and_shows_intervals():
     rows = [({"threshold": 0.9, "block_size": 32}, 0.95, 50.0, True), ({"threshold": 0.5, "block_size": 8}, 0.9, 80.0, True),
             ({"threshold": 0.7, "block_size": 16}, 0.85, 40.0, False)]
     report = {"problems": 20, "rows": [{"point": p, "accuracy": a, "model_tok_s": x, "pareto": f} for p, a, x, f in rows]}
-    fig = plots.sweep_figure(report)
+    fig = tune_figures.sweep_figure(report)
     points = _trace_named(fig, "points")
     assert list(points.text) == ["τ 0.9 · B 32", "τ 0.5 · B 8", "τ 0.7 · B 16"]
     low, high = fig.layout.yaxis.range
     assert 0.4 < low < 0.85 and 0.95 < high <= 1.05  # zoomed to the points and their intervals, not 0-100%
     assert "n = 20" in fig.layout.yaxis.title.text
-    assert plots.wilson_interval(1.0, 20) == pytest.approx((0.8389, 1.0), abs=1e-4)
-    assert points.error_y.arrayminus[0] == pytest.approx(0.95 - plots.wilson_interval(0.95, 20)[0])
+    assert tune_figures.wilson_interval(1.0, 20) == pytest.approx((0.8389, 1.0), abs=1e-4)
+    assert points.error_y.arrayminus[0] == pytest.approx(0.95 - tune_figures.wilson_interval(0.95, 20)[0])
     assert list(_trace_named(fig, "Pareto frontier").x) == [50.0, 80.0]
 
 
-def test_sweep_inputs_are_checked_with_a_message_naming_the_box():
+def test_sweep_inputs_are_read_by_the_page_and_checked_once_by_the_settings():
     from dllm_local.errors import SettingsError
-    from ui.page import _numbers
+    from dllm_local.experiments.sweep import plan
+    from dllm_local.policies import registry
+    from dllm_local.settings import Settings
+    from ui.tune_tab import parse_numbers, sweep_axes
 
-    assert _numbers("0.5, 0.9", float, "Thresholds", lambda v: 0 < v <= 1, "between 0 and 1") == [0.5, 0.9]
-    with pytest.raises(SettingsError, match="Thresholds: 'abc' is not a number"):
-        _numbers("0.5, abc", float, "Thresholds", lambda v: 0 < v <= 1, "between 0 and 1")
-    with pytest.raises(SettingsError, match="Block sizes: 0 is out of range"):
-        _numbers("8, 0", int, "Block sizes", lambda v: v >= 1, "whole numbers >= 1")
+    assert parse_numbers("0.5, 0.9", float, "Values", "in (0, 1]") == [0.5, 0.9]
+    with pytest.raises(SettingsError, match=r"Values: 'abc' is not a number; give values in \(0, 1\]"):
+        parse_numbers("0.5, abc", float, "Values", "in (0, 1]")
+    with pytest.raises(SettingsError, match="Block sizes: '8.5' is not a number"):
+        parse_numbers("8, 8.5", int, "Block sizes", "whole numbers >= 1")
     with pytest.raises(SettingsError, match="no values"):
-        _numbers(" , ", float, "Thresholds", lambda v: 0 < v <= 1, "between 0 and 1")
+        parse_numbers(" , ", float, "Values", "in (0, 1]")
+
+    specs = registry.all_specs()
+    base = {"cache": "dual", "unmask": "threshold", "gen_length": 64}
+    assert sweep_axes(specs, base, "unmask.threshold", "0.5, 0.9", "16, 32") == {"threshold": [0.5, 0.9],
+                                                                                 "block_size": [16, 32]}
+    assert sweep_axes(specs, base, "cache.refresh_every", "0, 4", "32") == {"refresh_every": [0, 4], "block_size": [32]}
+    assert sweep_axes(specs, {"cache": "none", "unmask": "fixed"}, None, "", "32") == {"block_size": [32]}
+    with pytest.raises(SettingsError, match="Knob: 'unmask.rho' is not a numeric parameter of dual \\+ threshold"):
+        sweep_axes(specs, base, "unmask.rho", "0.5", "32")
+    # A knob both policies have is named with its kind, and reaches that policy alone.
+    both = {"cache": "drift_refresh", "unmask": "guided"}
+    axes = sweep_axes(specs, both, "unmask.top_k", "2, 3", "32")
+    assert axes == {"unmask.top_k": [2, 3], "block_size": [32]}
+    _, settings = plan(Settings.from_dict(both), axes)[0]
+    assert settings.unmask_params == {"top_k": 2} and settings.cache_params == {}
+    # The range is the settings' to check, once, naming the knob (the sweep checks every point first).
+    with pytest.raises(SettingsError, match="threshold must be in \\(0, 1\\], not 1.5"):
+        plan(Settings.from_dict(base), sweep_axes(specs, base, "unmask.threshold", "0.9, 1.5", "32"))
+    with pytest.raises(SettingsError, match="block_size must be a positive integer, not 0"):
+        plan(Settings.from_dict(base), sweep_axes(specs, base, "unmask.threshold", "0.9", "0"))
 
 
 # ----------------------------------------------------------------------------- concurrency
@@ -443,7 +472,7 @@ def _teaching_curve(tau: float = 4.0):
 
 def test_concurrency_figure_plots_both_decoders_on_log_axes_and_marks_the_crossovers():
     rows, crossovers = _teaching_curve()
-    fig = plots.concurrency_figure(rows, crossovers, "teaching 7B on H100")
+    fig = tune_figures.concurrency_figure(rows, crossovers, "teaching 7B on H100")
     diffusion, ar = _trace_named(fig, "diffusion"), _trace_named(fig, "autoregressive")
     assert list(diffusion.x) == [2**k for k in range(11)]
     assert list(ar.y) == [r["ar_tokens_per_s"] for r in rows] and list(diffusion.y) == [r["diffusion_tokens_per_s"] for r in rows]
@@ -460,11 +489,11 @@ def test_concurrency_figure_plots_both_decoders_on_log_axes_and_marks_the_crosso
     # Read from the back of the hall: the same style as the other figures, labels larger still.
     assert fig.layout.plot_bgcolor == "white" and fig.layout.xaxis.tickfont.size >= 14
     assert all(a.font.size >= 16 for a in fig.layout.annotations)
-    assert plots.concurrency_line(crossovers) == (
+    assert tune_figures.concurrency_line(crossovers) == (
         "Diffusion saturates at ≈ 9 (9.2) concurrent requests; AR overtakes at ≈ 37 (36.9).")
     never = dict(crossovers, ar_overtakes=math.inf)
-    assert "never overtakes" in plots.concurrency_line(never)
-    assert not any("AR overtakes" in a.text for a in plots.concurrency_figure(rows, never).layout.annotations)
+    assert "never overtakes" in tune_figures.concurrency_line(never)
+    assert not any("AR overtakes" in a.text for a in tune_figures.concurrency_figure(rows, never).layout.annotations)
 
 
 def test_changing_tau_in_the_concurrency_view_changes_the_stated_crossover():
@@ -474,19 +503,20 @@ def test_changing_tau_in_the_concurrency_view_changes_the_stated_crossover():
     import gradio as gr
     from gradio.state_holder import SessionState
 
-    from ui import page
+    from ui.tune_tab import ConcurrencyView, show_concurrency
 
     with gr.Blocks() as demo:
-        w = SimpleNamespace()
-        page._concurrency_view(w)
-        page._wire_concurrency(w)
+        view = ConcurrencyView()
+        view.wire()
+    w = SimpleNamespace(conc_plot=view.plot, conc_line=view.line, conc_device=view.device, conc_model=view.model,
+                        conc_g=view.g, conc_tau=view.tau)
     assert w.conc_plot.elem_id == "tune-concurrency" and w.conc_line.elem_id == "tune-concurrency-line"
     # The view opens on the write-up's teaching example.
     assert (w.conc_device.value, w.conc_g.value, w.conc_tau.value) == ("H100", 32, 4)
     assert "AR overtakes at ≈ 37 (36.9)" in w.conc_line.value
     # Every input redraws the view; τ's change event, run as Gradio runs it:
     wired = {target for fn in demo.fns.values() for target, event in fn.targets if event == "change"
-             if fn.fn is page.show_concurrency and fn.outputs == [w.conc_plot, w.conc_line]}
+             if fn.fn is show_concurrency and fn.outputs == [w.conc_plot, w.conc_line]}
     assert wired == {w.conc_device._id, w.conc_model._id, w.conc_g._id, w.conc_tau._id}
     on_tau = next(fn for fn in demo.fns.values() if fn.targets == [(w.conc_tau._id, "change")])
 

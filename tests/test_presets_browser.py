@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dllm_local.serving.session import load_presets
+from ui.presets import load_presets
 
 from test_ui import OUT, _choose, _shown_run, _wait_run_ended, browser, server  # noqa: F401 - fixtures
 

@@ -13,9 +13,9 @@ import pytest
 
 from dllm_local.policies import registry
 from dllm_local.policies.registry import Param, PolicySpec
-from dllm_local.serving.session import load_presets
 from dllm_local.settings import Settings
 from ui.controls import controls_from_settings, policy_choices, settings_from_controls, visible_knobs
+from ui.presets import load_presets
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -105,8 +105,8 @@ def test_the_page_side_runs_without_torch():
     """Presets, controls, the fold of a streamed run and every view, in a fresh interpreter."""
     code = textwrap.dedent("""
         import json, sys
-        import ui.controls, ui.page, ui.plots
-        from dllm_local.serving.session import load_presets
+        import ui.controls, ui.engine_queue, ui.page, ui.replay, ui.run_tab
+        from ui.presets import load_presets
         from dllm_local.settings import Settings
         from dllm_local.trace import fold
 
@@ -122,12 +122,12 @@ def test_the_page_side_runs_without_torch():
         events = [{"start": header}, *({"step": s, "vocab": {}} for s in saved["steps"]),
                   {"end": {k: v for k, v in saved.items() if k != "steps"}}]
         drawn = 0
-        for trace, done in ui.page.throttled(fold(events), every=0.0, page_share=1.0):
-            ui.page._views(trace, None, "step", 0, "v", "drift")
+        for trace, done in ui.engine_queue.throttled(fold(events), every=0.0, page_share=1.0):
+            ui.run_tab.draw(trace, None, "step", 0, "v", "drift")
             drawn += 1
         assert drawn == len(events) and done
         assert json.dumps(trace, sort_keys=True) == json.dumps(saved, sort_keys=True)
-        assert ui.plots.numbers(trace)["finished"]
+        assert ui.replay.numbers(trace)["finished"]
         assert "torch" not in sys.modules, "torch was imported"
     """)
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,

@@ -7,8 +7,8 @@ import pytest
 
 import dllm_local
 from dllm_local import Settings
-from dllm_local.serving.session import load_presets
 from dllm_local.tiny.tasks import make_problems, score
+from ui.presets import load_presets
 
 PROMPT = make_problems("arithmetic", 1, 7)[0].prompt
 
@@ -66,17 +66,17 @@ def test_revise_keeps_arithmetic_accuracy(tiny):
 
 
 def test_the_numbers_card_counts_revisions_and_net_commits(tiny):
-    from ui import plots
+    from ui import replay, tables
 
     result = dllm_local.generate(tiny, PROMPT, _revise(draft_threshold=0.99, verify_threshold=1.0))
-    nums = plots.numbers(result.trace.to_dict())
+    nums = replay.numbers(result.trace.to_dict())
     assert nums["revisions"] == result.stats.revisions > 0
     assert nums["committed"] == 64  # every position once, net of the tokens taken back
-    assert "tokens taken back" in plots.numbers_html(nums)
+    assert "tokens taken back" in tables.numbers_html(nums)
 
 
 def test_revise_preset_takes_a_word_back_and_the_grid_shows_its_history(tiny):
-    from ui import plots
+    from ui import grid, replay
 
     preset = next(p for p in load_presets()[0].values() if p["settings"]["unmask"] == "revise")
     result = dllm_local.generate(tiny, preset["prompt"], Settings.from_dict(preset["settings"]))
@@ -86,10 +86,10 @@ def test_revise_preset_takes_a_word_back_and_the_grid_shows_its_history(tiny):
     position, token, then, now = trace["steps"][first]["revoked"][0]
     assert now < preset["settings"]["unmask_params"]["verify_threshold"] <= 1 and then >= 0.3
     p = position - len(trace["prompt_ids"])
-    state = plots.state_at(trace, first)
+    state = replay.state_at(trace, first)
     committed_at = next(i for i, s in enumerate(trace["steps"]) if any(c[0] == position for c in s["committed"]))
     assert state["ids"][p] is None and state["history"][p][0][:3] == [token, committed_at, first]
-    page = plots.token_grid_html(trace, len(trace["steps"]) - 1)
+    page = grid.token_grid_html(trace, len(trace["steps"]) - 1)
     box = next(b for b in page.split('<span class="dl-tok') if f'"pos {p} ·' in b)
     old = trace["vocab"][str(token)]
     shown = html.escape(old.replace(" ", "␣"), quote=False)

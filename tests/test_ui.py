@@ -12,10 +12,11 @@ import pytest
 import dllm_local
 from dllm_local.errors import EngineError, ModelLoadError, SequenceTooLongError, SettingsError
 from dllm_local.policies import registry
-from dllm_local.serving.session import BusyError, Session, load_presets
+from dllm_local.serving.session import BusyError, Session
 from dllm_local.settings import Settings
 from dllm_local.tiny.tasks import verdict
 from ui.controls import controls_from_settings, fit_block, settings_from_controls, visible_knobs
+from ui.presets import load_presets
 
 OUT = Path(__file__).resolve().parents[1] / "test-output"
 ARITHMETIC = "Ben has 9 coins, finds 8 more, then gives away 9. How many now?"
@@ -58,7 +59,7 @@ def test_controls_show_only_the_chosen_policies_knobs_and_fit_the_block():
 
 def test_throttled_redraws_keep_the_first_step_and_the_final_state():
     from dllm_local.trace import fold
-    from ui.page import throttled
+    from ui.engine_queue import throttled
 
     def events():  # as Session.run streams them
         steps = [{"step": i} for i in range(5)]

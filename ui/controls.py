@@ -6,14 +6,10 @@ policy of that kind has that parameter. Nothing here knows a policy or a paramet
 """
 from __future__ import annotations
 
-from typing import Any
-
 from dllm_local.policies import registry
-from dllm_local.policies.registry import check_value
 
 Specs = dict[str, list[dict]]  # kind ("cache", "unmask") -> its policies' spec dicts
 KINDS = ("cache", "unmask")
-_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 
 
 def spec_named(specs: Specs, kind: str, name: str) -> dict:
@@ -78,17 +74,10 @@ def fit_block(gen_length: int, block_size: int) -> tuple[int, int, str]:
                                   f"block size {block_size} divides it.")
 
 
-def _typed(param: dict, value: Any) -> Any:
-    """A control's value as its parameter's type: sliders give floats, text boxes text. Raises
-    SettingsError (a ValueError) naming the knob; its range is the settings' to check."""
-    if value is None or (param["optional"] and str(value).strip().lower() in ("", "none")):
-        return None  # the settings refuse None for a knob that is not optional
-    return check_value(value, _TYPES[param["type"]], param["name"], param["rule"])
-
-
 def settings_from_controls(v: dict, specs: Specs | None = None) -> tuple[dict, str]:
-    """Control values -> a settings dict (validated later by the engine) and a notice. Only the
-    chosen policies' knobs are read."""
+    """Control values by control name -> a settings dict and a notice. Only the chosen policies'
+    knobs are read. The values go as the controls give them: ``Settings`` types and checks them,
+    once, with messages naming the knob."""
     specs = specs or registry.all_specs()
     gen_length, block_size, notice = fit_block(v["gen_length"], v["block_size"])
     chosen = _chosen(specs, v["cache"], v["unmask"])
@@ -98,12 +87,12 @@ def settings_from_controls(v: dict, specs: Specs | None = None) -> tuple[dict, s
         steps = max(blocks, int(v["steps"]) // blocks * blocks)
     settings = {
         "gen_length": gen_length, "block_size": block_size, "steps": steps,
-        "temperature": float(v["temperature"]), "seed": int(v["seed"]),
-        "trace": "full", "exact_drift": bool(v["exact_drift"]), "early_stop": False,
+        "temperature": v["temperature"], "seed": v["seed"],
+        "trace": "full", "exact_drift": v["exact_drift"], "early_stop": False,
     }
     for kind, spec in chosen.items():
         settings[kind] = spec["name"]
-        settings[f"{kind}_params"] = {p["name"]: _typed(p, v[knob_key(kind, p["name"])]) for p in spec["params"]}
+        settings[f"{kind}_params"] = {p["name"]: v[knob_key(kind, p["name"])] for p in spec["params"]}
     return settings, notice
 
 
@@ -122,3 +111,18 @@ def controls_from_settings(s: dict, specs: Specs | None = None) -> dict:
         given = s.get(f"{kind}_params") or {}
         out.update({knob_key(kind, p["name"]): given.get(p["name"], p["default"]) for p in spec["params"]})
     return out
+
+
+def sweep_knobs(specs: Specs, cache: str, unmask: str) -> dict[str, dict]:
+    """The numeric parameters of the chosen policies, by control name: what a sweep can vary
+    besides the block size."""
+    return {knob_key(kind, p["name"]): p for kind, spec in _chosen(specs, cache, unmask).items()
+            for p in spec["params"] if p["type"] in ("int", "float")}
+
+
+def settings_line(settings: dict) -> str:
+    """The settings a run used, in one line: policies (with the unmasking policy's knobs), block,
+    length and seed."""
+    params = ", ".join(f"{k} {v}" for k, v in sorted(settings.get("unmask_params", {}).items()))
+    unmask = f"{settings['unmask']} ({params})" if params else settings["unmask"]
+    return f"{settings['cache']} + {unmask} · block {settings['block_size']} · length {settings['gen_length']} · seed {settings['seed']}"

@@ -30,16 +30,18 @@ def sweepable(base: Settings | None = None) -> list[str]:
 
 
 def apply(base: Settings, point: dict) -> Settings:
-    """``base`` with the knob values of one grid point."""
+    """``base`` with the knob values of one grid point. A policy parameter is named alone
+    ("threshold"), or with its kind ("cache.top_k") where both policies have one of that name."""
     changes: dict = {}
     for knob, value in point.items():
         if knob in SETTINGS_KNOBS:
             changes[knob] = value
             continue
+        only, _, name = knob.rpartition(".")
         for kind, spec in (("cache", base.cache_spec), ("unmask", base.unmask_spec)):
-            if knob in spec.defaults:
+            if name in spec.defaults and only in ("", kind):
                 group = f"{kind}_params"
-                changes.setdefault(group, dict(getattr(base, group)))[knob] = value
+                changes.setdefault(group, dict(getattr(base, group)))[name] = value
                 break
         else:
             raise SettingsError(f"cannot sweep {knob!r} with {base.cache} + {base.unmask}; "

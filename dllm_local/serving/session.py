@@ -10,12 +10,10 @@ events, so they wait their turn instead); ``stop(run_id)`` ends the run or sweep
 from __future__ import annotations
 
 import itertools
-import json
 import multiprocessing
 import queue
 import threading
 import time
-from pathlib import Path
 from typing import Callable, Iterator
 
 from ..errors import BusyError, DllmError, EngineError, OutOfMemory  # noqa: F401 - the page catches these
@@ -23,39 +21,8 @@ from ..policies import registry
 from ..settings import Settings
 from ..trace import fold
 
-PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
 MODEL_CHOICES = ["tiny", "llada-8b-instruct", "llada-1.5", "dream-7b"]
 _ENDS = {"end", "result", "error", "dead"}
-
-
-def load_presets(directory: Path = PRESETS_DIR) -> tuple[dict[str, dict], list[str]]:
-    """Valid presets by name, and one message per broken file (the others still load)."""
-    presets, problems = {}, []
-    for path in sorted(directory.glob("*.json")):
-        try:
-            data = json.loads(path.read_text())
-            if not isinstance(data, dict) or "name" not in data or "settings" not in data:
-                raise ValueError("needs 'name' and 'settings'")
-            Settings.from_dict(data["settings"])
-            _check_view(data.get("view", {}))
-            presets[data["name"]] = data
-        except (ValueError, DllmError, TypeError) as exc:
-            problems.append(f"preset {path.name} was skipped: {exc}")
-    return presets, problems
-
-
-_VIEW_KEYS = {"layer": None, "which": ("k", "v"), "kv_view": ("drift", "true_drift", "cache_error")}
-
-
-def _check_view(view: object) -> None:
-    """A preset's "view": the KV panel it opens on (layer: a layer number or "mean" as text)."""
-    if not isinstance(view, dict) or set(view) - set(_VIEW_KEYS):
-        raise ValueError(f"'view' takes only {', '.join(_VIEW_KEYS)}")
-    for key, allowed in _VIEW_KEYS.items():
-        value = view.get(key)
-        ok = value is None or (value in allowed if allowed else isinstance(value, str) and (value == "mean" or value.isdigit()))
-        if not ok:
-            raise ValueError(f"'view' {key} {value!r} is not one of {allowed or 'mean, 0, 1, ...'}")
 
 
 class Session:

@@ -1,0 +1,100 @@
+"""Every request that uses the engine waits in one queue. Here: who is asking, Stop for one tab,
+the pace at which a streamed run is redrawn, and errors told in words."""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Iterator
+
+import gradio as gr
+
+# Every event that talks to the engine (runs, compare, sweep, model switch) waits in one queue
+# group: one at a time, in order, so none meets a busy engine.
+ENGINE = {"concurrency_limit": 1, "concurrency_id": "engine", "queue": True}
+CANCELLED = "Your queued request was cancelled before it started."
+REDRAW_EVERY_S = 0.2  # throttle: the browser keeps up; the first step and the final state are always drawn
+PAGE_SHARE = 0.2  # at most this share of a run's time goes to drawing it
+
+
+def client_of(request) -> str:
+    """Who is asking: the tab's (or gradio_client Client's) session hash; "local" outside Gradio."""
+    return getattr(request, "session_hash", None) or "local"
+
+
+class EngineQueue:
+    """The session as the tabs share it: each client's run is its own to stop, and a request
+    still waiting in the page's queue can be cancelled before it starts."""
+
+    def __init__(self, session, page: gr.Blocks) -> None:
+        self.session, self.page = session, page
+        self.cancelled: set[str] = set()  # clients whose queued request was cancelled by Stop
+
+    def take_cancel(self, client: str) -> bool:
+        """Whether this client's request, just started, was cancelled by Stop while it waited."""
+        if client in self.cancelled:
+            self.cancelled.discard(client)
+            return True
+        return False
+
+    def _queued(self, client: str) -> bool:
+        """Whether ``client`` has an engine request waiting in the page's queue (best effort:
+        read from Gradio's queue)."""
+        try:
+            waiting = self.page._queue.event_queue_per_concurrency_id.get(ENGINE["concurrency_id"])
+            return waiting is not None and any(event.session_hash == client for event in waiting.queue)
+        except AttributeError:
+            return False
+
+    def stop(self, request: gr.Request) -> str:
+        """Stop this client's own run or sweep; never another's."""
+        client = client_of(request)
+        if self.session.stop(client):
+            return "Stopping after the current step…"
+        if self._queued(client):  # it ends unrun when its turn comes (see take_cancel)
+            self.cancelled.add(client)
+            return CANCELLED
+        if self.session.owner() is not None:
+            return "Nothing of this tab is running (another tab's run can only be stopped from that tab)."
+        return "Nothing is running."
+
+    def wire_stop(self, button: gr.Button, note: gr.Markdown, events: list, api_name: str) -> None:
+        """Stop for one tab: its own run stops within a step (and is drawn as it ended); its own
+        request still waiting in the queue is taken out of it; another tab's run is left alone.
+
+        Gradio's ``cancels`` would also end this tab's running event without its last update, so a
+        queued request is cancelled on the server instead: it ends with a message, unrun, when its
+        turn comes (``stop`` / ``take_cancel``). Stop's reply goes to its own ``note``, never to the
+        run's status line: under load it can arrive after the run's final update, and would then
+        hide how the run ended. The note is cleared once the run (``events``) has ended: the status
+        line then says how."""
+        button.click(self.stop, None, [note], queue=False, api_name=api_name, show_progress="hidden")
+        for event in events:
+            event.then(lambda: "", None, [note], queue=False, api_visibility="private", show_progress="hidden")
+
+
+def throttled(events: Iterable[dict], every: float = REDRAW_EVERY_S,
+              page_share: float = PAGE_SHARE) -> Iterator[tuple[dict, bool]]:
+    """The growing trace of a session's run events (``Session.run``); yield ``(trace, done)`` at
+    most every ``every`` seconds, and always the first step (it sets the click-to-paint latency)
+    and the final state.
+
+    The gap between redraws also grows with what a redraw costs (the time the consumer takes
+    before asking for more), so drawing takes at most ``page_share`` of the run: the engine has
+    a process of its own, but on a small machine the page and the browser share its cores.
+    """
+    last, gap = -math.inf, every  # the start (the empty grid) is drawn at once
+    for event in events:
+        live, done = event["trace"], "end" in event
+        first_step = "step" in event and len(live["steps"]) == 1
+        if done or first_step or time.perf_counter() - last >= gap:
+            yielded = time.perf_counter()
+            yield live, done
+            last = time.perf_counter()
+            gap = max(every, (last - yielded) * (1 - page_share) / page_share)
+
+
+def error_text(exc: Exception) -> str:
+    """An error as the status line says it: the project's own errors by their message alone."""
+    name = type(exc).__name__
+    text = str(exc) or name
+    return text if name.endswith(("Error", "Memory")) and "dllm" in type(exc).__module__ else f"{name}: {text}"

@@ -1,0 +1,191 @@
+"""The token grid: the answer region at one step as HTML boxes, with its legend, the Theorem 1
+verdict of the step and the what-if threshold's frames. Trace dict in, HTML out."""
+from __future__ import annotations
+
+import html
+
+from .replay import Trace, first_end, is_end_token, prompt_len, state_at, theorem1, token_text, visible, what_if
+
+CAPTION = ("Each box is one answer position: colour says when (or how confidently) it was committed; "
+           "outlined boxes were committed in this step, grey boxes are still masked.")
+
+
+def _attr(text: str) -> str:
+    """Escape for a double-quoted attribute; apostrophes stay readable in the hover text."""
+    return html.escape(text, quote=False).replace('"', "&quot;")
+
+
+def _interp(stops: list[tuple[int, int, int]], t: float) -> tuple[int, int, int]:
+    t = min(1.0, max(0.0, t))
+    x = t * (len(stops) - 1)
+    i = min(int(x), len(stops) - 2)
+    f = x - i
+    a, b = stops[i], stops[i + 1]
+    return tuple(round(a[k] + (b[k] - a[k]) * f) for k in range(3))  # type: ignore[return-value]
+
+
+# Light -> dark blue for "when" (sequential), red -> yellow -> green for "how sure".
+_STEP_STOPS = [(222, 235, 247), (158, 202, 225), (66, 146, 198), (8, 81, 156), (8, 48, 107)]
+_CONF_STOPS = [(215, 48, 39), (252, 141, 89), (254, 224, 139), (145, 207, 96), (26, 152, 80)]
+
+
+def _css(rgb: tuple[int, int, int]) -> str:
+    return f"rgb({rgb[0]},{rgb[1]},{rgb[2]})"
+
+
+def _text_colour(rgb: tuple[int, int, int]) -> str:
+    luminance = 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2]
+    return "#fff" if luminance < 140 else "#111"
+
+
+
+# A run of end-of-text tokens collapses into one chip when at least this long.
+COLLAPSE_PADDING = 4
+_BOX = ("display:inline-flex;flex-direction:column;align-items:center;margin:2px;padding:1px 5px;border-radius:4px;"
+        "font-family:ui-monospace,monospace;font-size:18px;white-space:pre;min-width:1.6em;vertical-align:top;")
+_WHAT_IF_FRAME = "box-shadow:0 0 0 3px #1a9850;border-radius:6px;"
+_POS = '<span class="dl-pos" style="font-size:14px;opacity:0.7;line-height:1.1;">{}</span>'
+
+
+def _end_runs(trace: Trace, ids: list[int | None]) -> list[tuple[int, int]]:
+    """(start, stop) of every run of at least COLLAPSE_PADDING committed end-of-text tokens."""
+    runs, start = [], None
+    for p, token in enumerate([*ids, None]):
+        if is_end_token(trace, token):
+            start = p if start is None else start
+        elif start is not None:
+            if p - start >= COLLAPSE_PADDING:
+                runs.append((start, p))
+            start = None
+    return runs
+
+
+def _history(trace: Trace, history: list[list]) -> tuple[str, str]:
+    """A position's taken-back tokens: struck through under the box, and told in the hover."""
+    if not history:
+        return "", ""
+    struck = "".join(f'<s class="dl-revoked" style="font-size:14px;color:#b00020;">'
+                     f"{html.escape(visible(token_text(trace, token)))}</s>" for token, *_ in history)
+    told = "; ".join(f"'{visible(token_text(trace, token))}' committed at step {at} (confidence {then:.2f}), "
+                     f"taken back at step {back} (probability then {now:.2f})"
+                     for token, at, back, then, now in history)
+    return struck, f" · history: {told}"
+
+
+def _what_if_line(replay: dict | None, threshold: float | None, shown: int) -> str:
+    if replay is None or shown < 0:
+        return ""
+    style = 'class="dl-whatif-line" style="font-size:16px;color:#1a6b3a;"'
+    if replay["reason"]:
+        return f"<div {style}>What-if τ′ = {threshold:.2f}: {html.escape(replay['reason'])}</div>"
+    d = replay["diverges_at"]
+    if d is None or shown < d:
+        n = len(replay["commits"][shown]) if shown < len(replay["commits"]) else 0
+        return (f"<div {style}>What-if τ′ = {threshold:.2f}: green frames are the {n} position(s) it would commit "
+                f"at step {shown}; the same as this run so far.</div>")
+    if shown == d:
+        return (f'<div {style} data-diverges="{d}">What-if τ′ = {threshold:.2f}: <b>diverges here</b> (step {d}): '
+                f"it would commit the green-framed positions instead; run to see the rest.</div>")
+    return (f'<div {style} data-diverges="{d}">What-if τ′ = {threshold:.2f} diverged at step {d}: '
+            f"run with τ′ to see the rest.</div>")
+
+
+def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_threshold: float | None = None) -> str:
+    """HTML boxes for the answer region after ``step``; ``color_by`` is "step" or "confidence".
+
+    Each box shows its answer position above its token. Tokens committed after the first end of
+    text are marked (they are not part of the answer); each run of end-of-text tokens collapses into
+    one chip that expands on click. With ``what_if_threshold`` (τ′), the positions τ′ would have
+    committed at this step get a green frame (see :func:`what_if`).
+    """
+    if color_by not in ("step", "confidence"):
+        raise ValueError(f"color_by must be 'step' or 'confidence', not {color_by!r}")
+    state = state_at(trace, step)
+    shown = state["step"]
+    last = max(1, len(trace.get("steps") or []) - 1)  # palette spans the whole run: stable colours while scrubbing
+    ids = state["ids"]
+    answer_end = first_end(trace, ids)
+    record = (trace.get("steps") or [])[shown] if shown >= 0 else {}
+    P = prompt_len(trace)
+    top = {int(pos) - P: pairs for pos, pairs in record.get("top_candidates") or []}
+    rejected = {int(pos) - P: (tok, score) for pos, tok, score in (record.get("policy") or {}).get("rejected_at") or []}
+    replay = what_if(trace, what_if_threshold) if what_if_threshold is not None else None
+    would = set()
+    if replay and 0 <= shown < len(replay["commits"]):
+        would = set(replay["commits"][shown])
+    boxes, stray = [], False
+    for p, (token, s, conf) in enumerate(zip(ids, state["commit_step"], state["confidence"])):
+        number = _POS.format(p)
+        past, past_title = _history(trace, state["history"][p])
+        if token is None:
+            title = f"pos {p} · masked" + past_title
+            if p in top:
+                title += f" · step {shown}'s top candidates: " + ", ".join(
+                    f"'{visible(token_text(trace, t))}' {q:.2f}" for t, q in top[p])
+            style, classes = f"{_BOX}background:#e5e5e5;color:#777;", "dl-tok dl-masked"
+            if p in rejected:
+                tok, score = rejected[p]
+                title += (f" · self-verify sent '{visible(token_text(trace, tok))}' back to mask at step {shown}"
+                          f" (conflict score {score:.3f})")
+                style += "border:3px solid #d73027;"
+                classes += " dl-rejected"
+            if p in would:
+                style += _WHAT_IF_FRAME
+                classes += " dl-whatif-box"
+            boxes.append(f'<span class="{classes}" title="{_attr(title)}" style="{style}">{number}▢{past}</span>')
+            continue
+        vis = visible(token_text(trace, token))
+        rgb = _interp(_CONF_STOPS, conf) if color_by == "confidence" else _interp(_STEP_STOPS, 0.1 + 0.9 * s / last)
+        style = f"{_BOX}background:{_css(rgb)};color:{_text_colour(rgb)};"
+        classes = ["dl-tok"]
+        title = f"pos {p} · token '{vis}' · step {s} · confidence {conf:.2f}" + past_title
+        if s == shown:
+            style += "outline:3px solid #e4572e;outline-offset:-1px;"
+            classes.append("dl-new")
+        if is_end_token(trace, token):
+            style += "opacity:0.35;"
+            classes.append("dl-end")
+        elif answer_end is not None and p > answer_end:
+            stray = True
+            style += "border:2px dashed #b00020;text-decoration:line-through;"
+            classes.append("dl-after-end")
+            title += " · committed after the end of text: not part of the answer"
+        if p in would:
+            style += _WHAT_IF_FRAME
+            classes.append("dl-whatif-box")
+        if past:
+            classes.append("dl-revised")
+        boxes.append(f'<span class="{" ".join(classes)}" title="{_attr(title)}" style="{style}">'
+                     f"{number}{html.escape(vis)}{past}</span>")
+    for start, stop in reversed(_end_runs(trace, ids)):  # from the end, so earlier indices stay valid
+        chip = (f'<summary class="dl-pad-chip" style="{_BOX}display:inline-block;background:#f0f0f0;color:#555;'
+                f'cursor:pointer;">× {stop - start} end of text (pos {start}–{stop - 1})</summary>')
+        boxes[start:stop] = [f'<details class="dl-pad" style="display:inline;">{chip}{"".join(boxes[start:stop])}</details>']
+    swatch = "display:inline-block;width:1.1em;height:0.9em;border-radius:3px;vertical-align:middle;margin:0 3px;"
+    if color_by == "confidence":
+        scale = (f'<span style="{swatch}background:{_css(_CONF_STOPS[0])}"></span>low → high confidence at commit'
+                 f'<span style="{swatch}background:{_css(_CONF_STOPS[-1])}"></span>')
+    else:
+        scale = (f'<span style="{swatch}background:{_css(_interp(_STEP_STOPS, 0.1))}"></span>step 0 → step {last}'
+                 f'<span style="{swatch}background:{_css(_interp(_STEP_STOPS, 1.0))}"></span>')
+    committed = len(ids) - state["masked"]
+    where = "before any step" if shown < 0 else f"after step {shown}"
+    marks = ""
+    if rejected:
+        marks += f' · <span style="{swatch}border:3px solid #d73027;"></span>sent back by self-verify'
+    if stray:
+        marks += f' · <span style="{swatch}border:2px dashed #b00020;"></span>committed after the end of text'
+    verdict = theorem1(record) if record else None
+    theorem = ""
+    if verdict and verdict["verdict"] != "serial":
+        colour = "#1a9850" if verdict["verdict"] == "guaranteed" else "#d73027"
+        theorem = (f'<div class="dl-theorem" data-verdict="{verdict["verdict"]}" style="font-size:16px;'
+                   f'color:{colour};font-weight:600;">Step {shown}: {html.escape(verdict["text"])}</div>')
+    theorem += _what_if_line(replay, what_if_threshold, shown)
+    legend = (f'{theorem}<div class="dl-legend" style="font-size:14px;color:#444;margin-top:4px;">'
+              f"{where} · {committed}/{len(ids)} committed · {scale} · "
+              f'<span style="{swatch}outline:2px solid #e4572e;"></span>committed this step · '
+              f'<span style="{swatch}background:#e5e5e5;"></span>masked · faded: end of text{marks} · '
+              f"small numbers: answer position</div>")
+    return f'<div class="dl-grid" style="line-height:1.2;">{"".join(boxes)}</div>{legend}'
+

@@ -1,0 +1,274 @@
+"""Replaying a trace: the answer region at a step, Theorem 1, a what-if threshold, the run's
+numbers and a comparison of two runs. Pure functions of the trace dict, no plotting.
+
+A trace is the plain dict of ``dllm_local.trace.Trace.to_dict()`` (or its JSON). Positions here
+are answer positions ``0..gen_length-1`` = absolute position - len(prompt_ids). ``upto_step`` is
+a 0-based step index (inclusive); ``None`` means every recorded step, so a live page can redraw
+the same trace as it grows.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+Trace = dict[str, Any]
+
+
+def steps_upto(trace: Trace, upto_step: int | None = None) -> list[dict]:
+    steps = trace.get("steps") or []
+    if upto_step is None:
+        return list(steps)
+    return list(steps[: max(0, int(upto_step) + 1)])
+
+
+def prompt_len(trace: Trace) -> int:
+    return len(trace.get("prompt_ids") or [])
+
+
+def answer_length(trace: Trace) -> int:
+    return int(trace.get("gen_length") or (trace.get("settings") or {}).get("gen_length") or 0)
+
+
+def token_text(trace: Trace, token_id: int | None) -> str:
+    if token_id is None:
+        return ""
+    return (trace.get("vocab") or {}).get(str(token_id), f"#{token_id}")
+
+
+def visible(text: str) -> str:
+    """Whitespace made visible so a token that is a space or newline still shows up."""
+    if text == "":
+        return "∅"
+    return text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥").replace("\r", "␍")
+
+
+_SPECIAL = re.compile(r"\s*(<\|[^|]*\|>|</s>|<eos>|<pad>)\s*")
+
+
+def is_end_token(trace: Trace, token_id: int | None) -> bool:
+    if token_id is None:
+        return False
+    if token_id in ((trace.get("model") or {}).get("stop_ids") or []):
+        return True
+    text = token_text(trace, token_id)
+    return bool(_SPECIAL.fullmatch(text)) and any(w in text.lower() for w in ("end", "eot", "eos", "pad", "/s"))
+
+
+def first_end(trace: Trace, ids: list[int | None]) -> int | None:
+    """The first answer position holding a committed end-of-text token, or None."""
+    return next((p for p, t in enumerate(ids) if is_end_token(trace, t)), None)
+
+
+# ----------------------------------------------------------------------------- state
+
+def state_at(trace: Trace, step: int) -> dict:
+    """The answer region as it stood after step ``step`` (inclusive; -1 = before any step).
+
+    Returns ``ids`` (token id or None while masked), ``commit_step`` (step that committed each
+    position, or None), ``confidence`` (confidence at commit, or None), ``history`` (per position,
+    the tokens a revising policy took back: [token, step committed, step taken back, confidence
+    then, probability when taken back]), ``step`` (the step shown, clamped to the recorded range)
+    and ``masked`` (count of still-masked positions).
+    """
+    P, n = prompt_len(trace), answer_length(trace)
+    steps = trace.get("steps") or []
+    step = max(-1, min(int(step), len(steps) - 1))
+    ids: list[int | None] = [None] * n
+    commit_step: list[int | None] = [None] * n
+    confidence: list[float | None] = [None] * n
+    history: list[list] = [[] for _ in range(n)]
+    for index, record in enumerate(steps[: step + 1]):
+        for position, token, conf in record.get("committed") or []:
+            p = int(position) - P
+            if 0 <= p < n:
+                ids[p], commit_step[p], confidence[p] = int(token), index, float(conf)
+        # Taken back after this step's commits, in the same forward (a revising policy).
+        for position, token, then, now in record.get("revoked") or []:
+            p = int(position) - P
+            if 0 <= p < n:
+                history[p].append([int(token), commit_step[p], index, float(then), float(now)])
+                ids[p] = commit_step[p] = confidence[p] = None
+    return {"ids": ids, "commit_step": commit_step, "confidence": confidence, "history": history, "step": step,
+            "masked": sum(t is None for t in ids)}
+
+
+
+# ----------------------------------------------------------------------------- Theorem 1
+
+def theorem1(record: dict) -> dict:
+    """Whether Fast-dLLM's Theorem 1 guarantees a step's commits: n positions, each with
+    confidence above 1 - ε, and (n + 1)ε <= 1; then greedy parallel decoding commits what greedy
+    one-at-a-time decoding would. ε is 1 - the least confidence among the commits.
+
+    Returns ``n``, ``epsilon``, ``bound`` ((n + 1)ε), ``verdict`` ("serial" for one commit or
+    none, "guaranteed", "no guarantee") and ``text`` (one line for a caption or hover).
+    """
+    confidences = [float(c) for _, _, c in record.get("committed") or []]
+    n = len(confidences)
+    if n <= 1:
+        return {"n": n, "epsilon": None, "bound": None, "verdict": "serial",
+                "text": f"{n} commit: one token at a time, nothing to guarantee"}
+    epsilon = 1.0 - min(confidences)
+    bound = (n + 1) * epsilon
+    verdict = "guaranteed" if bound <= 1.0 else "no guarantee"
+    sign = "≤" if bound <= 1.0 else ">"
+    return {"n": n, "epsilon": epsilon, "bound": bound, "verdict": verdict,
+            "text": f"Theorem 1: {verdict} (n = {n}, ε = {epsilon:.2f}, (n+1)ε = {bound:.2f} {sign} 1)"}
+
+
+
+# ----------------------------------------------------------------------------- what-if threshold
+
+def what_if(trace: Trace, threshold: float) -> dict:
+    """Replay the run's stored confidences under the threshold rule with ``threshold`` (τ′),
+    without the model: at each step, the block's masked positions with confidence >= τ′ (at
+    least the most confident one) are what τ′ would commit.
+
+    The replay is exact while its commits equal the run's: the model then saw the same tokens.
+    ``diverges_at`` is the first step where they differ (None if never); from there on the run
+    would have gone elsewhere, so ``commits`` (answer positions per step) stops at that step.
+    Sampled runs (temperature > 0) store the top probability, not the sampled token's, so there
+    the replay says nothing (``reason``).
+    """
+    settings = trace.get("settings") or {}
+    if float(settings.get("temperature") or 0.0) > 0:
+        return {"commits": [], "diverges_at": None, "reason": "what-if needs a greedy run (temperature 0)"}
+    P, block_size = prompt_len(trace), int(settings.get("block_size") or answer_length(trace) or 1)
+    commits: list[list[int]] = []
+    for i, record in enumerate(trace.get("steps") or []):
+        start = P + int(record.get("block") or 0) * block_size
+        scored = [(int(p), float(c)) for p, c in zip(record.get("masked_positions") or [],
+                                                      record.get("masked_confidence") or [])
+                  if start <= int(p) < start + block_size]
+        if not scored:
+            return {"commits": commits, "diverges_at": None, "reason": "this trace has no per-step confidences"}
+        chosen = [p for p, c in scored if c >= threshold] if threshold < 1 else []
+        chosen = chosen or [max(scored, key=lambda pc: pc[1])[0]]
+        commits.append(sorted(p - P for p in chosen))
+        actual = sorted(int(p) - P for p, _, _ in record.get("committed") or [])
+        if commits[-1] != actual or record.get("revoked"):
+            return {"commits": commits, "diverges_at": i, "reason": ""}
+    return {"commits": commits, "diverges_at": None, "reason": ""}
+
+
+
+# ----------------------------------------------------------------------------- numbers
+
+def numbers(trace: Trace, upto_step: int | None = None) -> dict:
+    """Headline numbers of the run up to ``upto_step``: a finished run's own ``stats`` when the
+    view covers the whole run, else running values from the step records seen so far.
+
+    Keys:
+      steps            forwards recorded (rows of the trace) up to this point
+      nfe              model forwards, verification included (sum of ``forwards``)
+      committed        answer tokens committed so far (net of tokens taken back to mask)
+      revisions        committed tokens taken back to mask so far (policies that revise)
+      gen_length       size of the answer region
+      tau              tokens committed per forward (committed / nfe)
+      content_tau      content tokens (before the first EOS/EOT) per forward; None until finished
+      content_tokens   content tokens; None until finished
+      model_s          seconds inside the model (sum of ``model_ms``)
+      other_s          seconds outside it: policies, sampling, bookkeeping (sum of ``other_ms``)
+      exact_s          seconds of the exact-drift diagnostic, kept apart from both
+      tokens_per_s     committed tokens per second of model time, end-of-text padding included
+      content_tokens_per_s  content tokens per second of model time: the headline speed. While
+                       running, the committed tokens before the first committed end of text
+      wall_s           stats.wall_s once finished, else model_s + other_s
+      other_share      other_s / (model_s + other_s): the share of time the model is not running
+      mean_g           mean positions recomputed per forward (G)
+      hit_rate         cumulative cache hit rate: reads / (reads + G)
+      finished         True when the whole recorded run is covered and its final stats exist
+    """
+    steps = steps_upto(trace, upto_step)
+    stats = trace.get("stats") or {}
+    finished = (len(steps) == len(trace.get("steps") or []) and bool(trace.get("final_ids"))
+                and float(stats.get("wall_s") or 0.0) > 0)
+    revisions = sum(len(s.get("revoked") or []) for s in steps)
+    committed = sum(len(s.get("committed") or []) for s in steps) - revisions
+    values = _final_numbers(stats) if finished else _running_numbers(steps, committed)
+    if not finished:
+        ids = state_at(trace, len(steps) - 1)["ids"]
+        before_end = ids[:first_end(trace, ids)]
+        content = sum(t is not None for t in before_end)
+        values["content_tokens_per_s"] = content / values["model_s"] if values["model_s"] else 0.0
+    busy = values["model_s"] + values["other_s"]
+    return {"steps": len(steps), "committed": committed, "revisions": revisions, "gen_length": answer_length(trace), **values,
+            "other_share": values["other_s"] / busy if busy else 0.0, "finished": finished}
+
+
+def _final_numbers(stats: dict) -> dict:
+    return {"nfe": stats["nfe"], "tau": stats["tokens_per_forward"], "content_tau": stats["content_tokens_per_forward"],
+            "content_tokens": stats["content_tokens"], "model_s": stats["model_s"], "other_s": stats["other_s"],
+            "exact_s": stats["exact_s"], "tokens_per_s": stats["tokens_per_s"],
+            "content_tokens_per_s": stats["content_tokens_per_s"], "wall_s": stats["wall_s"],
+            "mean_g": stats["mean_g"], "hit_rate": stats["cache_hit_rate"]}
+
+
+def _running_numbers(steps: list[dict], committed: int) -> dict:
+    """What the final stats say, for the records so far (content tokens are known only at the end)."""
+    nfe = sum(int(s.get("forwards") or 0) for s in steps)
+    model_s = sum(float(s.get("model_ms") or 0.0) for s in steps) / 1e3
+    other_s = sum(float(s.get("other_ms") or 0.0) for s in steps) / 1e3
+    g = sum(int(s.get("g") or 0) for s in steps)
+    reads = sum(int(s.get("reads") or 0) for s in steps)
+    return {"nfe": nfe, "tau": committed / nfe if nfe else 0.0, "content_tau": None, "content_tokens": None,
+            "model_s": model_s, "other_s": other_s, "exact_s": sum(float(s.get("exact_ms") or 0.0) for s in steps) / 1e3,
+            "tokens_per_s": committed / model_s if model_s else 0.0, "wall_s": model_s + other_s,
+            "mean_g": g / len(steps) if steps else 0.0, "hit_rate": reads / (reads + g) if reads + g else 0.0}
+
+
+
+# ----------------------------------------------------------------------------- compare
+
+def compare(trace_a: Trace, trace_b: Trace) -> dict:
+    """How run b compares with run a (e.g. a = no cache, b = cached).
+
+    Keys: ``speedup_wall`` and ``speedup_model`` (a's time / b's time: >1 means b is faster; None
+    when b's time is 0), per side (``_a``/``_b``): ``answer``, ``wall_s``, ``model_s``, ``nfe``,
+    ``tau``, ``content_tau``; ``agreement`` (fraction of answer positions with equal final ids;
+    positions only one run has count as different) and ``first_difference`` (first differing
+    answer position, None when identical).
+    """
+    na, nb = numbers(trace_a), numbers(trace_b)
+    ids_a, ids_b = list(trace_a.get("final_ids") or []), list(trace_b.get("final_ids") or [])
+    length = max(len(ids_a), len(ids_b))
+    same = sum(x == y for x, y in zip(ids_a, ids_b))
+    first = next((i for i, (x, y) in enumerate(zip(ids_a, ids_b)) if x != y), None)
+    if first is None and len(ids_a) != len(ids_b):
+        first = min(len(ids_a), len(ids_b))
+    sides = {}
+    for side, trace, nums in (("a", trace_a, na), ("b", trace_b, nb)):
+        sides.update({f"answer_{side}": trace.get("text", ""), f"wall_s_{side}": nums["wall_s"],
+                      f"model_s_{side}": nums["model_s"], f"nfe_{side}": nums["nfe"], f"tau_{side}": nums["tau"],
+                      f"content_tau_{side}": nums["content_tau"]})
+    return {
+        "speedup_wall": na["wall_s"] / nb["wall_s"] if nb["wall_s"] else None,
+        "speedup_model": na["model_s"] / nb["model_s"] if nb["model_s"] else None,
+        **sides,
+        "agreement": same / length if length else 1.0,
+        "first_difference": first,
+    }
+
+
+
+# ----------------------------------------------------------------------------- the prompt
+
+_TURNS = (re.compile(r"<\|start_header_id\|>user<\|end_header_id\|>\s*(.*?)<\|eot_id\|>", re.DOTALL),  # LLaDA
+          re.compile(r"<\|im_start\|>user\s*(.*?)<\|im_end\|>", re.DOTALL))  # Dream (Qwen)
+
+
+def prompt_of(trace: Trace) -> str | None:
+    """The prompt of a trace: its ``prompt`` field, else the last user turn of its prompt ids
+    decoded with its vocab (the chat template taken off); None when that cannot be done."""
+    if isinstance(trace.get("prompt"), str):
+        return trace["prompt"]
+    vocab = trace.get("vocab") or {}
+    try:
+        text = "".join(vocab[str(i)] for i in trace.get("prompt_ids") or [])
+    except (KeyError, TypeError):
+        return None
+    for turn in _TURNS:
+        found = turn.findall(text)
+        if found:
+            return found[-1].strip()
+    return None if "<|" in text or not text.strip() else text.strip()

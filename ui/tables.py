@@ -1,0 +1,101 @@
+"""The numbers as HTML: the run's cards, the comparison table and the cost model's projection."""
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from .replay import Trace
+
+
+def _fmt(value: Any, spec: str) -> str:
+    if value is None:
+        return "—"
+    return format(value, spec)
+
+
+
+def numbers_html(nums: dict) -> str:
+    """Compact cards of :func:`numbers`, each with its unit."""
+    cards = [
+        ("speed", _fmt(nums.get("content_tokens_per_s"), ".1f"), "answer tokens / s (model time)"),
+        ("all tokens", _fmt(nums.get("tokens_per_s"), ".1f"), "tokens / s, end-of-text padding included"),
+        ("NFE", _fmt(nums.get("nfe"), "d"), "forwards"),
+        ("committed", f"{_fmt(nums.get('committed'), 'd')}/{_fmt(nums.get('gen_length'), 'd')}", "tokens"),
+        ("τ", _fmt(nums.get("tau"), ".2f"), "tokens / forward"),
+        ("content τ", _fmt(nums.get("content_tau"), ".2f"), "content tokens / forward"),
+        ("model", _fmt(None if nums.get("model_s") is None else nums["model_s"] * 1e3, ".0f"), "ms"),
+        ("wall", _fmt(nums.get("wall_s"), ".2f"), "s" if nums.get("finished") else "s (model + other, so far)"),
+        ("outside model", _fmt(nums.get("other_share"), ".0%"), "of time"),
+        ("mean G", _fmt(nums.get("mean_g"), ".1f"), "positions / forward"),
+        ("cache hits", _fmt(nums.get("hit_rate"), ".0%"), "cumulative"),
+    ]
+    if nums.get("revisions"):
+        cards.insert(4, ("revisions", _fmt(nums["revisions"], "d"), "tokens taken back"))
+    if nums.get("exact_s"):
+        cards.append(("exact-drift diagnostic", _fmt(nums["exact_s"] * 1e3, ".0f"), "ms, kept out of model time (in wall)"))
+    card = ("display:inline-block;margin:3px;padding:4px 8px;border:1px solid #ddd;border-radius:6px;"
+            "min-width:6.5em;vertical-align:top;background:#fafafa;")
+    body = "".join(
+        f'<div class="dl-card" style="{card}"><div style="font-size:14px;color:#555;">{html.escape(label)}</div>'
+        f'<div style="font-size:22px;font-weight:600;">{html.escape(value)}</div>'
+        f'<div style="font-size:14px;color:#666;">{html.escape(unit)}</div></div>'
+        for label, value, unit in cards
+    )
+    return f'<div class="dl-numbers">{body}</div>'
+
+
+
+def compare_html(result: dict) -> str:
+    """The :func:`compare` numbers as one table: a row per measure, a column per side."""
+    def pair(key: str, spec: str, unit: str = "") -> tuple[str, str]:
+        return (_fmt(result[f"{key}_a"], spec) + unit, _fmt(result[f"{key}_b"], spec) + unit)
+
+    rows = [
+        ("answer", (result["answer_a"], result["answer_b"])),
+        ("wall time", pair("wall_s", ".3f", " s")),
+        ("model time", pair("model_s", ".3f", " s")),
+        ("forwards (NFE)", pair("nfe", "d")),
+        ("τ (tokens / forward)", pair("tau", ".2f")),
+        ("content τ", pair("content_tau", ".2f")),
+    ]
+    body = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(a)}</td><td>{html.escape(b)}</td></tr>"
+                   for k, (a, b) in rows)
+    first = result["first_difference"]
+    summary = [
+        ("speedup of B (wall)", _fmt(result["speedup_wall"], ".2f") + "×"),
+        ("speedup of B (model time)", _fmt(result["speedup_model"], ".2f") + "×"),
+        ("token agreement", _fmt(result["agreement"], ".1%")),
+        ("first difference", "none" if first is None else f"answer position {first}"),
+    ]
+    body += "".join(f'<tr><td>{html.escape(k)}</td><td colspan="2"><b>{html.escape(v)}</b></td></tr>' for k, v in summary)
+    return (f'<table class="dl-compare" style="font-size:15px;"><tr><th></th><th>A</th><th>B</th></tr>{body}</table>')
+
+
+
+def cost_table_html(rows: list[dict], model: str, device: str, trace: Trace) -> str:
+    """The projection of :func:`dllm_local.experiments.costmodel.project` as a table, with its
+    formula written out for this run, and this machine's measured step apart."""
+    run = rows[0]
+    head = ("<tr><th>strategy</th><th>G (positions / forward)</th><th>τ (answer tokens / forward)</th>"
+            "<th>step floor</th><th>bound</th><th>answer tokens / s</th><th>speedup vs AR</th></tr>")
+    body = "".join(
+        f"<tr><td>{html.escape(r['strategy'])}</td><td>{r['g']:.0f}</td><td>{r['tau']:.2f}</td>"
+        f"<td>{r['floor_ms']:.2f} ms</td><td>{r['bound']}</td><td>{r['tokens_per_s']:.0f}</td>"
+        f"<td><b>{r['speedup_vs_ar']:.2f}×</b></td></tr>"
+        for r in rows
+    )
+    stats = trace.get("stats") or {}
+    measured = stats["model_s"] / max(1, stats["nfe"]) * 1e3 if stats.get("nfe") else None
+    model_name = (trace.get("model") or {}).get("name", "the loaded model")
+    formula = (f"step floor = max(weight bytes / bandwidth, G × 2 × params / FLOP rate) = "
+               f"max({run['read_ms']:.2f} ms, {run['g']:.0f} × 2 × params / FLOP rate = {run['compute_ms']:.2f} ms) "
+               f"= {run['floor_ms']:.2f} ms; tokens/s = τ / floor; speedup = this over the autoregressive row "
+               f"(one token per weight read at batch 1).")
+    note = ("" if measured is None else
+            f"Measured here: {html.escape(str(model_name))} took {measured:.2f} ms per forward of model time "
+            f"on this machine; the projection above uses only this run's G and τ.")
+    style = 'style="font-size:15px;color:#333;"'
+    return (f'<div {style}><b>This run projected onto {html.escape(model)} on {html.escape(device)}</b>, batch 1, '
+            f"bf16.</div><table class=\"dl-cost\" {style}>{head}{body}</table>"
+            f'<div class="dl-formula" {style}>{html.escape(formula)}</div><div {style}>{note}</div>')
+
