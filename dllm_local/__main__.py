@@ -418,7 +418,7 @@ def _policy_modules(argv: list[str] | None) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     """Every command and its flags, from torch-free modules only: nothing here loads torch."""
     from .experiments.bench import SCORERS, STRATEGY_SETS
-    from .experiments.costmodel import DEVICES
+    from .devices import DEVICES
     from .experiments.sweep import sweepable
     from .tiny.tasks import TASKS
 

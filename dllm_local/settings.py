@@ -7,7 +7,7 @@ from typing import Any
 
 from .errors import SettingsError
 from .policies import registry
-from .policies.registry import check_value
+from .values import check_value
 
 TRACE_LEVELS = ("off", "summary", "full")
 SEED_MAX = 2**63 - 1  # a torch generator's seed is an int64

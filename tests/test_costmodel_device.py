@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from dllm_local.experiments import costmodel
-from dllm_local.experiments.costmodel import measure_device
+from dllm_local import devices
+from dllm_local.devices import measure_device
 from dllm_local.models.footprint import logical_parameters, weight_read_bytes
 
 VOCAB, D, HIDDEN = 4096, 64, 256
@@ -136,17 +136,17 @@ def test_int8_counts_logical_parameters_and_reads_int8_with_scales(bnb):
 
 def test_seconds_per_call_repeats_until_enough_time(monkeypatch):
     calls = []
-    monkeypatch.setattr(costmodel, "_MIN_TIMED_S", 0.0)
-    costmodel._seconds_per_call(lambda: calls.append(1), torch.device("cpu"), 3, 50)
+    monkeypatch.setattr(devices, "_MIN_TIMED_S", 0.0)
+    devices._seconds_per_call(lambda: calls.append(1), torch.device("cpu"), 3, 50)
     assert len(calls) == 1 + 3  # warm-up, then min_reps when they already last long enough
     calls.clear()
-    monkeypatch.setattr(costmodel, "_MIN_TIMED_S", 3600.0)
-    costmodel._seconds_per_call(lambda: calls.append(1), torch.device("cpu"), 3, 50)
+    monkeypatch.setattr(devices, "_MIN_TIMED_S", 3600.0)
+    devices._seconds_per_call(lambda: calls.append(1), torch.device("cpu"), 3, 50)
     assert len(calls) == 1 + 3 + 6 + 12 + 24 + 48 + 50  # doubling, capped at max_reps
 
 
 def test_measure_device_cpu(monkeypatch):
-    monkeypatch.setattr(costmodel, "_measured", {})
+    monkeypatch.setattr(devices, "_measured", {})
     profile = measure_device("cpu")
     assert profile.name == "this machine (cpu)"
     # Loose bounds any CPU meets: 0.1 GB/s to 10 TB/s copies, 0.1 GFLOP/s to 100 TFLOP/s fp32.

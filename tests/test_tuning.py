@@ -7,8 +7,8 @@ import threading
 import pytest
 
 from dllm_local.experiments.bench import SCORERS, Strategy, format_table, jsonl_problems, run_bench, task_problems
-from dllm_local.experiments.costmodel import (DEVICES, TARGET_MODELS, crossover_positions, project,
-                                              reuse_beats_recompute, step_floor_s)
+from dllm_local.devices import DEVICES, reuse_beats_recompute
+from dllm_local.experiments.costmodel import TARGET_MODELS, crossover_positions, project, step_floor_s
 from dllm_local.errors import DllmError, SettingsError
 from dllm_local.settings import Settings
 from dllm_local.experiments.sweep import apply, grid, pareto, run_sweep

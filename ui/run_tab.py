@@ -11,7 +11,8 @@ from typing import Any
 import gradio as gr
 
 from dllm_local.errors import DllmError
-from dllm_local.experiments.costmodel import DEVICES, TARGET_MODELS, project
+from dllm_local.devices import DEVICES
+from dllm_local.experiments.costmodel import TARGET_MODELS, project
 from dllm_local.settings import Settings, length_notice
 from dllm_local.tiny.tasks import verdict
 from dllm_local.trace import KV_VIEWS, load_trace_file

@@ -11,9 +11,9 @@ from typing import Any
 import gradio as gr
 
 from dllm_local.errors import DllmError, SettingsError
+from dllm_local.devices import DEVICES
 from dllm_local.experiments.costmodel import (
     CONCURRENCY_MODELS,
-    DEVICES,
     TEACHING_EXAMPLE,
     concurrency_crossovers,
     concurrency_curve,

@@ -21,8 +21,9 @@ from ..policies import registry
 from ..settings import Settings
 from ..tiny.tasks import make_problems
 from ..tiny.tasks import score as score_task
+from ..devices import DEVICES
+from ..values import check_value
 from .costmodel import (
-    DEVICES,
     TARGET_MODELS,
     TEACHING_EXAMPLE,
     concurrency_crossovers,
@@ -143,7 +144,7 @@ def run_strategy(handle: ModelHandle, problems: list[Problem], settings: Setting
     from ..batch import generate_all
     from ..sampler import generate
 
-    repeats = registry.check_value(repeats, int, "repeats", "an integer >= 1", lambda v: v >= 1)
+    repeats = check_value(repeats, int, "repeats", "an integer >= 1", lambda v: v >= 1)
     walls, models = [], []
     generate(handle, problems[0].prompt, settings, guider)
     prompts, per_problem = [p.prompt for p in problems], [settings.for_problem(i) for i in range(len(problems))]

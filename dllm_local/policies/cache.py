@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..experiments.costmodel import DEVICES, measure_device, reuse_beats_recompute
+from ..devices import DEVICES, measure_device, reuse_beats_recompute
 from ..models.footprint import arithmetic_parameters
 from .base import DecodeState, Policy
 

@@ -9,15 +9,13 @@ a module of its own, loaded by ``load_plugins`` (an entry point or ``--policies`
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from importlib import import_module, metadata
 from typing import Any, Callable, Iterable
 
+from ..devices import DEVICES
 from ..errors import SettingsError
-
-_TYPES = {int: "an integer", float: "a number", str: "text", bool: "true or false"}
-
+from ..values import TYPE_WORDS, check_value
 
 @dataclass(frozen=True)
 class Param:
@@ -44,7 +42,7 @@ class Param:
             return f"{'>' if self.low_open else '>='} {self.low:g}"
         if self.high is not None:
             return f"{'<' if self.high_open else '<='} {self.high:g}"
-        return _TYPES[self.type]
+        return TYPE_WORDS[self.type]
 
     def coerce(self, value: Any, owner: str) -> Any:
         """``value`` as this parameter's type, in range; text is parsed. Raises naming the knob."""
@@ -68,43 +66,6 @@ class Param:
         return {"name": self.name, "type": self.type.__name__, "default": self.default, "label": self.label,
                 "help": self.help, "rule": self.rule(), "choices": list(self.choices), "optional": self.optional,
                 "slider": list(self.slider) if self.slider else None, "low": self.low, "high": self.high}
-
-
-def check_value(value: Any, kind: type, where: str, rule: str, ok: Callable[[Any], bool] = lambda v: True) -> Any:
-    """``value`` as ``kind`` (text parsed; bools never pass as numbers; numbers finite), checked by ``ok``."""
-    bad = SettingsError(f"{where} must be {rule}, not {value!r}")
-    if isinstance(value, str) and kind is not str:
-        text = value.strip().lower()
-        try:
-            value = _parse(text, kind)
-        except (KeyError, ValueError, OverflowError):
-            typed = rule if rule.startswith(("a ", "an ", "true")) else f"{_TYPES[kind]} {rule}"
-            raise SettingsError(f"{where} must be {typed}, not {value!r}") from None
-    if kind is bool:
-        if not isinstance(value, bool):
-            raise bad
-    elif kind is int:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer():
-            raise bad
-        value = int(value)
-    elif kind is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise bad
-        value = float(value)
-    elif not isinstance(value, kind):
-        raise bad
-    if not ok(value):
-        raise bad
-    return value
-
-
-def _parse(text: str, kind: type) -> Any:
-    """Text typed for a knob as ``kind``; raises KeyError, ValueError or OverflowError."""
-    if kind is bool:
-        return {"true": True, "false": False}[text]
-    if kind is int and float(text).is_integer():
-        return int(float(text))  # "3" and "3.0" alike
-    return kind(text)
 
 
 @dataclass(frozen=True)
@@ -260,7 +221,7 @@ register(PolicySpec(
               low=0, low_open=True, optional=True, slider=(0, 512, 8)),
         _refresh_every(),
         Param("device_profile", str, "auto", "Device profile", "the I/O cost model's device: measured, or a named GPU",
-              choices=("auto", "A100", "H100", "H200", "RTX 4090", "RTX 3090", "L4")),
+              choices=("auto", *DEVICES)),
     ),
     needs_entropy=True))
 

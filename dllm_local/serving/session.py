@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Callable, Iterator
 
-from ..errors import BusyError, DllmError, EngineError, OutOfMemory  # noqa: F401 - the page catches these
+from ..errors import BusyError, EngineError
 from ..policies import registry
 from ..settings import Settings
 from ..trace import fold

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..errors import SettingsError
-from ..policies.registry import check_value
+from ..values import check_value
 
 NAMES = [
     "Alice", "Ben", "Clara", "David", "Emma", "Felix", "Grace", "Henry", "Ivy", "Jack", "Kate", "Leo",
