@@ -259,11 +259,10 @@ def _bench(args: argparse.Namespace) -> None:
         STRATEGY_SETS,
         format_concurrency,
         format_table,
-        jsonl_problems,
         run_bench,
         run_concurrency,
-        task_problems,
     )
+    from .experiments.problems import jsonl_problems, task_problems
 
     base = settings_from_args(args)
     _check_out(args.out)
@@ -353,7 +352,7 @@ def _sweep(args: argparse.Namespace) -> None:
 
     from tqdm import tqdm
 
-    from .experiments.bench import task_problems
+    from .experiments.problems import task_problems
     from .experiments.sweep import format_sweep, plan, run_sweep
 
     base = settings_from_args(args)
@@ -417,7 +416,8 @@ def _policy_modules(argv: list[str] | None) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     """Every command and its flags, from torch-free modules only: nothing here loads torch."""
-    from .experiments.bench import SCORERS, STRATEGY_SETS
+    from .experiments.bench import STRATEGY_SETS
+    from .experiments.problems import SCORERS
     from .devices import DEVICES
     from .experiments.sweep import sweepable
     from .tiny.tasks import TASKS

@@ -251,12 +251,8 @@ def test_eval_with_a_batch_size_scores_the_same_as_one_at_a_time(tiny):
 
 
 def test_bench_with_a_batch_size_scores_the_same_and_answers_the_four_questions(tiny):
-    from dllm_local.experiments.bench import (
-        STRATEGY_SETS,
-        format_table,
-        run_bench,
-        task_problems,
-    )
+    from dllm_local.experiments.bench import STRATEGY_SETS, format_table, run_bench
+    from dllm_local.experiments.problems import task_problems
 
     problems = task_problems("arithmetic", 6, 1000)
     base = Settings(gen_length=32, block_size=8)

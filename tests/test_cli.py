@@ -10,7 +10,8 @@ import torch
 
 from dllm_local import Settings, SettingsError
 from dllm_local.__main__ import EXAMPLES, main as cli_main
-from dllm_local.experiments.bench import SPREAD_WARNING, Strategy, format_table, run_bench, task_problems
+from dllm_local.experiments.bench import SPREAD_WARNING, Strategy, format_table, run_bench
+from dllm_local.experiments.problems import task_problems
 
 
 @pytest.fixture

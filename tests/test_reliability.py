@@ -15,7 +15,7 @@ import dllm_local
 from dllm_local import Settings
 from dllm_local.__main__ import main as cli_main
 from dllm_local.errors import SettingsError, TraceError
-from dllm_local.experiments.bench import task_problems
+from dllm_local.experiments.problems import task_problems
 from dllm_local.prompts import encode_prompt
 from dllm_local.trace import MAX_GEN_LENGTH, Trace, load_trace_file, validate_trace
 

@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from dllm_local.experiments.bench import SCORERS, Strategy, format_table, jsonl_problems, run_bench, task_problems
+from dllm_local.experiments.bench import Strategy, format_table, run_bench
+from dllm_local.experiments.problems import SCORERS, jsonl_problems, task_problems
 from dllm_local.devices import DEVICES, reuse_beats_recompute
 from dllm_local.experiments.costmodel import TARGET_MODELS, crossover_positions, project, step_floor_s
 from dllm_local.errors import DllmError, SettingsError

@@ -6,12 +6,9 @@ Speedups are ratios measured in the same run against the first strategy (the bas
 """
 from __future__ import annotations
 
-import json
-import re
 import statistics
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from tqdm import tqdm
@@ -19,10 +16,9 @@ from tqdm import tqdm
 from ..errors import DllmError
 from ..policies import registry
 from ..settings import Settings
-from ..tiny.tasks import make_problems
-from ..tiny.tasks import score as score_task
 from ..devices import DEVICES
 from ..values import check_value
+from .problems import Problem
 from .costmodel import (
     TARGET_MODELS,
     TEACHING_EXAMPLE,
@@ -53,81 +49,31 @@ class Strategy:
         return f"{s.cache_spec.short(s.cache_params)} + {unmask}" + (f", {self.note}" if self.note else "")
 
 
-def _rule(unmask: str, **params) -> dict:
-    return {"unmask": unmask, "unmask_params": params}
+# The reference rows every set is read against: LLaDA's plain decoding, and Fast-dLLM's.
+BASELINE = {"cache": "none", "unmask": "fixed", "unmask_params": {}}
+FAST_DLLM = {"cache": "dual", "unmask": "threshold", "unmask_params": {"threshold": 0.9}}
 
 
-ONE_PER_STEP = _rule("fixed")
-THRESHOLD = _rule("threshold", threshold=0.9)
+def _unmask_rules() -> list[dict]:
+    """Every registered unmasking policy at its defaults, except those that need a guider model
+    (a bench loads none): the registry's order, so a new policy joins every set."""
+    return [{"unmask": name, "unmask_params": {}} for name, spec in registry.UNMASK.items() if not spec.needs_guider]
 
 
 def _cache_x_unmask() -> list[Strategy]:
-    rules = (ONE_PER_STEP, THRESHOLD, _rule("factor", factor=1.0))
-    return [Strategy({"cache": cache, **rule}) for cache in registry.CACHE for rule in rules]
+    return [Strategy({"cache": cache, **rule}) for cache in registry.CACHE for rule in _unmask_rules()]
 
 
-STRATEGY_SETS: dict[str, Callable[[], list[Strategy]]] = {
-    "cache-x-unmask": _cache_x_unmask,
-    "headline": lambda: [
-        Strategy({"cache": "none", **ONE_PER_STEP}),
-        Strategy({"cache": "dual", **THRESHOLD}),
-        Strategy({"cache": "freecache", **THRESHOLD}),
-        Strategy({"cache": "adaptive", **THRESHOLD}),
-        Strategy({"cache": "dual", **_rule("self_verify", threshold=0.9)}),
-        Strategy({"cache": "dual", **_rule("revise")}),
-        Strategy({"cache": "drift_refresh", **THRESHOLD}),
-        Strategy({"cache": "dual", "trace": "off", **THRESHOLD}, note="trace off"),
-    ],
-}
+def _headline() -> list[Strategy]:
+    """The baseline, Fast-dLLM's row, then every other cache with its threshold rule and every
+    other unmasking policy on its cache, and the trace's cost (Fast-dLLM's row, trace off)."""
+    caches = [Strategy({**FAST_DLLM, "cache": cache}) for cache in registry.CACHE if cache not in ("none", "dual")]
+    rules = [Strategy({**FAST_DLLM, **rule}) for rule in _unmask_rules() if rule["unmask"] not in ("fixed", "threshold")]
+    return [Strategy(BASELINE), Strategy(FAST_DLLM), *caches, *rules,
+            Strategy({**FAST_DLLM, "trace": "off"}, note="trace off")]
 
 
-@dataclass
-class Problem:
-    prompt: str
-    is_correct: Callable[[str], bool]
-    kind: str = ""
-
-
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-
-
-def _last_number(text: str) -> str | None:
-    found = _NUMBER.findall(text)
-    return found[-1].replace(",", "") if found else None
-
-
-SCORERS: dict[str, Callable[[str, str], bool]] = {
-    "exact_number": lambda out, ans: _last_number(out) is not None and float(_last_number(out)) == float(_last_number(ans) or "nan"),
-    "exact_string": lambda out, ans: out.strip() == ans.strip(),
-    "contains": lambda out, ans: ans.strip().lower() in out.lower(),
-}
-
-
-def task_problems(task: str, n: int, seed: int) -> list[Problem]:
-    return [Problem(ex.prompt, lambda out, ex=ex: score_task(ex, out), ex.kind) for ex in make_problems(task, n, seed)]
-
-
-def jsonl_problems(path: Path, scorer: str, n: int | None = None) -> list[Problem]:
-    """A user's evaluation set: one ``{"prompt": ..., "answer": ...}`` object per line."""
-    if scorer not in SCORERS:
-        raise DllmError(f"scorer must be one of {', '.join(SCORERS)}, not {scorer!r}")
-    try:
-        lines = Path(path).read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DllmError(f"cannot read the evaluation set {path}: {getattr(exc, 'strerror', None) or exc}") from exc
-    problems = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            prompt, answer = row["prompt"], str(row["answer"])
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise DllmError(f"{path} line {i}: expected a JSON object with 'prompt' and 'answer' ({exc})") from exc
-        problems.append(Problem(prompt, lambda out, a=answer: SCORERS[scorer](out, a)))
-    if not problems:
-        raise DllmError(f"{path} has no problems: expected one JSON object with 'prompt' and 'answer' per line")
-    return problems[:n] if n else problems
+STRATEGY_SETS: dict[str, Callable[[], list[Strategy]]] = {"cache-x-unmask": _cache_x_unmask, "headline": _headline}
 
 
 # Repeats of one row whose times spread wider than this (max - min over the median) are flagged:

@@ -9,7 +9,8 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from .bench import Problem, run_strategy
+from .bench import run_strategy
+from .problems import Problem
 from .frontier import pareto
 from ..errors import SettingsError
 from ..policies import registry

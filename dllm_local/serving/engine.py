@@ -139,7 +139,7 @@ class Engine:
 
     def sweep(self, task: str, n: int, base: dict, axes: dict[str, list], emit: Emit, seed: int = 1000) -> None:
         """Emit ``{"progress": {done, total, point, row}}`` per grid point, then ``{"report": ...}``."""
-        from ..experiments.bench import task_problems
+        from ..experiments.problems import task_problems
         from ..experiments.sweep import run_sweep
 
         base_settings = Settings.from_dict(base)
