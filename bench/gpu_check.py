@@ -46,7 +46,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import dllm_local  # noqa: E402
 from dllm_local import Settings  # noqa: E402
-from dllm_local.experiments.costmodel import DEVICES, DeviceProfile, machine_name, measure_device, step_floor_s  # noqa: E402
+from dllm_local.devices import DEVICES, DeviceProfile, measure_device  # noqa: E402
+from dllm_local.experiments.costmodel import machine_name, step_floor_s  # noqa: E402
 from dllm_local.models.footprint import logical_parameters, stored_bytes, weight_read_bytes  # noqa: E402
 from dllm_local.models import LLaDAConfig, LLaDAModelLM  # noqa: E402
 from dllm_local.models.loader import ASSETS, TINY_MODEL, ModelHandle, load_tokenizer  # noqa: E402

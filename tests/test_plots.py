@@ -382,13 +382,6 @@ def test_empty_trace_does_not_crash(trace):
     assert grid.token_grid_html(empty, 0).count("dl-masked") == trace["gen_length"]
 
 
-def test_figures_styled(trace):
-    for fig in (run_figures.confidence_heatmap(trace), run_figures.kv_heatmap(trace), run_figures.cache_panel(trace)):
-        assert fig.layout.plot_bgcolor == "white" and fig.layout.xaxis.gridcolor  # a light style, not plotly's grey default
-        assert 300 <= fig.layout.height <= 360
-    assert set(run_figures.CAPTIONS) >= {"confidence", "kv", "cache"} and grid.CAPTION
-
-
 # ----------------------------------------------------------------------------- tuning
 
 def test_sweep_figure_labels_points_zooms_to_the_data_and_shows_intervals():
