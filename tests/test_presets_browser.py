@@ -13,7 +13,7 @@ import pytest
 
 from ui.presets import load_presets
 
-from test_ui import OUT, _choose, _shown_run, _wait_run_ended, browser, server  # noqa: F401 - fixtures
+from test_page import OUT, _choose, _shown_run, _wait_run_ended, browser, server  # noqa: F401 - fixtures
 
 PRESETS, _ = load_presets()
 PLOTS = ("#conf-plot", "#kv-plot", "#cache-plot")
