@@ -43,7 +43,7 @@ def measure_device(device: torch.device | str = "cpu", dtype: torch.dtype | None
 
     device = torch.device(device)
     if dtype is None:
-        from ..models.loader import pick_dtype
+        from .models.loader import pick_dtype
 
         dtype = pick_dtype("auto", device)  # the dtype a model runs in there: the rate that matters
     key = f"{device}:{dtype}"
