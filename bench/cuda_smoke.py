@@ -1,4 +1,4 @@
-"""CUDA smoke test (issue 18, "CUDA readiness"): one prepared script, about 5 minutes on an H200.
+"""CUDA smoke test: one prepared script that runs the project on a GPU, about 5 minutes on an H200.
 
     python bench/cuda_smoke.py                      # every section on the GPU
     python bench/cuda_smoke.py --sections a,b       # some of them
@@ -9,31 +9,29 @@ Sections (each prints PASS, FAIL or SKIP with its reason and wall time; a summar
      trace with exact drift, against a CPU (fp32) run of the same settings
   b  host syncs of one dual + threshold step (set_sync_debug_mode "warn"), and a profiler pass
      over one step: CUDA kernels per forward, CPU time against GPU time
-  c  a LLaDA-8B-shaped bf16 model with random weights (built on meta, materialised in bf16 on the
-     GPU): generate at gen 256 and 1024, trace off and summary, model vs other ms, peak memory
-  d  a 4-layer, 8B-width LLaDA checkpoint on disk loaded by dllm_local.load in bf16, 4-bit and
-     8-bit: module types, footprint against parameters, step time, host syncs
-  e  the engine process on CUDA: the parent never initialises CUDA, a forced out-of-memory run is
+  c  bench/gpu_check.py, called once: the LLaDA-8B-shaped bf16 model with random weights at gen
+     256 and 1024 (trace off and summary), a 4-layer 8B-width checkpoint loaded by dllm_local.load
+     in bf16, 4-bit and 8-bit, the batch sweep; checked here: the build's peak memory against the
+     weights, the quantized module types, and the host syncs of a dual step on each model
+  d  the engine process on CUDA: the parent never initialises CUDA, a forced out-of-memory run is
      recovered from, a model switch works
-  f  bench/gpu_check.py at gen 256 and 1024, and its batch sweep (1-32, bf16 and 4-bit) at gen 256
 
-On the lent GPU machine (Python 3.12, torch 2.11 + CUDA 13, transformers 5.17, no bitsandbytes, no
-network) bitsandbytes 0.50.2 and transformers 5.24.0 (this project's pins) travel as wheels, with
-regex (transformers checks its version at import). As published the bitsandbytes wheel is 43 MB
-(a library per CUDA, ROCm and XPU version); with the repository (about 25 MB) that is past the
-64 MiB a call may carry. --make-wheels downloads the three and keeps only bitsandbytes' CUDA 13.0
-and CPU libraries (torch cu130 loads libbitsandbytes_cuda130.so), rewriting its RECORD to match:
-17 MiB in all. Here, once, in the repository root (.whl/ must be ignored by git: .gitignore does
-not cover it; add `.whl/` there or to .git/info/exclude):
+A GPU machine without network that lacks the versions requirements.txt pins can take them as
+wheels. --make-wheels downloads bitsandbytes and transformers at those pins, and regex
+(transformers checks its version at import), for the target's Python (--wheel-python), and keeps
+of bitsandbytes' native libraries only the CPU one and the one for the target's CUDA
+(--wheel-cuda: torch built for CUDA 13.0 loads libbitsandbytes_cuda130.so), rewriting its RECORD
+to match: the published wheel, a library per CUDA, ROCm and XPU version, is 43 MB, the slimmed
+one a few. In the repository root (.gitignore covers .whl/):
 
-    python bench/cuda_smoke.py --make-wheels .whl
+    python bench/cuda_smoke.py --make-wheels .whl --wheel-python 3.12 --wheel-cuda 130
 
-then the device tool's `run`, with carry [".whl"] and timeout_s 480 (the script budgets 300 s):
+then on the GPU machine, with .whl/ copied beside the repository:
 
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit; PYTHONUNBUFFERED=1 python3 bench/cuda_smoke.py --json $OUT/smoke.json 2>&1 | tee $OUT/smoke.log
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+    PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 bench/cuda_smoke.py --json smoke.json 2>&1 | tee smoke.log
 
-Without the wheels (`PYTHONUNBUFFERED=1 python3 bench/cuda_smoke.py` alone) it still runs:
-section d and the quantized rows of f are skipped, and transformers is the machine's 5.17.
+Without bitsandbytes the quantized loads of section c are skipped.
 """
 from __future__ import annotations
 
@@ -114,7 +112,6 @@ def session_child(spec_json: str) -> int:
 if __name__ == "__main__" and sys.argv[1:2] == [CHILD_FLAG]:
     sys.exit(session_child(sys.argv[2]))
 
-import gc  # noqa: E402
 import math  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
@@ -131,6 +128,7 @@ import torch  # noqa: E402
 import dllm_local  # noqa: E402
 import gpu_check  # noqa: E402
 from dllm_local import Settings  # noqa: E402
+from dllm_local.models.loader import free_device_memory  # noqa: E402
 from dllm_local.policies import registry  # noqa: E402
 
 # Non-default knobs where the default would leave code unexercised (as tests/golden.py does).
@@ -139,15 +137,13 @@ UNMASK_PARAMS = {"self_verify": {"threshold": 0.3}}  # low enough that verificat
 EXPLAINED_MARGIN = 1.0  # nats: a top-2 logit gap under it is within bf16's reach on this model
 EXACT_TOLERANCE = 1e-3  # cache "none" recomputes everything: its exact-drift error must be ~0
 
-# Sizes per mode: the GPU's fit the issue's 5 minutes; the CPU's only exercise the code.
+# Sizes per mode: the GPU's fit the 5 minutes the script aims at; the CPU's only exercise the code.
 SIZES = {
-    "cuda": dict(a_gen=64, a_prompts=2, a_budget_s=60, c_tiny=False, c_lengths=(256, 1024), c_prompt=256, c_budget_s=8,
-                 d_layers=4, d_lengths=(256,), oom=True,
-                 f_args=["--lengths", "256,1024", "--repeats", "2", "--generate-budget", "6", "--batches", "1,2,4,8,16,32"]),
-    "cpu": dict(a_gen=32, a_prompts=1, a_budget_s=240, c_tiny=True, c_lengths=(64, 128), c_prompt=32, c_budget_s=3,
-                d_layers=4, d_lengths=(64,), oom=False,
-                f_args=["--tiny", "--device", "cpu", "--lengths", "64", "--prompt", "32", "--repeats", "2",
-                        "--generate-budget", "3", "--quantized", "yes", "--batches", "1,2"]),
+    "cuda": dict(a_gen=64, a_prompts=2, a_budget_s=60, checkpoint_layers=4, oom=True,
+                 c_args=["--lengths", "256,1024", "--repeats", "2", "--generate-budget", "6", "--batches", "1,2,4,8,16,32"]),
+    "cpu": dict(a_gen=32, a_prompts=1, a_budget_s=240, checkpoint_layers=4, oom=False,
+                c_args=["--tiny", "--lengths", "64", "--prompt", "32", "--repeats", "2", "--generate-budget", "3",
+                        "--quantized", "yes", "--batches", "1,2"]),
 }
 
 
@@ -168,10 +164,10 @@ class Context:
         return self.deadline - time.perf_counter()
 
     def checkpoint(self) -> Path:
-        """The shallow 8B-width checkpoint (tiny-shaped in the dry run), written once for d, e and f."""
+        """The shallow 8B-width checkpoint (tiny-shaped in the dry run), written once for c and d."""
         if self._checkpoint is None:
             t = time.perf_counter()
-            self._checkpoint = gpu_check.write_checkpoint(self.workdir / "wide-checkpoint", self.sizes["d_layers"],
+            self._checkpoint = gpu_check.write_checkpoint(self.workdir / "wide-checkpoint", self.sizes["checkpoint_layers"],
                                                           tiny=self.dry_run, device=self.device)
             print(f"  checkpoint written in {time.perf_counter() - t:.1f}s "
                   f"({folder_bytes(self._checkpoint) / 2**30:.2f} GB)", flush=True)
@@ -190,12 +186,6 @@ class Outcome:
 
 def folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
-
-
-def free_memory() -> None:
-    gc.collect()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
 
 
 @contextmanager
@@ -372,7 +362,7 @@ def section_a(ctx: Context) -> tuple[str, str, dict]:
     ref_guider = dllm_local.load_guider("tiny-guider", device="cpu", dtype="float32")
     caches, unmasks = list(registry.CACHE), list(registry.UNMASK)
     pairs = [(c, u) for c in caches for u in unmasks]
-    if ctx.dry_run:  # every policy once, not every pair: two shared cores
+    if ctx.dry_run:  # every policy once, not every pair: on the CPU both runs are slow
         pairs = [(c, "threshold") for c in caches] + [("dual", u) for u in unmasks if u != "threshold"]
     gen = ctx.sizes["a_gen"]
     budget_end = time.perf_counter() + min(ctx.sizes["a_budget_s"], ctx.remaining() - 30)
@@ -460,111 +450,38 @@ def section_b(ctx: Context) -> tuple[str, str, dict]:
     return "PASS", f"syncs per cached dual step: {summary}", {"probes": probes}
 
 
-# ---------------------------------------------------------------- c: the 8B shape, end to end
+# ---------------------------------------------------------------- c: gpu_check, with host syncs
 def section_c(ctx: Context) -> tuple[str, str, dict]:
-    s = ctx.sizes
-    dtype = torch.bfloat16 if ctx.device.type == "cuda" else torch.float32
-    config = gpu_check.reference_config(s["c_tiny"])
-    cuda = ctx.device.type == "cuda"
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated() if cuda else 0
-    t = time.perf_counter()
-    model = gpu_check.build_random(config, ctx.device, dtype)
-    build_s = time.perf_counter() - t
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    # What building added at its highest: the bf16 weights alone, if nothing was made in fp32 first.
-    build_peak = torch.cuda.max_memory_allocated() - before if cuda else None
-    handle = gpu_check.make_handle(model, "random-8b-shape", gpu_check.REFERENCE.parent)
-    del model
-    print(f"  built {handle.num_parameters / 1e9:.2f}B parameters in {build_s:.1f}s; weights {weights / 2**30:.2f} GB"
-          + (f", peak while building {build_peak / 2**30:.2f} GB" if build_peak is not None else ""), flush=True)
-    runs = []
-    for gen in s["c_lengths"]:
-        for trace in ("off", "summary"):
-            r = gpu_check.generate_run(handle, gen, s["c_prompt"], 32, trace, s["c_budget_s"])
-            runs.append(r)
-            refresh = "-" if r["refresh_ms"] is None else f"{r['refresh_ms']:.2f}"
-            peak = "-" if r["peak_gb"] is None else f"{r['peak_gb']:.2f} GB"
-            print(f"  gen {gen:5} trace {trace:7}: {r['steps']:4} steps in {r['wall_s']:.1f}s (finished {r['finished']}), "
-                  f"model {r['model_ms']:.2f} ms + other {r['other_ms']:.2f} ms per step, refresh {refresh} ms, "
-                  f"full run ~{r['full_run_s_est']:.1f}s, peak {peak}", flush=True)
-    settings = Settings(gen_length=s["c_lengths"][0], block_size=32, cache="dual", unmask="threshold", trace="off")
-    probe = step_probe(handle, settings, ctx.device)
-    for line in _probe_lines("  dual step", probe):
-        print(line, flush=True)
-    details = {"build_s": build_s, "weights_gb": weights / 2**30, "build_peak_gb": None if build_peak is None else build_peak / 2**30,
-               "runs": runs, "probe": probe}
-    del handle
-    if build_peak is not None and build_peak > 1.05 * weights:
-        return "FAIL", f"building peaked at {build_peak / 2**30:.1f} GB for {weights / 2**30:.1f} GB of weights", details
-    return "PASS", f"{len(runs)} generate runs; " + "; ".join(
-        f"gen {r['gen']} {r['trace']}: {r['model_ms']:.1f}+{r['other_ms']:.1f} ms/step" for r in runs), details
+    """gpu_check once (the 8B shape end to end, the checkpoint in bf16, 4-bit and 8-bit, the batch
+    sweep), with what it does not judge: the build's peak, the quantized module types and the
+    host syncs of a dual step on each model it loads."""
+    layers = ctx.sizes["checkpoint_layers"]
+    args = gpu_check.parse_args(ctx.sizes["c_args"] + ["--device", str(ctx.device), "--traces", "off,summary",
+                                                       "--quant-layers", str(layers),
+                                                       "--quant-checkpoint", str(ctx.checkpoint()),
+                                                       "--json", str(ctx.workdir / "gpu_check.json")])
+    gen = int(args.lengths.split(",")[0])
+    settings = Settings(gen_length=gen, block_size=32, cache="dual", unmask="threshold", trace="off")
+    rows = gpu_check.check(args, probe=lambda handle: step_probe(handle, settings, ctx.device))
+    for label, probe in rows["probes"].items():
+        for line in _probe_lines(f"  {label} dual step", probe):
+            print(line, flush=True)
+    problems = []
+    build = rows["build"]
+    if build["peak_gb"] is not None and build["peak_gb"] > 1.05 * build["weights_gb"]:
+        problems.append(f"building peaked at {build['peak_gb']:.1f} GB for {build['weights_gb']:.1f} GB of weights")
+    expected = {"4bit": "Linear4bit", "8bit": "Linear8bitLt"}  # 7 linears a block
+    problems += [f"{q['weights']}: unexpected module types {q['types']}" for q in rows["quantized"]
+                 if q["weights"] in expected and q["types"].get(expected[q["weights"]], 0) != 7 * layers]
+    quantized = ", ".join(q["weights"] for q in rows["quantized"]) or "none (no bitsandbytes)"
+    syncs = ", ".join(f"{label} {(p['cached'] or {}).get('syncs', '-')}" for label, p in rows["probes"].items())
+    note = (f"{len(rows['policies'])} policy rows, {len(rows['generate'])} generate runs, {len(rows['batches'])} batch "
+            f"rows, quantized: {quantized}; syncs per cached dual step: {syncs}")
+    return ("FAIL", "; ".join(problems), rows) if problems else ("PASS", note, rows)
 
 
-# ---------------------------------------------------------------- d: quantized loads through dllm_local.load
+# ---------------------------------------------------------------- d: the engine process
 def section_d(ctx: Context) -> tuple[str, str, dict]:
-    path = ctx.checkpoint()
-    layers = ctx.sizes["d_layers"]
-    try:
-        import bitsandbytes
-
-        bnb = f"bitsandbytes {bitsandbytes.__version__}"
-    except ImportError:
-        bnb = None
-    expected = {"4bit": "Linear4bit", "8bit": "Linear8bitLt"}
-    rows, skipped, wrong = [], [], []
-    for quantization in (None, "4bit", "8bit"):
-        label = quantization or "unquantized"
-        if quantization and bnb is None:
-            skipped.append(f"{label}: bitsandbytes is not installed")
-            continue
-        try:
-            handle = dllm_local.load(str(path), device=str(ctx.device), quantization=quantization)
-        except dllm_local.ModelLoadError as exc:
-            skipped.append(f"{label}: {exc}")
-            continue
-        model = handle.model
-        types = gpu_check.quantized_types(model)
-        if quantization and types.get(expected[quantization], 0) != 7 * layers:
-            wrong.append(f"{label}: {types}")
-        true_params = gpu_check.logical_parameters(model)
-        block_bytes = gpu_check.stored_bytes(model.model.transformer.blocks[0])
-        policy = gpu_check.policy_rows(handle, label, list(ctx.sizes["d_lengths"]), 32, 32, 3,
-                                       gpu_check.profile_for(handle.device, handle.dtype), ("dual",))[0]
-        settings = Settings(gen_length=ctx.sizes["d_lengths"][0], block_size=32, cache="dual", unmask="threshold", trace="off")
-        probe = step_probe(handle, settings, ctx.device)
-        row = {"weights": label, "dtype": str(handle.dtype).replace("torch.", ""), "types": types,
-               "params_true": true_params, "params_handle": handle.num_parameters,
-               "footprint_gb": handle.memory_bytes / 2**30, "bytes_per_param": handle.memory_bytes / true_params,
-               "footprint_gb_32L": (handle.memory_bytes + (gpu_check.REAL_LAYERS - layers) * block_bytes) / 2**30,
-               "first_ms": policy["first_ms"], "step_ms": policy["step_ms"], "blocks_ms": policy["blocks_ms"],
-               "step_ms_32L": policy["step_ms_32L"], "syncs": (probe["cached"] or {}).get("syncs"),
-               "sync_sites": (probe["cached"] or {}).get("sites")}
-        rows.append(row)
-        del handle, model
-        free_memory()
-    base = next((r for r in rows if r["weights"] == "unquantized"), None)
-    for r in rows:
-        vs = f" ({r['step_ms'] / base['step_ms']:.2f}x unquantized)" if base else ""
-        print(f"  {r['weights']:11} {r['dtype']:8} {r['types']}: {r['params_true'] / 1e9:.3f}B params (handle "
-              f"{r['params_handle'] / 1e9:.3f}B), {r['footprint_gb']:.2f} GB = {r['bytes_per_param']:.2f} B/param, "
-              f"32 layers ~{r['footprint_gb_32L']:.2f} GB; dual step {r['step_ms']:.2f} ms{vs}, blocks {r['blocks_ms']:.2f} ms, "
-              f"32 layers ~{r['step_ms_32L']:.1f} ms; {r['syncs']} syncs/step {r['sync_sites']}", flush=True)
-    for s in skipped:
-        print(f"  skipped {s}", flush=True)
-    details = {"rows": rows, "skipped": skipped, "wrong_types": wrong}
-    if wrong:
-        return "FAIL", f"unexpected module types: {'; '.join(wrong)}", details
-    if not any(r["weights"] != "unquantized" for r in rows):
-        return "SKIP", "; ".join(skipped) or "no quantized load", details
-    if skipped:
-        return "PASS", f"partial ({'; '.join(skipped)})", details
-    return "PASS", f"{bnb}: " + ", ".join(f"{r['weights']} {r['step_ms']:.1f} ms" for r in rows), details
-
-
-# ---------------------------------------------------------------- e: the engine process
-def section_e(ctx: Context) -> tuple[str, str, dict]:
     path = ctx.checkpoint()
     spec = {"model": str(path), "device": str(ctx.device), "threads": 1 if ctx.dry_run else 0, "switch_to": "tiny",
             "oom_gen": None, "memory_fraction": None}
@@ -618,27 +535,12 @@ def section_e(ctx: Context) -> tuple[str, str, dict]:
     return "PASS", f"parent never initialised CUDA; switch to {report['switch']['value']} ok; {oom_note}", details
 
 
-# ---------------------------------------------------------------- f: gpu_check itself
-def section_f(ctx: Context) -> tuple[str, str, dict]:
-    out = ctx.workdir / "gpu_check.json"
-    args = ctx.sizes["f_args"] + ["--quant-checkpoint", str(ctx.checkpoint()), "--json", str(out)]
-    code = gpu_check.main(args)
-    rows = json.loads(out.read_text())
-    if code != 0:
-        return "FAIL", f"gpu_check exited {code}", rows
-    quantized = ", ".join(q["weights"] for q in rows["quantized"]) or "none (no bitsandbytes)"
-    return "PASS", (f"{len(rows['policies'])} policy rows, {len(rows['generate'])} generate runs, "
-                    f"{len(rows['batches'])} batch rows, quantized: {quantized}"), rows
-
-
 SECTIONS: dict[str, tuple[str, Callable[[Context], tuple[str, str, dict]], float]] = {
     # key: (title, function, the least time it needs in seconds)
     "a": ("policy pairs, tiny, device vs CPU", section_a, 40),
     "b": ("syncs and profiler, one step", section_b, 10),
-    "c": ("8B shape bf16, generate", section_c, 40),
-    "d": ("4-layer 8B-width, bf16/4bit/8bit", section_d, 30),
-    "e": ("engine process: CUDA, OOM, switch", section_e, 30),
-    "f": ("gpu_check.py", section_f, 40),
+    "c": ("gpu_check: 8B, 4bit/8bit, batches", section_c, 90),
+    "d": ("engine process: CUDA, OOM, switch", section_d, 30),
 }
 
 
@@ -658,7 +560,7 @@ def run_section(key: str, ctx: Context) -> Outcome:
     finally:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.set_sync_debug_mode(0)
-        free_memory()
+        free_device_memory()
     seconds = time.perf_counter() - t
     print(f"--- {key}: {status} in {seconds:.1f}s: {reason}", flush=True)
     return Outcome(key, title, status, reason, seconds, details)
@@ -678,35 +580,33 @@ def environment() -> dict:
     return env
 
 
-# ---------------------------------------------------------------- wheels for the GPU machine
-# transformers checks regex's version at import (>= 2025.10.22); the machine's is not known, and a
-# failed import would waste the whole call, so regex travels too (about 1 MB).
+# ---------------------------------------------------------------- wheels for a GPU machine without network
+# requirements.txt's pins; transformers checks regex's version at import (>= 2025.10.22) and the
+# target's is not known, so regex travels too (about 1 MB).
 WHEELS = ("bitsandbytes==0.50.2", "transformers==5.24.0", "regex==2026.5.9")
-KEEP_LIBRARIES = ("libbitsandbytes_cuda130.so", "libbitsandbytes_cpu.so")
 
 
-def make_wheels(folder: Path) -> None:
-    """Download the wheels the GPU machine lacks (its Python is 3.12 on x86-64) and slim the
-    bitsandbytes one to the libraries that machine loads, so the working tree stays under the
-    64 MiB a call may carry."""
+def make_wheels(folder: Path, python: str, cuda: str) -> None:
+    """Download WHEELS for CPython ``python`` on x86-64 Linux and slim the bitsandbytes one to the
+    libraries a torch built for CUDA ``cuda`` ("130" for 13.0) loads."""
     folder.mkdir(parents=True, exist_ok=True)
     platforms = [x for tag in ("manylinux_2_28_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
                                "manylinux2014_x86_64") for x in ("--platform", tag)]
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", python,
                     "--implementation", "cp", *platforms, "-d", str(folder), *WHEELS], check=True)
     for wheel in folder.glob("bitsandbytes-*.whl"):
-        slim_wheel(wheel)
+        slim_wheel(wheel, ("libbitsandbytes_cpu.so", f"libbitsandbytes_cuda{cuda}.so"))
     for wheel in sorted(folder.glob("*.whl")):
         print(f"{wheel.name}: {wheel.stat().st_size / 2**20:.1f} MiB")
 
 
-def slim_wheel(wheel: Path) -> None:
-    """Drop the native libraries other than KEEP_LIBRARIES, and their RECORD lines (pip checks the
-    files against RECORD)."""
+def slim_wheel(wheel: Path, libraries: tuple[str, ...]) -> None:
+    """Drop bitsandbytes' native libraries other than ``libraries``, and their RECORD lines (pip
+    checks the files against RECORD)."""
 
     def keep(name: str) -> bool:
         base = name.rsplit("/", 1)[-1]
-        return not (base.startswith("libbitsandbytes_") and base not in KEEP_LIBRARIES)
+        return not (base.startswith("libbitsandbytes_") and base not in libraries)
 
     slim = wheel.with_suffix(".slim")
     with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(slim, "w", zipfile.ZIP_DEFLATED) as dst:
@@ -729,9 +629,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", default=None, help="for the checkpoint (default: a temporary folder)")
     ap.add_argument("--json", default=None, help="write the outcomes here")
     ap.add_argument("--make-wheels", metavar="DIR", default=None, help="download and slim the wheels, then exit")
+    ap.add_argument("--wheel-python", default="3.12", help="the GPU machine's Python, for --make-wheels")
+    ap.add_argument("--wheel-cuda", default="130", help="the CUDA torch was built for there (130: 13.0), for --make-wheels")
     args = ap.parse_args(argv)
     if args.make_wheels:
-        make_wheels(Path(args.make_wheels))
+        make_wheels(Path(args.make_wheels), args.wheel_python, args.wheel_cuda)
         return 0
     keys = [k.strip() for k in args.sections.split(",") if k.strip()]
     unknown = [k for k in keys if k not in SECTIONS]

@@ -13,9 +13,9 @@ decodes through ``dllm_local.stream`` up to the middle block; the steps of that 
 timed from the step records (``model_ms``: device-synchronised forwards). Rows give the block's
 first step (a full refresh for all but freecache, whose is the finished block's hand-over) and the
 median of its later steps, beside the roofline floor max(weight bytes / bandwidth, G x 2 params
-/ FLOP rate). A ``generate`` run (dual + threshold 0.9, summary trace) follows end to end,
-stopped at a time budget: random weights never reach the threshold, so it commits one token per
-step, the slowest case.
+/ FLOP rate). A ``generate`` run (dual + threshold 0.9) at each ``--traces`` level (summary
+by default) follows end to end, stopped at a time budget: random weights never reach the
+threshold, so it commits one token per step, the slowest case.
 
 Quantized weights go through the project's own path: a checkpoint in the LLaDA on-disk format
 (safetensors, 8B width, ``--quant-layers`` blocks: writing all 32 would be 16 GB of disk) is
@@ -27,11 +27,13 @@ The batch sweep (``--batches``, default 1-32) decodes B requests together throug
 ``dllm_local.stream_batch`` on the bf16 model and on the 4-bit checkpoint: a cached step's time
 and tokens/s against B, beside the floor of B x block positions (the weight read, shared by the
 batch, until the arithmetic overtakes it).
+
+As a library (bench/cuda_smoke.py): ``check(parse_args([...]), probe)`` returns every row, with
+the random model's build time and peak memory, and ``probe``'s measurement of each model loaded.
 """
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import shutil
 import statistics
@@ -39,6 +41,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -50,7 +53,7 @@ from dllm_local.devices import DEVICES, DeviceProfile, measure_device  # noqa: E
 from dllm_local.experiments.costmodel import machine_name, step_floor_s  # noqa: E402
 from dllm_local.models.footprint import logical_parameters, stored_bytes, weight_read_bytes  # noqa: E402
 from dllm_local.models import LLaDAConfig, LLaDAModelLM  # noqa: E402
-from dllm_local.models.loader import ASSETS, TINY_MODEL, ModelHandle, load_tokenizer  # noqa: E402
+from dllm_local.models.loader import ASSETS, TINY_MODEL, ModelHandle, free_device_memory, load_tokenizer  # noqa: E402
 from dllm_local.policies import registry  # noqa: E402
 from dllm_local.prompts import encode_prompt  # noqa: E402
 
@@ -120,14 +123,8 @@ def write_checkpoint(path: Path, layers: int = 4, tiny: bool = False, device: st
     model.save_pretrained(path, state_dict=state)
     load_tokenizer(TINY_MODEL, "llada").save_pretrained(path)
     del model, state
-    free_memory()
+    free_device_memory()
     return path
-
-
-def free_memory() -> None:
-    gc.collect()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
 
 
 def quantized_types(model: torch.nn.Module) -> dict[str, int]:
@@ -335,7 +332,7 @@ def batch_rows(handle: ModelHandle, label: str, batches: list[int], gen: int, pr
                      "bound": "compute" if batch * block * 2 * params / profile.flops > read_bytes / profile.bandwidth else "read",
                      "peak_gb": _peak_gb(device)})
         del run, it
-        free_memory()
+        free_device_memory()
     return rows
 
 
@@ -368,7 +365,7 @@ def print_batch_rows(rows: list[dict]) -> None:
                   ("peak_gb", 7, ".1f")], rows)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tiny", action="store_true", help="a small shape (for a CPU smoke run)")
@@ -377,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3, help="timed steps per policy after the block's first")
     ap.add_argument("--generate-budget", type=float, default=20.0, help="seconds per generate run")
+    ap.add_argument("--traces", default="summary", help="the trace levels of the generate runs, comma-separated")
     ap.add_argument("--quantized", choices=("auto", "yes", "no"), default="auto",
                     help="bf16/4-bit/8-bit rows from a checkpoint on disk; auto: on CUDA only (bitsandbytes on "
                          "the CPU is slow, and the CPU run is a smoke test)")
@@ -386,7 +384,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="1,2,4,8,16,32",
                     help="the batch sweep's sizes (empty: no sweep), at the first --lengths, bf16 and 4-bit")
     ap.add_argument("--json", default=None, help="also write the rows here")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+Probe = Callable[[ModelHandle], dict]
+
+
+def check(args: argparse.Namespace, probe: Probe | None = None) -> dict:
+    """Every measurement of the module docstring, printed as it goes and returned as rows.
+    ``probe``, when given, measures more of each model (the random one and each checkpoint load)
+    while it is loaded; its results are kept under "probes", by the model's weights label."""
     batches = [int(x) for x in args.batches.split(",") if x.strip()]
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -394,21 +401,31 @@ def main(argv: list[str] | None = None) -> int:
     profile = profile_for(device, dtype)
     t0 = time.perf_counter()
 
-    handle = make_handle(build_random(reference_config(args.tiny), device, dtype), "random-8b-shape", REFERENCE.parent)
+    _reset_peak(device)
+    before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    model = build_random(reference_config(args.tiny), device, dtype)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    # What building added at its highest: the weights alone, if nothing was made in fp32 first.
+    build = {"seconds": time.perf_counter() - t0, "weights_gb": weights / 2**30,
+             "peak_gb": None if device.type != "cuda" else (torch.cuda.max_memory_allocated(device) - before) / 2**30}
+    handle = make_handle(model, "random-8b-shape", REFERENCE.parent)
+    del model
     label = str(dtype).replace("torch.", "")
+    peak = "" if build["peak_gb"] is None else f", peak while building {build['peak_gb']:.2f} GB"
     print(f"machine: {machine_name()} | roofline: {profile.name} ({profile.bandwidth / 1e12:.3g} TB/s, "
           f"{profile.flops / 1e12:.3g} TFLOP/s) | {handle.num_parameters / 1e9:.2f}B parameters built in "
-          f"{time.perf_counter() - t0:.1f}s", flush=True)
+          f"{build['seconds']:.1f}s, {build['weights_gb']:.2f} GB{peak}", flush=True)
     rows = policy_rows(handle, label, lengths, args.prompt, args.block, args.repeats, profile)
-    generated = [{"weights": label, **generate_run(handle, gen, args.prompt, args.block, "summary", args.generate_budget)}
-                 for gen in lengths]
+    generated = [{"weights": label, **generate_run(handle, gen, args.prompt, args.block, trace, args.generate_budget)}
+                 for gen in lengths for trace in args.traces.split(",")]
     swept = batch_rows(handle, label, batches, lengths[0], args.prompt, args.block, profile)
+    probes = {label: probe(handle)} if probe else {}
     del handle
-    free_memory()
+    free_device_memory()
 
     quantized: list[dict] = []
     if args.quantized == "yes" or (args.quantized == "auto" and device.type == "cuda"):
-        quantized = check_quantized(args, device, lengths, profile, rows, batches, swept)
+        quantized = check_quantized(args, device, lengths, profile, rows, batches, swept, probes, probe)
 
     print_policy_rows(rows)
     print()
@@ -421,17 +438,23 @@ def main(argv: list[str] | None = None) -> int:
               f"{q['footprint_gb_32L']:.2f} GB")
     print(f"total {time.perf_counter() - t0:.0f}s. 'first' is the middle block's first step (a full refresh for every "
           f"policy but freecache), 'step' the median of its later steps; '32L' projects the blocks onto {REAL_LAYERS} layers")
+    out = {"build": build, "policies": rows, "generate": generated, "quantized": quantized, "batches": swept,
+           "probes": probes}
     if args.json:
-        Path(args.json).write_text(json.dumps({"policies": rows, "generate": generated, "quantized": quantized,
-                                               "batches": swept}, indent=2))
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    check(parse_args(argv))
     return 0
 
 
-def check_quantized(args, device: torch.device, lengths: list[int], profile: DeviceProfile, rows: list[dict],
-                    batches: list[int], swept: list[dict]) -> list[dict]:
+def check_quantized(args: argparse.Namespace, device: torch.device, lengths: list[int], profile: DeviceProfile,
+                    rows: list[dict], batches: list[int], swept: list[dict], probes: dict, probe: Probe | None) -> list[dict]:
     """The checkpoint on disk loaded by ``dllm_local.load`` as is, in 4-bit and in 8-bit; appends
-    their dual-cache rows to ``rows`` (and 4-bit's batch sweep to ``swept``) and returns what
-    each load holds."""
+    their dual-cache rows to ``rows`` (4-bit's batch sweep to ``swept``, ``probe``'s results to
+    ``probes``) and returns what each load holds."""
     try:
         import bitsandbytes  # noqa: F401
     except ImportError:
@@ -458,8 +481,10 @@ def check_quantized(args, device: torch.device, lengths: list[int], profile: Dev
             rows += policy_rows(handle, label, lengths, args.prompt, args.block, args.repeats, profile, ("dual", "prefix"))
             if quantization == "4bit":
                 swept += batch_rows(handle, label, batches, lengths[0], args.prompt, args.block, profile)
+            if probe:
+                probes[label] = probe(handle)
             del handle
-            free_memory()
+            free_device_memory()
     finally:
         if not args.quant_checkpoint:
             shutil.rmtree(folder, ignore_errors=True)

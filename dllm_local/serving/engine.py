@@ -7,7 +7,6 @@ The engine's main thread does all torch work, so the OpenMP team is created once
 """
 from __future__ import annotations
 
-import gc
 import importlib.util
 import os
 import pickle
@@ -22,7 +21,7 @@ from tqdm import tqdm
 
 from ..errors import DllmError, EngineError, OutOfMemory, SettingsError
 from ..policies import registry
-from ..models.loader import GuiderHandle, ModelHandle, load, load_guider, pick_device
+from ..models.loader import GuiderHandle, ModelHandle, free_device_memory, load, load_guider, pick_device
 from ..sampler import Run
 from ..settings import Settings
 from ..trace import SCHEMA_VERSION
@@ -149,12 +148,6 @@ class Engine:
                            on_point=lambda p: emit({"progress": {"done": p.done, "total": p.total,
                                                                  "point": p.point, "row": p.row}}))
         emit({"report": report})
-
-
-def free_device_memory() -> None:
-    gc.collect()  # a released model's modules hold reference cycles
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 STREAMED = {"run", "sweep"}  # these emit items as they go; the others return one value
