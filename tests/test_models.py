@@ -294,13 +294,21 @@ def test_error_missing_and_truncated_shards(tmp_path):
         dllm_local.load(str(path))
 
 
+@pytest.fixture(scope="module")
+def quantizable_llada_dir(tmp_path_factory):
+    """The released layout with every linear's input a multiple of 64, as in LLaDA-8B (4,096 and
+    12,288): on CPUs with AMX, bitsandbytes repacks NF4 weights for its kernel in blocks of 64
+    inputs and refuses a 96-wide feed-forward output."""
+    return build_llada(tmp_path_factory.mktemp("llada-q"), n_layers=32, mlp_hidden_size=128)
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning")
 @pytest.mark.parametrize("bits, layer_type", [("4bit", "Linear4bit"), ("8bit", "Linear8bitLt")])
-def test_released_layout_loads_quantized_on_the_cpu_and_every_cache_policy_runs(llada_dir, bits, layer_type):
+def test_released_layout_loads_quantized_on_the_cpu_and_every_cache_policy_runs(quantizable_llada_dir, bits, layer_type):
     """bitsandbytes runs NF4 and int8 on the CPU: the released 32-block sharded layout loads
     through BitsAndBytesConfig; the embedding stays in full precision; every cache policy decodes."""
-    full = dllm_local.load(str(llada_dir))
-    handle = dllm_local.load(str(llada_dir), quantization=bits)
+    full = dllm_local.load(str(quantizable_llada_dir))
+    handle = dllm_local.load(str(quantizable_llada_dir), quantization=bits)
     blocks = handle.model.model.transformer.blocks
     assert type(blocks[0].q_proj).__name__ == layer_type == type(blocks[31].ff_proj).__name__ and len(blocks) == 32
     assert handle.model.get_input_embeddings().weight.dtype == handle.dtype  # not quantized
