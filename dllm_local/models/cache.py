@@ -150,8 +150,7 @@ class KVCache:
         if not self._products:
             nothing = torch.full((len(self.k), len(self._was_valid)), float("nan"), device=self.valid.device)
             return nothing, nothing
-        p = torch.stack(self._products).sum(-2)  # [layers, 6, batch, n]: summed over heads
-        cos = (p[:, 0::3] / (p[:, 1::3] * p[:, 2::3]).sqrt().clamp_min(1e-8)).mean(-2)  # [layers, 2, n]
+        cos = _cosines(torch.stack(self._products))  # [layers, 2, n]
         cos = torch.where(self._was_valid, cos, torch.tensor(float("nan"), device=cos.device))
         return cos[:, 0], cos[:, 1]
 
@@ -164,8 +163,7 @@ class KVCache:
             return None
         if not self._products or not bool(self._was_valid.any()):
             return torch.full((len(self.k), 4), float("nan"), device=self.valid.device)
-        p = torch.stack(self._products)[..., self._was_valid].sum(-2)  # [layers, 6, batch, replaced]
-        cos = (p[:, 0::3] / (p[:, 1::3] * p[:, 2::3]).sqrt().clamp_min(1e-8)).mean(-2)  # [layers, 2, replaced]
+        cos = _cosines(torch.stack(self._products)[..., self._was_valid])  # [layers, 2, replaced]
         return torch.stack([cos.mean(-1), cos.amin(-1)], -1).flatten(1)
 
     def fork(self) -> "CacheFork":
@@ -331,6 +329,13 @@ def _drift_products(old_k: torch.Tensor, k: torch.Tensor, old_v: torch.Tensor, v
     vd = torch.linalg.vecdot
     old_k, k, old_v, v = old_k.float(), k.float(), old_v.float(), v.float()
     return torch.stack([vd(old_k, k), vd(old_k, old_k), vd(k, k), vd(old_v, v), vd(old_v, old_v), vd(v, v)])
+
+
+def _cosines(products: torch.Tensor) -> torch.Tensor:
+    """K and V cosines ``[layers, 2, n]`` from ``_drift_products`` stacked over layers
+    (``[layers, 6, batch, heads, n]``): dot products and norms summed over heads, then the batch mean."""
+    p = products.sum(-2)
+    return (p[:, 0::3] / (p[:, 1::3] * p[:, 2::3]).sqrt().clamp_min(1e-8)).mean(-2)
 
 
 def _key_mask(live: torch.Tensor) -> torch.Tensor | None:
