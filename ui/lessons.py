@@ -1,0 +1,239 @@
+"""The page's teaching claims, each checked on the run it is shown beside: trace in, verdict out.
+
+A verdict is "holds", "does not hold" or "not measurable in this run", with the numbers behind
+it, so no sentence on the page states a figure its own run does not have. Pure functions of the
+trace dict (``dllm_local.trace.Trace.to_dict()``), like ``replay``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from statistics import fmean
+
+from dllm_local.tiny.tasks import verdict as task_verdict
+
+from .replay import Trace, is_end_token, prompt_len, prompt_of, steps_upto, theorem1
+
+HOLDS, FAILS, UNMEASURABLE = "holds", "does not hold", "not measurable in this run"
+# Reused K/V count as close to exact when their mean cosine with the exact K/V is at least this.
+CLOSE_TO_EXACT = 0.99
+KINDS = ("prompt", "decoded", "masked")
+MEAN_LAYERS = "mean"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    lesson: str  # which claim: "theorem1", "kv_reuse", "cache_saves", "answer", "verification"
+    claim: str  # the sentence checked, e.g. "The cache saves recomputation"
+    status: str  # HOLDS, FAILS or UNMEASURABLE
+    detail: str  # the numbers behind the status, in words
+    numbers: dict = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        """The page's line: "claim: status — detail"."""
+        return f"{self.claim}: {self.status} — {self.detail}"
+
+
+# ----------------------------------------------------------------------------- Theorem 1
+
+THEOREM1_N = "n counts every position the step committed, end of text included"
+THEOREM1_CLAIM = "Theorem 1 guarantees every parallel commit"
+
+
+def theorem1_verdict(trace: Trace, step: int) -> Verdict:
+    """Does Fast-dLLM's Theorem 1 guarantee the parallel commits of the run up to step ``step``,
+    and of that step? (see ``replay.theorem1``; n counts every committed position, as the
+    theorem does: it speaks of the whole parallel commit)."""
+    steps = steps_upto(trace, step)
+    if not steps:
+        return Verdict("theorem1", THEOREM1_CLAIM, UNMEASURABLE, "no step yet")
+    at = theorem1(steps[-1])
+    parallel = [(i, t) for i, t in enumerate(map(theorem1, steps)) if t["verdict"] != "serial"]
+    unguaranteed = [i for i, t in parallel if t["verdict"] == "no guarantee"]
+    ends = sum(is_end_token(trace, token) for _, token, _ in steps[-1].get("committed") or [])
+    numbers = {"step": len(steps) - 1, "n": at["n"], "end_of_text": ends, "epsilon": at["epsilon"],
+               "bound": at["bound"], "parallel_steps": len(parallel), "unguaranteed_steps": unguaranteed}
+    here = (f"step {len(steps) - 1} committed {at['n']}: one at a time" if at["verdict"] == "serial" else
+            f"step {len(steps) - 1}: {at['verdict']}, n = {at['n']} ({ends} end of text), ε = {at['epsilon']:.2f}, "
+            f"(n+1)ε = {at['bound']:.2f} {'≤' if at['bound'] <= 1 else '>'} 1")
+    if not parallel:
+        return Verdict("theorem1", THEOREM1_CLAIM, UNMEASURABLE,
+                       f"no step committed more than one position; {here}", numbers)
+    run = (f"all {len(parallel)} parallel steps guaranteed" if not unguaranteed else
+           f"no guarantee at step{_s(unguaranteed)} {_list(unguaranteed)} of {len(parallel)} parallel step{_s(parallel)}")
+    return Verdict("theorem1", THEOREM1_CLAIM, FAILS if unguaranteed else HOLDS, f"{run}; {here} ({THEOREM1_N})",
+                   numbers)
+
+
+# ----------------------------------------------------------------------------- reused K/V
+
+def reused_kv_error(trace: Trace, step: int, layer: str, which: str) -> dict[str, list[float]] | None:
+    """The cache-vs-exact cosine of every K (or V) entry step ``step`` reused instead of
+    recomputing, by position kind: the prompt, answer positions decoded before the step, and
+    answer positions still masked when it began. ``layer`` is a layer number as text or "mean"
+    (the mean over layers, per position). None when the step has no exact-drift record or no
+    list of recomputed positions (a full trace with the diagnostic has both)."""
+    return reused_kv_errors(trace, step, layer, which)[-1]
+
+
+def reused_kv_errors(trace: Trace, upto_step: int | None, layer: str, which: str) -> list[dict[str, list[float]] | None]:
+    """``reused_kv_error`` of every step up to ``upto_step``, in one pass over the trace."""
+    P, decoded = prompt_len(trace), set()
+    errors = []
+    for record in steps_upto(trace, upto_step):
+        errors.append(_reused(record, P, decoded, layer, which))
+        decoded |= {int(p) for p, _, _ in record.get("committed") or []}
+        decoded -= {int(p) for p, _, _, _ in record.get("revoked") or []}
+    return errors
+
+
+def _reused(record: dict, P: int, decoded: set[int], layer: str, which: str) -> dict[str, list[float]] | None:
+    per_layer = (record.get("exact") or {}).get("cache_vs_exact") or {}
+    recomputed = record.get("recomputed")
+    rows = [per_layer[name][which] for name in (per_layer if layer == MEAN_LAYERS else [str(layer)])
+            if name in per_layer]
+    if not rows or recomputed is None:
+        return None
+    skip = {int(p) for p in recomputed}
+    by_kind: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    for position, column in enumerate(zip(*rows)):
+        values = [c for c in column if c is not None]
+        if position in skip or not values:
+            continue
+        kind = "prompt" if position < P else "decoded" if position in decoded else "masked"
+        by_kind[kind].append(fmean(values))
+    return by_kind
+
+
+KV_CLAIM = f"Reused K/V are close to exact (mean cosine ≥ {CLOSE_TO_EXACT} for each kind of position)"
+
+
+def kv_reuse_verdict(trace: Trace, step: int, layer: str, which: str) -> Verdict:
+    """Are the K/V the cache reused close to exact (mean cosine >= CLOSE_TO_EXACT for each kind
+    of position reused)? At the shown step, and over the run so far, where the steps after a
+    one-token step are also given apart: fewer changes per step should mean less drift."""
+    steps = steps_upto(trace, step)
+    name = f"layer {layer}" if layer != MEAN_LAYERS else "all layers (mean)"
+    if not steps or not any((s.get("exact") or {}).get("cache_vs_exact") for s in steps):
+        return Verdict("kv_reuse", KV_CLAIM, UNMEASURABLE, "it needs the exact-drift diagnostic and the full trace")
+    per_step = reused_kv_errors(trace, step, layer, which)
+    here = per_step[-1]
+    run = _pool([s for s in per_step if s])
+    after_one = _pool([s for i, s in enumerate(per_step)
+                       if s and i > 0 and len(steps[i - 1].get("committed") or []) == 1])
+    numbers = {"layer": layer, "which": which, "step": len(steps) - 1, "at_step": _summary(here or {}),
+               "run": _summary(run), "after_one_token_steps": _summary(after_one)}
+    if not any(run.values()):
+        return Verdict("kv_reuse", KV_CLAIM, UNMEASURABLE,
+                       "no step reused a cached entry: every forward recomputed everything", numbers)
+    means = {kind: fmean(values) for kind, values in run.items() if values}
+    status = HOLDS if min(means.values()) >= CLOSE_TO_EXACT else FAILS
+    parts = [f"{which.upper()}, {name}, over the run: {_kinds(run)}"]
+    if here and any(here.values()):
+        parts.append(f"at step {len(steps) - 1}: {_kinds(here)}")
+    elif here is not None:
+        parts.append(f"step {len(steps) - 1} reused nothing")
+    if any(after_one.values()) and after_one != run:
+        parts.append(f"steps after a one-token step: {_kinds(after_one)}")
+    return Verdict("kv_reuse", KV_CLAIM, status, "; ".join(parts), numbers)
+
+
+def _pool(groups: list[dict[str, list[float]]]) -> dict[str, list[float]]:
+    return {kind: [c for group in groups for c in group[kind]] for kind in KINDS}
+
+
+def _summary(by_kind: dict[str, list[float]]) -> dict[str, dict]:
+    return {kind: {"count": len(v), "mean": fmean(v), "min": min(v)} for kind, v in by_kind.items() if v}
+
+
+def _kinds(by_kind: dict[str, list[float]]) -> str:
+    return ", ".join(f"{kind} mean {s['mean']:.3f} min {s['min']:.3f} ({s['count']})"
+                     for kind, s in _summary(by_kind).items())
+
+
+# ----------------------------------------------------------------------------- recomputation
+
+CACHE_CLAIM = "The cache saves recomputation"
+
+
+def cache_saves_verdict(trace: Trace, step: int | None = None) -> Verdict:
+    """Does the cache save recomputation? The positions the run's main forwards recomputed (G)
+    against what the same forwards recompute without a cache: the whole sequence each time."""
+    steps = steps_upto(trace, step)
+    if not steps:
+        return Verdict("cache_saves", CACHE_CLAIM, UNMEASURABLE, "no step yet")
+    length = prompt_len(trace) + int(trace.get("gen_length") or 0)
+    with_cache = sum(int(s.get("g") or 0) for s in steps)
+    without = length * len(steps)
+    numbers = {"forwards": len(steps), "g_with_cache": with_cache, "g_without_cache": without,
+               "mean_g": with_cache / len(steps), "sequence": length}
+    if (trace.get("settings") or {}).get("cache") == "none":
+        return Verdict("cache_saves", CACHE_CLAIM, UNMEASURABLE,
+                       f"no cache: {_count(len(steps), 'forward')} recomputed all {length} positions"
+                       + (" each" if len(steps) > 1 else ""), numbers)
+    status = HOLDS if with_cache < without else FAILS
+    return Verdict("cache_saves", CACHE_CLAIM, status,
+                   f"{_count(len(steps), 'forward')} recomputed {with_cache:,} positions (mean G "
+                   f"{with_cache / len(steps):.1f}); without a cache the same forwards recompute {without:,} "
+                   f"({length} each): {with_cache / without:.0%} of that", numbers)
+
+
+# ----------------------------------------------------------------------------- the answer
+
+def answer_verdict(trace: Trace) -> Verdict:
+    """Is a finished run's answer right (or valid) for its tiny task, and how many content tokens
+    did its most parallel step commit at once? A wrong answer after parallel commits is the
+    conflict parallel decoding risks."""
+    answer, prompt = trace.get("text") or "", prompt_of(trace) or ""
+    judged = task_verdict(prompt, answer)
+    claim = "The answer is " + ("valid" if judged in ("valid", "invalid") else "right")
+    if not trace.get("final_ids"):
+        return Verdict("answer", claim, UNMEASURABLE, "the run has not ended")
+    if judged is None:
+        return Verdict("answer", claim, UNMEASURABLE, "the prompt is none of the tiny model's tasks")
+    ids, P = trace["final_ids"], prompt_len(trace)
+    end = next((p for p, t in enumerate(ids) if is_end_token(trace, t)), len(ids))
+    content = [sum(0 <= int(p) - P < end for p, _, _ in s.get("committed") or []) for s in trace.get("steps") or []]
+    most = max(content, default=0)
+    at = content.index(most) if content else None
+    together = f"{most} content tokens committed together at step {at}" if most > 1 else "one content token per step"
+    return Verdict("answer", claim, HOLDS if judged in ("right", "valid") else FAILS, f"{judged}; {together}",
+                   {"verdict": judged, "most_content_in_one_step": most, "at_step": at})
+
+
+# ----------------------------------------------------------------------------- verification
+
+def verification_verdict(trace: Trace, step: int | None = None) -> Verdict | None:
+    """How many drafts a verifying policy sent back (self-verify) or took back after committing
+    them (revise), and at which steps. None for a run whose policy does neither."""
+    steps = steps_upto(trace, step)
+    rejected = [i for i, s in enumerate(steps) for _ in (s.get("policy") or {}).get("rejected_at") or []]
+    revoked = [i for i, s in enumerate(steps) for _ in s.get("revoked") or []]
+    policy = (trace.get("settings") or {}).get("unmask")
+    if policy not in ("self_verify", "revise") and not rejected and not revoked:
+        return None
+    numbers = {"sent_back": len(rejected), "sent_back_steps": sorted(set(rejected)), "revised": len(revoked),
+               "revised_steps": sorted(set(revoked))}
+    parts = []
+    if rejected or policy == "self_verify":
+        parts.append(_count(len(rejected), "draft") + " sent back" + _at_steps(rejected))
+    if revoked or policy == "revise":
+        parts.append(_count(len(revoked), "committed token") + " revised" + _at_steps(revoked))
+    return Verdict("verification", "Verification sent drafts back", HOLDS if rejected or revoked else FAILS, "; ".join(parts), numbers)
+
+
+def _list(values: list[int]) -> str:
+    return ", ".join(str(v) for v in values)
+
+
+def _s(values: list) -> str:
+    return "" if len(values) == 1 else "s"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _at_steps(steps: list[int]) -> str:
+    distinct = sorted(set(steps))
+    return f" at step{_s(distinct)} {_list(distinct)}" if distinct else ""
