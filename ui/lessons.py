@@ -6,6 +6,7 @@ trace dict (``dllm_local.trace.Trace.to_dict()``), like ``replay``.
 """
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass, field
 from statistics import fmean
 
@@ -237,3 +238,22 @@ def _count(n: int, noun: str) -> str:
 def _at_steps(steps: list[int]) -> str:
     distinct = sorted(set(steps))
     return f" at step{_s(distinct)} {_list(distinct)}" if distinct else ""
+
+
+# ----------------------------------------------------------------------------- on the page
+
+MARKS = {HOLDS: "✓", FAILS: "✗", UNMEASURABLE: "–"}
+
+
+def verdicts_html(verdicts: list[Verdict | None]) -> str:
+    """Verdict lines for beside a view: the status first, as a mark and in words, then the claim
+    and its numbers."""
+    lines = [f'<p class="dl-verdict" data-lesson="{v.lesson}" data-status="{v.status}">'
+             f'<b>{MARKS[v.status]} {html.escape(v.claim)}: {v.status}</b> — {html.escape(v.detail)}</p>'
+             for v in verdicts if v is not None]
+    return f'<div class="dl-verdicts">{"".join(lines)}</div>' if lines else ""
+
+
+def grid_verdicts(trace: Trace, step: int) -> list[Verdict | None]:
+    """The claims about commits, beside the token grid."""
+    return [theorem1_verdict(trace, step), answer_verdict(trace), verification_verdict(trace, step)]

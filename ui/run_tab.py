@@ -17,7 +17,7 @@ from dllm_local.settings import Settings, length_notice
 from dllm_local.tiny.tasks import verdict
 from dllm_local.trace import KV_VIEWS, load_trace_file
 
-from . import grid, run_figures, tables
+from . import grid, lessons, run_figures, tables
 from .controls import (
     Specs,
     controls_from_settings,
@@ -59,11 +59,14 @@ def draw(trace: dict, step: int | None, color_by: str, layer: str, which: str, k
     at = steps - 1 if step is None else min(int(step), steps - 1)
     upto = at if steps else None
     views = {"grid": grid.token_grid_html(trace, at, color_by=color_by, what_if_threshold=float(what_if) or None),
-             "numbers": tables.numbers_html(numbers(trace, upto))}
+             "numbers": tables.numbers_html(numbers(trace, upto)),
+             "grid_verdicts": lessons.verdicts_html(lessons.grid_verdicts(trace, at) if steps else [])}
     if with_plots:
         views.update(confidence=run_figures.confidence_heatmap(trace, upto),
                      kv=run_figures.kv_heatmap(trace, layer=layer, which=which, upto_step=upto, view=kv_view),
-                     cache=run_figures.cache_panel(trace, upto))
+                     cache=run_figures.cache_panel(trace, upto),
+                     kv_verdicts=lessons.verdicts_html([lessons.kv_reuse_verdict(trace, at, layer, which)] if steps else []),
+                     cache_verdicts=lessons.verdicts_html([lessons.cache_saves_verdict(trace, at)] if steps else []))
     return views
 
 
@@ -241,6 +244,7 @@ class RunTab:
             self.follow = gr.Checkbox(True, label="Follow live", scale=0, elem_id="follow")
             self.color_by = gr.Radio(["step", "confidence"], value="step", label="Colour tokens by", scale=0)
         self.grid = gr.HTML(elem_id="token-grid")
+        self.grid_verdicts = gr.HTML(elem_id="grid-verdicts")
         gr.Markdown(grid.CAPTION, elem_classes="caption")
         self.what_if = gr.Slider(0, 1, 0, step=0.05, elem_id="what-if",
                                  label="What-if threshold τ′ (0 = off): the positions τ′ would commit at this step, "
@@ -261,12 +265,15 @@ class RunTab:
             self.which = gr.Radio(["k", "v"], value=KV_VIEW_DEFAULTS["which"], label="K or V")
             self.kv_view = gr.Radio(list(KV_VIEWS), value=KV_VIEW_DEFAULTS["kv_view"], label="KV view")
         self.kv_plot = gr.Plot(run_figures.kv_heatmap({}, which="v"), label="KV cosine similarity", elem_id="kv-plot")
+        self.kv_verdicts = gr.HTML(elem_id="kv-verdicts")
         gr.Markdown(run_figures.CAPTIONS["kv"], elem_classes="caption")
         self.cache_plot = gr.Plot(run_figures.cache_panel({}), label="Cache", elem_id="cache-plot")
+        self.cache_verdicts = gr.HTML(elem_id="cache-verdicts")
         gr.Markdown(run_figures.CAPTIONS["cache"], elem_classes="caption")
         self.view_inputs = [self.color_by, self.layer, self.which, self.kv_view, self.what_if]
         self.view_boxes = {"grid": self.grid, "numbers": self.nums, "confidence": self.conf_plot, "kv": self.kv_plot,
-                           "cache": self.cache_plot}
+                           "cache": self.cache_plot, "grid_verdicts": self.grid_verdicts, "kv_verdicts": self.kv_verdicts,
+                           "cache_verdicts": self.cache_verdicts}
 
     # ---------------------------------------------------------------- events
     def wire(self) -> None:
@@ -349,12 +356,12 @@ class RunTab:
     def redraw(self, trace: dict, step: int, color_by: str, layer: str, which: str, kv_view: str,
                what_if: float = 0.0) -> dict:
         if not trace or not trace.get("steps"):
-            return {}
+            return {box: gr.skip() for box in self.view_boxes.values()}
         return self.shown(draw(trace, step, color_by, layer, which, kv_view, what_if))
 
     def redraw_grid(self, trace: dict, step: int, color_by: str, what_if: float) -> dict:
         if not trace or not trace.get("steps"):
-            return {}
+            return {self.grid: gr.skip()}
         at = min(int(step), len(trace["steps"]) - 1)
         return {self.grid: grid.token_grid_html(trace, at, color_by=color_by, what_if_threshold=float(what_if) or None)}
 
