@@ -1,16 +1,18 @@
 """Every preset in a real browser: each view draws something or says in words why it cannot, the KV
 panel opens on a middle layer with the fixed colour scale, masked positions show their top
-candidates, the what-if slider reframes the grid without a model run, and the straight-house step reads
-"no guarantee". ``DLLM_SCREENSHOTS=docs/presets`` also saves a screenshot of each preset there
-(the README's pictures)."""
+candidates, the what-if slider reframes the grid without a model run, the straight-house step reads
+"no guarantee", and every verdict line states the figures of the run's exported trace.
+``DLLM_SCREENSHOTS=docs/presets`` also saves a screenshot of each preset there (the README's pictures)."""
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
 
 import pytest
 
+import trace_facts
 from ui.presets import load_presets
 
 from test_page import OUT, _choose, _shown_run, _wait_run_ended, browser, server  # noqa: F401 - fixtures
@@ -56,7 +58,7 @@ def pg(browser, server):  # noqa: F811 - the fixtures imported above
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
-def test_every_preset_draws_its_lesson(pg, name):
+def test_every_preset_draws_its_lesson(pg, name, tmp_path):
     preset = PRESETS[name]
     _choose(pg, "#preset", name)
     pg.wait_for_function("(d) => document.querySelector('#preset-info').innerText.includes(d)",
@@ -73,6 +75,7 @@ def test_every_preset_draws_its_lesson(pg, name):
         shown = _plot(pg, selector)
         drawn = sum(t["cells"] for t in shown["traces"])
         assert drawn > 0 or shown["words"], f"{name}: {selector} is empty axes"
+    _check_verdicts(pg, preset, tmp_path)
 
     # The KV panel: a middle layer (or the preset's), one fixed scale for every cosine view.
     view = preset.get("view", {})
@@ -133,6 +136,26 @@ def test_straight_house_reads_no_guarantee_and_invalid(pg):
     theorem = pg.locator("#token-grid .dl-theorem")
     assert theorem.count() and "no guarantee" in theorem.inner_text()
     assert theorem.get_attribute("data-verdict") == "no guarantee"
+
+
+def _check_verdicts(pg, preset: dict, tmp_path: Path) -> None:
+    """Each verdict line beside a view states the figures of the run's own exported trace, worked
+    out again here from the file (``trace_facts``), at the run's last step."""
+    with pg.expect_download() as download:
+        pg.click("#export-btn")
+    path = tmp_path / "trace.json"
+    download.value.save_as(path)
+    trace = json.loads(path.read_text())
+    layer = pg.input_value("#kv-layer input").removeprefix("layer ")
+    which = preset.get("view", {}).get("which", "v")
+    expected = {"#grid-verdicts": [*trace_facts.theorem1_lines(trace), *trace_facts.answer_lines(trace, preset["prompt"]),
+                                   *trace_facts.verification_lines(trace)],
+                "#kv-verdicts": trace_facts.kv_lines(trace, "mean" if layer.startswith("all") else layer, which),
+                "#cache-verdicts": trace_facts.cache_lines(trace)}
+    for box, lines in expected.items():
+        shown = pg.inner_text(box)
+        for line in lines:
+            assert line in shown, f"{preset['name']}: {box} lacks {line!r}; it reads {shown!r}"
 
 
 def _trace_steps(pg) -> list[int]:

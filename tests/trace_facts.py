@@ -1,0 +1,94 @@
+"""The figures a verdict line states, worked out again from an exported trace file with code of
+their own (not ``ui.lessons``), as the lines they must appear in."""
+from __future__ import annotations
+
+from statistics import fmean
+
+from dllm_local.tiny.tasks import verdict
+
+
+def theorem1_lines(trace: dict) -> list[str]:
+    steps = trace["steps"]
+    stops = set(trace["model"].get("stop_ids") or [])
+    bounds = []
+    for record in steps:
+        confidences = [c for _, _, c in record["committed"]]
+        bounds.append((len(confidences), 1 - min(confidences) if confidences else None))
+    parallel = [i for i, (n, _) in enumerate(bounds) if n > 1]
+    if not parallel:
+        return ["Theorem 1 guarantees every parallel commit: not measurable in this run"]
+    failing = [i for i in parallel if (bounds[i][0] + 1) * bounds[i][1] > 1]
+    status = "does not hold" if failing else "holds"
+    lines = [f"Theorem 1 guarantees every parallel commit: {status}"]
+    if failing:
+        lines.append(f"no guarantee at step{'s' if len(failing) > 1 else ''} {', '.join(map(str, failing))} "
+                     f"of {len(parallel)} parallel step")
+    n, epsilon = bounds[-1]
+    if n > 1:
+        ends = sum(t in stops for _, t, _ in steps[-1]["committed"])
+        lines.append(f"n = {n} ({ends} end of text), ε = {epsilon:.2f}, (n+1)ε = {(n + 1) * epsilon:.2f}")
+    return lines
+
+
+def cache_lines(trace: dict) -> list[str]:
+    forwards = len(trace["steps"])
+    length = len(trace["prompt_ids"]) + trace["gen_length"]
+    if trace["settings"]["cache"] == "none":
+        return ["The cache saves recomputation: not measurable in this run", f"recomputed all {length} positions"]
+    g = sum(s["g"] for s in trace["steps"])
+    return [f"The cache saves recomputation: {'holds' if g < forwards * length else 'does not hold'}",
+            f"recomputed {g:,} positions (mean G {g / forwards:.1f})", f"recompute {forwards * length:,} ({length} each)"]
+
+
+def kv_lines(trace: dict, layer: str, which: str) -> list[str]:
+    if not any(s.get("exact") for s in trace["steps"]):
+        return ["Reused K/V are close to exact", "not measurable in this run"]
+    P, decoded = len(trace["prompt_ids"]), set()
+    pooled: dict[str, list[float]] = {"prompt": [], "decoded": [], "masked": []}
+    for record in trace["steps"]:
+        table = record["exact"]["cache_vs_exact"]
+        rows = [table[name][which] for name in (table if layer == "mean" else [layer])]
+        for position in range(len(rows[0])):
+            if position in record["recomputed"]:
+                continue
+            kind = "prompt" if position < P else "decoded" if position in decoded else "masked"
+            pooled[kind].append(fmean(row[position] for row in rows))
+        decoded |= {p for p, _, _ in record["committed"]}
+        decoded -= {p for p, _, _, _ in record["revoked"]}
+    kinds = {kind: values for kind, values in pooled.items() if values}
+    if not kinds:
+        return ["Reused K/V are close to exact", "not measurable in this run"]
+    status = "holds" if min(fmean(v) for v in kinds.values()) >= 0.99 else "does not hold"
+    return [f"Reused K/V are close to exact (mean cosine ≥ 0.99 for each kind of position): {status}",
+            "over the run: " + ", ".join(f"{kind} mean {fmean(v):.3f} min {min(v):.3f} ({len(v)})"
+                                         for kind, v in kinds.items())]
+
+
+def answer_lines(trace: dict, prompt: str) -> list[str]:
+    judged = verdict(prompt, trace["text"])
+    if judged is None:
+        return ["not measurable in this run — the prompt is none of the tiny model's tasks"]
+    stops, P, ids = set(trace["model"].get("stop_ids") or []), len(trace["prompt_ids"]), trace["final_ids"]
+    end = next((i for i, t in enumerate(ids) if t in stops), len(ids))
+    content = [sum(P <= p < P + end for p, _, _ in s["committed"]) for s in trace["steps"]]
+    most = max(content)
+    claim = "valid" if judged in ("valid", "invalid") else "right"
+    status = "holds" if judged in ("valid", "right") else "does not hold"
+    together = f"{most} content tokens committed together at step {content.index(most)}" if most > 1 else \
+        "one content token per step"
+    return [f"The answer is {claim}: {status} — {judged}; {together}"]
+
+
+def verification_lines(trace: dict) -> list[str]:
+    rejected = [i for i, s in enumerate(trace["steps"]) for _ in s["policy"].get("rejected_at", [])]
+    revoked = [i for i, s in enumerate(trace["steps"]) for _ in s["revoked"]]
+    unmask = trace["settings"]["unmask"]
+    if unmask not in ("self_verify", "revise") and not rejected and not revoked:
+        return []
+    lines = [f"Verification sent drafts back: {'holds' if rejected or revoked else 'does not hold'}"]
+    for noun, verb, found in (("draft", "sent back", rejected), ("committed token", "revised", revoked)):
+        if found:
+            distinct = sorted(set(found))
+            lines.append(f"{len(found)} {noun}{'s' if len(found) > 1 else ''} {verb} at step"
+                         f"{'s' if len(distinct) > 1 else ''} {', '.join(map(str, distinct))}")
+    return lines
