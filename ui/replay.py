@@ -98,7 +98,9 @@ def state_at(trace: Trace, step: int) -> dict:
 def theorem1(record: dict) -> dict:
     """Whether Fast-dLLM's Theorem 1 guarantees a step's commits: n positions, each with
     confidence above 1 - ε, and (n + 1)ε <= 1; then greedy parallel decoding commits what greedy
-    one-at-a-time decoding would. ε is 1 - the least confidence among the commits.
+    one-at-a-time decoding would. n counts every position the step committed, end of text
+    included (the theorem speaks of the whole parallel commit); ε is 1 - the least confidence
+    among them. The page, the presets and the README use this one definition.
 
     Returns ``n``, ``epsilon``, ``bound`` ((n + 1)ε), ``verdict`` ("serial" for one commit or
     none, "guaranteed", "no guarantee") and ``text`` (one line for a caption or hover).
