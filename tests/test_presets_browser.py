@@ -50,7 +50,7 @@ def _plot(pg, selector: str) -> dict:
 
 @pytest.fixture(scope="module")
 def pg(browser, server):  # noqa: F811 - the fixtures imported above
-    page = browser.new_page(viewport={"width": 1500, "height": 2200})
+    page = browser.new_page(viewport={"width": 1280, "height": 720})  # a projector's size
     page.goto(server)
     page.wait_for_selector("#run-btn")
     yield page
