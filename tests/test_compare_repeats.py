@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from test_page import _choose, _status, _wait_done, browser, page, server  # noqa: F401 - the real page's fixtures
+from test_page import OUT, _wait_done, browser, page, server  # noqa: F401 - the real page's fixtures
 from ui import replay, tables
 from ui.timing import NO_DIFFERENCE, REPEATS, speedup, spread, spread_text
 
@@ -113,8 +113,9 @@ def test_browser_compare_runs_the_chosen_presets_prompt(page, tiny):  # noqa: F8
     assert run_prompt != preset["prompt"]
     page.get_by_role("tab", name="Compare").click()
     assert page.input_value("#cmp-prompt textarea") == run_prompt  # A is the Run tab's current settings
-    _choose(page, "#preset-a", STRAIGHT_HOUSE)
-    _choose(page, "#preset-b", STRAIGHT_HOUSE)
+    for dropdown in ("#preset-a", "#preset-b"):
+        page.click(f"{dropdown} input")
+        page.locator(dropdown).get_by_role("option", name=STRAIGHT_HOUSE, exact=True).click()
     page.wait_for_function("(want) => document.querySelector('#cmp-prompt textarea').value === want",
                            arg=preset["prompt"])
     page.click("#cmp-btn")
@@ -126,6 +127,7 @@ def test_browser_compare_runs_the_chosen_presets_prompt(page, tiny):  # noqa: F8
     assert "the same in every repeat of each side" in table
     assert "one run" not in page.inner_text("#grid-a")  # the cards show the spread over the repeats
     assert f"median of {REPEATS} repeats" in page.inner_text("#grid-b")
+    page.screenshot(path=str(OUT / "compare-repeats.png"), full_page=True)
 
 
 def test_stop_between_repeats_ends_the_compare_and_says_so(server):  # noqa: F811

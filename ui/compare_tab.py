@@ -85,7 +85,7 @@ class CompareTab:
 
     def wire(self) -> None:
         self.preset_a.change(self.prompt_of_a, [self.preset_a, self.run_tab.prompt, self.prompt], [self.prompt],
-                             queue=False, api_name="compare_prompt")
+                             queue=False, api_visibility="private")
         self.run_tab.prompt.change(lambda name_a, run_prompt, shown: run_prompt if name_a == CURRENT else shown,
                                    [self.preset_a, self.run_tab.prompt, self.prompt], [self.prompt], queue=False,
                                    api_visibility="private")

@@ -1,8 +1,8 @@
 """Timing that admits its noise: repeated timings as a median with its min–max, and whether two
 settings differ by more than that spread. Pure functions of lists of numbers, no torch.
 
-One run's time varies run to run (a shared CPU, caches, the OS), by as much as 2× on a small
-machine, so a single pair of runs can rank two settings either way. A difference is claimed only
+One run's time varies run to run (a shared CPU, caches, the OS), so a single pair of runs can
+rank two settings either way. A difference is claimed only
 when the two sides' ranges over their repeats do not overlap.
 """
 from __future__ import annotations
