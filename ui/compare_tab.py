@@ -1,8 +1,9 @@
-"""The Compare tab: two settings on the Run tab's prompt and seed, run one after the other."""
+"""The Compare tab: two settings on one prompt and seed, each timed in interleaved repeats after a warm-up."""
 from __future__ import annotations
 
 import html
 import json
+from collections import deque
 from collections.abc import Iterator
 
 import gradio as gr
@@ -13,8 +14,9 @@ from dllm_local.settings import Settings
 from . import grid, tables
 from .controls import Specs, settings_from_controls, settings_line, spec_named
 from .engine_queue import CANCELLED, ENGINE, EngineQueue, client_of, error_text, throttled
-from .replay import compare
+from .replay import compare, numbers
 from .run_tab import RunTab
+from .timing import REPEATS
 
 CURRENT = "Current Run settings"
 SETTING_FIELDS = ("gen_length", "block_size", "steps", "temperature", "seed", "exact_drift", "early_stop")
@@ -51,13 +53,16 @@ def apply_changes(settings: dict, changes: str, specs: Specs) -> dict:
 
 class CompareTab:
     """The Compare tab's components (laid out on creation, inside a ``gr.Tab``) and its callback.
-    It reads the Run tab's prompt and controls."""
+    It reads the Run tab's controls (and its prompt, for Current Run settings)."""
 
     def __init__(self, engine: EngineQueue, presets: dict, run: RunTab) -> None:
         self.engine, self.session, self.presets, self.specs, self.run_tab = (engine, engine.session, presets,
                                                                             run.specs, run)
-        gr.Markdown("Two settings on the Run tab's prompt and seed, run one after the other so each run's time is its "
-                    "own. Either side can be the Run tab's current settings or a preset; B can be changed further.")
+        gr.Markdown(f"Two settings on one prompt and the Run tab's seed. Each side runs once untimed (a warm-up, "
+                    f"drawn live), then {REPEATS} timed repeats of each, interleaved A, B, A, B, … so that a busy "
+                    "machine slows both alike. Times are medians with their min–max; the speedup is a ratio only "
+                    "when the two ranges do not overlap. Either side can be the Run tab's current settings or a "
+                    "preset; B can be changed further.")
         choices = [CURRENT, *presets]
         with gr.Row():
             self.preset_a = gr.Dropdown(choices, value=CURRENT, label="Settings A", elem_id="preset-a")
@@ -65,7 +70,13 @@ class CompareTab:
             self.preset_b = gr.Dropdown(choices, value=baseline, label="Settings B", elem_id="preset-b")
         self.changes = gr.Textbox("", label="Changes to B (optional), e.g. threshold=0.5, block_size=16, cache=prefix",
                                   elem_id="cmp-changes")
-        self.button = gr.Button("Run both", variant="primary", elem_id="cmp-btn")
+        self.prompt = gr.Textbox(run.prompt.value, lines=2, elem_id="cmp-prompt",
+                                 label="Prompt of both sides: Settings A's preset prompt, or the Run tab's prompt "
+                                       "for Current Run settings (filled in when they change; yours to edit)")
+        with gr.Row():
+            self.button = gr.Button("Run both", variant="primary", elem_id="cmp-btn")
+            self.stop_btn = gr.Button("Stop", variant="stop", elem_id="cmp-stop-btn")
+        self.stop_note = gr.Markdown("", elem_id="cmp-stop-note")
         self.status = gr.Markdown("", elem_id="cmp-status")
         with gr.Row():
             self.grid_a = gr.HTML(elem_id="grid-a")
@@ -73,9 +84,22 @@ class CompareTab:
         self.table = gr.HTML(elem_id="cmp-table")
 
     def wire(self) -> None:
-        self.button.click(self.run_compare, [self.preset_a, self.preset_b, self.changes, self.run_tab.prompt],
-                          [self.grid_a, self.grid_b, self.table, self.status], inputs_kwargs=self.run_tab.controls,
-                          api_name="compare", **ENGINE)
+        self.preset_a.change(self.prompt_of_a, [self.preset_a, self.run_tab.prompt, self.prompt], [self.prompt],
+                             queue=False, api_visibility="private")
+        self.run_tab.prompt.change(lambda name_a, run_prompt, shown: run_prompt if name_a == CURRENT else shown,
+                                   [self.preset_a, self.run_tab.prompt, self.prompt], [self.prompt], queue=False,
+                                   api_visibility="private")
+        event = self.button.click(self.run_compare, [self.preset_a, self.preset_b, self.changes, self.prompt],
+                                  [self.grid_a, self.grid_b, self.table, self.status],
+                                  inputs_kwargs=self.run_tab.controls, api_name="compare", **ENGINE)
+        self.engine.wire_stop(self.stop_btn, self.stop_note, [event], api_name="compare_stop")
+
+    def prompt_of_a(self, name_a: str, run_prompt: str, shown: str) -> str:
+        """The prompt that comes with Settings A: its preset's own (``shown`` when it has none), or
+        the Run tab's for Current Run settings."""
+        if name_a == CURRENT:
+            return run_prompt
+        return self.presets.get(name_a, {}).get("prompt", shown)
 
     def _side(self, name: str, current: dict) -> dict:
         return dict(current) if name == CURRENT else dict(self.presets[name]["settings"], seed=current["seed"])
@@ -93,22 +117,53 @@ class CompareTab:
         except (ValueError, TypeError, DllmError) as exc:
             yield {self.status: f"⚠ {exc}"}
             return
-        results = {}
+        labels = {key: f"{key.upper()}: {settings_line(settings.to_dict())}" for key, settings in sides.items()}
         grids = {"a": "", "b": ""}  # a new comparison clears the last one's grids
+        timed: dict[str, list[dict]] = {"a": [], "b": []}
 
         def shown(status: str) -> dict:
             return {self.grid_a: grids["a"], self.grid_b: grids["b"], self.table: "", self.status: status}
 
-        for key, settings in sides.items():
-            label = f"{key.upper()}: {settings_line(settings.to_dict())}"
-            try:
+        def drawn(key: str, trace: dict) -> str:
+            return (f'<div class="dl-side"><b>{html.escape(labels[key])}</b></div>'
+                    + grid.token_grid_html(trace, len(trace["steps"]) - 1))
+
+        try:
+            for key, settings in sides.items():  # the warm-ups, drawn live: their time is not counted
                 for live, _ in throttled(self.session.run(prompt, settings, run_id=client)):
-                    grids[key] = f'<div class="dl-side"><b>{html.escape(label)}</b></div>' + grid.token_grid_html(
-                        live, len(live["steps"]) - 1)
-                    yield shown(f"Running {label}…")
-                results[key] = live
-            except Exception as exc:  # noqa: BLE001
-                yield shown(f"⚠ {error_text(exc)}")
-                return
-        yield {self.table: tables.compare_html(compare(results["a"], results["b"])),
-               self.status: f"Done. Both on the Run tab's prompt, seed {sides['a'].seed}."}
+                    grids[key] = drawn(key, live)
+                    yield shown(f"Warm-up of {labels[key]} (not timed)…")
+                if live["stats"].get("stopped"):
+                    yield shown(f"Stopped during the warm-up of {key.upper()}: nothing was timed.")
+                    return
+            for repeat in range(1, REPEATS + 1):
+                for key, settings in sides.items():
+                    # Started before the status is sent, so a Stop pressed meanwhile reaches this run;
+                    # not drawn, so the page's drawing stays out of the engine's time.
+                    events = self.session.run(prompt, settings, run_id=client)
+                    yield {self.status: f"Timing: repeat {repeat} of {REPEATS}, {labels[key]}…"}
+                    trace = deque(events, maxlen=1)[0]["trace"]
+                    if trace["stats"].get("stopped"):
+                        yield self._ended(grids, timed, f"Stopped during {key.upper()}'s repeat {repeat} of {REPEATS}")
+                        return
+                    timed[key].append(trace)
+        except Exception as exc:  # noqa: BLE001
+            yield shown(f"⚠ {error_text(exc)}")
+            return
+        grids.update({key: drawn(key, timed[key][-1]) for key in sides})
+        yield self._ended(grids, timed, f"Done. {REPEATS} timed repeats of each side, interleaved, after a warm-up "
+                                        f"of each; both on the prompt above, seed {sides['a'].seed}")
+
+    def _ended(self, grids: dict, timed: dict, how: str) -> dict:
+        """The comparison of the repeats timed so far (each grid shows the last of its side, with
+        its numbers over the repeats), or only ``how`` when a side has none."""
+        if not timed["a"] or not timed["b"]:
+            return {self.grid_a: grids["a"], self.grid_b: grids["b"], self.table: "",
+                    self.status: f"{how}: no side was timed to the end, so there is nothing to compare."}
+        result = compare(timed["a"][-1], timed["b"][-1], timed["a"], timed["b"])
+        cards = {key: tables.numbers_html(numbers(timed[key][-1]), result[f"timing_{key}"]) for key in "ab"}
+        counts = f"{result['repeats_a']} of A, {result['repeats_b']} of B"
+        return {self.grid_a: grids["a"] + cards["a"], self.grid_b: grids["b"] + cards["b"],
+                self.table: tables.compare_html(result),
+                self.status: how + ("." if how.startswith("Done") else f": the table covers the repeats finished "
+                                                                         f"({counts}).")}

@@ -9,7 +9,10 @@ the same trace as it grows.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
+
+from .timing import speedup, spread
 
 Trace = dict[str, Any]
 
@@ -222,35 +225,49 @@ def _running_numbers(steps: list[dict], committed: int) -> dict:
 
 # ----------------------------------------------------------------------------- compare
 
-def compare(trace_a: Trace, trace_b: Trace) -> dict:
+TIMED = ("wall_s", "model_s", "content_tokens_per_s", "tokens_per_s")  # the numbers that vary run to run
+
+
+def compare(trace_a: Trace, trace_b: Trace, repeats_a: Sequence[Trace] = (), repeats_b: Sequence[Trace] = ()) -> dict:
     """How run b compares with run a (e.g. a = no cache, b = cached).
 
-    Keys: ``speedup_wall`` and ``speedup_model`` (a's time / b's time: >1 means b is faster; None
-    when b's time is 0), per side (``_a``/``_b``): ``answer``, ``wall_s``, ``model_s``, ``nfe``,
-    ``tau``, ``content_tau``; ``agreement`` (fraction of answer positions with equal final ids;
-    positions only one run has count as different) and ``first_difference`` (first differing
-    answer position, None when identical).
+    ``trace_a``/``trace_b`` are the runs shown (their answers, forwards, τ); ``repeats_a``/
+    ``repeats_b`` the timed repeats of each side's settings (default: the shown run alone), whose
+    times are summarised by :mod:`ui.timing`.
+
+    Keys: per side (``_a``/``_b``): ``answer``, ``nfe``, ``tau``, ``content_tau``, ``repeats``
+    (timed runs), ``timing`` (a :func:`~ui.timing.spread` per ``TIMED`` number), ``wall_s`` and
+    ``model_s`` (their medians) and ``same_tokens`` (every repeat committed the shown run's final
+    tokens: the times are of the same work); ``speed_wall`` and ``speed_model`` (:func:`~ui.timing.speedup`
+    of B over A: a ratio only when the ranges do not overlap), ``speedup_wall`` and ``speedup_model``
+    (their ratios of medians, None when b's time is 0); ``agreement`` (fraction of answer positions
+    with equal final ids; positions only one run has count as different) and ``first_difference``
+    (first differing answer position, None when identical).
     """
-    na, nb = numbers(trace_a), numbers(trace_b)
     ids_a, ids_b = list(trace_a.get("final_ids") or []), list(trace_b.get("final_ids") or [])
     length = max(len(ids_a), len(ids_b))
     same = sum(x == y for x, y in zip(ids_a, ids_b))
     first = next((i for i, (x, y) in enumerate(zip(ids_a, ids_b)) if x != y), None)
     if first is None and len(ids_a) != len(ids_b):
         first = min(len(ids_a), len(ids_b))
-    sides = {}
-    for side, trace, nums in (("a", trace_a, na), ("b", trace_b, nb)):
-        sides.update({f"answer_{side}": trace.get("text", ""), f"wall_s_{side}": nums["wall_s"],
-                      f"model_s_{side}": nums["model_s"], f"nfe_{side}": nums["nfe"], f"tau_{side}": nums["tau"],
-                      f"content_tau_{side}": nums["content_tau"]})
+    sides, times = {}, {}
+    for side, trace, repeats in (("a", trace_a, repeats_a), ("b", trace_b, repeats_b)):
+        nums, timed = numbers(trace), [numbers(r) for r in repeats] or [numbers(trace)]
+        times[side] = {key: [n[key] for n in timed] for key in TIMED}
+        timing = {key: spread(values) for key, values in times[side].items()}
+        sides.update({f"answer_{side}": trace.get("text", ""), f"nfe_{side}": nums["nfe"], f"tau_{side}": nums["tau"],
+                      f"content_tau_{side}": nums["content_tau"], f"repeats_{side}": len(timed),
+                      f"timing_{side}": timing, f"wall_s_{side}": timing["wall_s"]["median"],
+                      f"model_s_{side}": timing["model_s"]["median"],
+                      f"same_tokens_{side}": all(r.get("final_ids") == trace.get("final_ids") for r in repeats)})
+    speed = {kind: speedup(times["a"][f"{kind}_s"], times["b"][f"{kind}_s"]) for kind in ("wall", "model")}
     return {
-        "speedup_wall": na["wall_s"] / nb["wall_s"] if nb["wall_s"] else None,
-        "speedup_model": na["model_s"] / nb["model_s"] if nb["model_s"] else None,
         **sides,
+        **{f"speed_{kind}": result for kind, result in speed.items()},
+        **{f"speedup_{kind}": result["ratio"] for kind, result in speed.items()},
         "agreement": same / length if length else 1.0,
         "first_difference": first,
     }
-
 
 
 # ----------------------------------------------------------------------------- the prompt

@@ -5,6 +5,7 @@ import html
 from typing import Any
 
 from .replay import Trace
+from .timing import spread_text
 
 
 def _fmt(value: Any, spec: str) -> str:
@@ -14,17 +15,34 @@ def _fmt(value: Any, spec: str) -> str:
 
 
 
-def numbers_html(nums: dict) -> str:
-    """Compact cards of :func:`numbers`, each with its unit."""
+ONE_RUN = "one run: timing varies run to run — Compare repeats"
+
+
+def numbers_html(nums: dict, timing: dict[str, dict] | None = None) -> str:
+    """Compact cards of :func:`numbers`, each with its unit. The times and speeds are one run's,
+    and say so, unless ``timing`` has their spread over repeats (``compare``'s ``timing_a``: a
+    :func:`~ui.timing.spread` per number): then they show its median and min–max."""
+    repeated = {key: s for key, s in (timing or {}).items() if s["n"] >= 2}
+
+    def timed(key: str, spec: str, unit: str, scale: float = 1.0) -> tuple[str, str]:
+        """A timed card's value and unit: the median and range over repeats, else one run's value."""
+        s = repeated.get(key)
+        if s is None:
+            value = nums.get(key)
+            return _fmt(None if value is None else value * scale, spec), unit
+        low, high = (format(s[end] * scale, spec) for end in ("min", "max"))
+        return format(s["median"] * scale, spec), f"{unit}; median of {s['n']} repeats, {low}–{high}"
+
+    speed_value, speed_unit = timed("content_tokens_per_s", ".1f", "answer tokens / s (model time)")
     cards = [
-        ("speed", _fmt(nums.get("content_tokens_per_s"), ".1f"), "answer tokens / s (model time)"),
-        ("all tokens", _fmt(nums.get("tokens_per_s"), ".1f"), "tokens / s, end-of-text padding included"),
+        ("speed", speed_value, speed_unit if "content_tokens_per_s" in repeated else f"{speed_unit}; {ONE_RUN}"),
+        ("all tokens", *timed("tokens_per_s", ".1f", "tokens / s, end-of-text padding included")),
         ("NFE", _fmt(nums.get("nfe"), "d"), "forwards"),
         ("committed", f"{_fmt(nums.get('committed'), 'd')}/{_fmt(nums.get('gen_length'), 'd')}", "tokens"),
         ("τ", _fmt(nums.get("tau"), ".2f"), "tokens / forward"),
         ("content τ", _fmt(nums.get("content_tau"), ".2f"), "content tokens / forward"),
-        ("model", _fmt(None if nums.get("model_s") is None else nums["model_s"] * 1e3, ".0f"), "ms"),
-        ("wall", _fmt(nums.get("wall_s"), ".2f"), "s" if nums.get("finished") else "s (model + other, so far)"),
+        ("model", *timed("model_s", ".0f", "ms", 1e3)),
+        ("wall", *timed("wall_s", ".2f", "s" if nums.get("finished") else "s (model + other, so far)")),
         ("outside model", _fmt(nums.get("other_share"), ".0%"), "of time"),
         ("mean G", _fmt(nums.get("mean_g"), ".1f"), "positions / forward"),
         ("cache hits", _fmt(nums.get("hit_rate"), ".0%"), "cumulative"),
@@ -46,14 +64,20 @@ def numbers_html(nums: dict) -> str:
 
 
 def compare_html(result: dict) -> str:
-    """The :func:`compare` numbers as one table: a row per measure, a column per side."""
+    """The :func:`compare` numbers as one table: a row per measure, a column per side. Times and
+    speeds are medians with their min–max over the timed repeats; the speedup is a ratio only
+    when the two sides' ranges do not overlap (:func:`~ui.timing.speedup`)."""
     def pair(key: str, spec: str, unit: str = "") -> tuple[str, str]:
         return (_fmt(result[f"{key}_a"], spec) + unit, _fmt(result[f"{key}_b"], spec) + unit)
 
+    def timed(key: str, spec: str, unit: str = "") -> tuple[str, str]:
+        return tuple(spread_text(result[f"timing_{side}"][key], spec, unit) for side in "ab")
+
     rows = [
         ("answer", (result["answer_a"], result["answer_b"])),
-        ("wall time", pair("wall_s", ".3f", " s")),
-        ("model time", pair("model_s", ".3f", " s")),
+        ("wall time", timed("wall_s", ".3f", " s")),
+        ("model time", timed("model_s", ".3f", " s")),
+        ("speed (answer tokens / s, model time)", timed("content_tokens_per_s", ".1f")),
         ("forwards (NFE)", pair("nfe", "d")),
         ("τ (tokens / forward)", pair("tau", ".2f")),
         ("content τ", pair("content_tau", ".2f")),
@@ -61,9 +85,13 @@ def compare_html(result: dict) -> str:
     body = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(a)}</td><td>{html.escape(b)}</td></tr>"
                    for k, (a, b) in rows)
     first = result["first_difference"]
+    differed = [side.upper() for side in "ab" if not result[f"same_tokens_{side}"]]
     summary = [
-        ("speedup of B (wall)", _fmt(result["speedup_wall"], ".2f") + "×"),
-        ("speedup of B (model time)", _fmt(result["speedup_model"], ".2f") + "×"),
+        ("speedup of B (wall)", result["speed_wall"]["text"]),
+        ("speedup of B (model time)", result["speed_model"]["text"]),
+        ("tokens over the repeats", f"⚠ {' and '.join(differed)} committed different tokens in different repeats: "
+                                    "the times are not of the same work" if differed else
+                                    "the same in every repeat of each side"),
         ("token agreement", _fmt(result["agreement"], ".1%")),
         ("first difference", "none" if first is None else f"answer position {first}"),
     ]
