@@ -399,6 +399,33 @@ def test_drift_view_marks_the_commits_own_change_apart_from_later_drift(trace, r
     assert {(i, p) for i in range(len(revise)) for p in range(len(back.z[0])) if not _nan(back.z[i][p])} == taken
 
 
+def test_a_later_blocks_masked_position_shows_its_confidence_and_why_no_candidates(revise_run):
+    P, block = len(revise_run["prompt_ids"]), revise_run["settings"]["block_size"]
+    i, record = next((i, s) for i, s in enumerate(revise_run["steps"])
+                     if any(pos - P >= block for pos in s["masked_positions"]))
+    assert all(pos - P < block for pos, _ in record["top_candidates"])  # the trace: the current block's only
+    titles = dict(re.findall(r'title="pos (\d+) · masked([^"]*)"', grid.token_grid_html(revise_run, i)))
+    still_masked = {str(p) for p, t in enumerate(replay.state_at(revise_run, i)["ids"]) if t is None}
+    assert set(titles) == still_masked and any(int(p) >= block for p in still_masked)
+    for position, conf in zip(record["masked_positions"], record["masked_confidence"]):
+        if str(position - P) not in still_masked:  # committed at this step: no longer a masked box
+            continue
+        p, title = position - P, html.unescape(titles[str(position - P)])
+        if p < block:
+            assert f"step {i}'s top candidates: " in title
+        else:
+            assert f"step {i}'s confidence {conf:.2f} (top candidates are recorded for the current block only)" in title
+
+
+def test_a_one_step_runs_legend_names_its_one_step(tiny, trace):
+    one = _run(tiny, "Give two numbers whose sum is 9.", gen_length=8, block_size=8, unmask="threshold",
+               unmask_params={"threshold": 0.01})
+    assert len(one["steps"]) == 1
+    legend = grid.token_grid_html(one, 0).split('class="dl-legend"')[1]
+    assert "step 0" in legend and "→ step" not in legend
+    assert "step 0 → step 8" in grid.token_grid_html(trace, 2)
+
+
 # ----------------------------------------------------------------------------- cache, numbers
 
 def test_cache_panel(trace):
