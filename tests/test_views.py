@@ -536,7 +536,7 @@ def test_sweep_figure_labels_points_zooms_to_the_data_and_shows_intervals():
     report = {"problems": 20, "rows": [{"point": p, "accuracy": a, "model_tok_s": x, "pareto": f} for p, a, x, f in rows]}
     fig = tune_figures.sweep_figure(report)
     points = _trace_named(fig, "points")
-    assert list(points.text) == ["τ 0.9 · B 32", "τ 0.5 · B 8", "τ 0.7 · B 16"]
+    assert _annotations(fig) == list(points.hovertext) == ["τ 0.9 · B 32", "τ 0.5 · B 8", "τ 0.7 · B 16"]
     low, high = fig.layout.yaxis.range
     assert 0.4 < low < 0.85 and 0.95 < high <= 1.05  # zoomed to the points and their intervals, not 0-100%
     assert "n = 20" in fig.layout.yaxis.title.text
@@ -555,8 +555,9 @@ def test_crowded_sweep_labels_are_placed_apart_or_left_to_hover():
             for t in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)]
     fig = tune_figures.sweep_figure({"problems": 20, "rows": rows})
     points = _trace_named(fig, "points")
-    shown = [(t, p) for t, p in zip(points.text, points.textposition) if t]
-    assert 1 < len(shown) < len(rows) and len({p for _, p in shown}) == len(shown)  # each label a side of its own
+    shown = [(a.xanchor, a.yanchor, a.xshift, a.yshift) for a in fig.layout.annotations]
+    assert 1 < len(shown) < len(rows) and len(set(shown)) == len(shown)  # each label a side of its own
+    assert all(a.bgcolor for a in fig.layout.annotations)  # lines and bars pass behind the letters
     assert list(points.hovertext) == [f"τ {t} · B 8" for t in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)]  # every knob on hover
     assert f"{len(rows) - len(shown)} crowded labels: hover the point" in fig.layout.title.text
 

@@ -305,7 +305,7 @@ def kv_heatmap(trace: Trace, layer: int | str = MEAN_LAYERS, which: str = "k", u
     return styled(fig, title)
 
 
-PROBE_COLUMN = 0.16  # the share of the figure's width the drift probes' column takes
+PROBE_COLUMN = 0.2  # the share of the figure's width the drift probes' column takes
 
 
 def _drift_probes(fig: go.Figure, trace: Trace, steps: list[dict]) -> None:

@@ -30,17 +30,27 @@ def _point_label(point: dict) -> str:
 PLOT_PX = (1000, 340)
 LABEL_PX = (7.8, 19)  # per character at 14 px, and the line's height
 MARKER_PX = 9
-# (plotly textposition, box left and bottom edges relative to the point, in label widths/heights and
-# marker radii): the first that fits wins, so most labels sit above their point.
+# (where, the box's left and bottom edges relative to the point, in label widths/heights and marker
+# radii): the first place that fits wins, so most labels sit above their point.
 _PLACES = [("top center", (-0.5, 0), (0, 1)), ("bottom center", (-0.5, 0), (-1, -1)),
            ("middle right", (0, 1), (-0.5, 0)), ("middle left", (-1, -1), (-0.5, 0)),
            ("top right", (0, 0), (0, 1)), ("top left", (-1, 0), (0, 1)),
            ("bottom right", (0, 0), (-1, -1)), ("bottom left", (-1, 0), (-1, -1))]
+_X_ANCHOR, _Y_ANCHOR = {-0.5: "center", 0: "left", -1: "right"}, {-0.5: "middle", 0: "bottom", -1: "top"}
+
+
+def _label(x: float, y: float, text: str, place: str) -> dict:
+    """An annotation for a label at a place of :data:`_PLACES`: on a white ground, so that error bars
+    and the frontier line do not cross its letters."""
+    (wx, rx), (hy, ry) = next((w, h) for name, w, h in _PLACES if name == place)
+    return {"x": x, "y": y, "text": text, "showarrow": False, "font": {"size": 14},
+            "xanchor": _X_ANCHOR[wx], "yanchor": _Y_ANCHOR[hy], "xshift": rx * MARKER_PX, "yshift": ry * MARKER_PX,
+            "bgcolor": "rgba(255,255,255,0.85)", "borderpad": 0}
 
 
 def place_labels(xs: list[float], ys: list[float], labels: list[str], x_range: list[float],
                  y_range: list[float]) -> list[str | None]:
-    """A textposition for each point's label such that no two labels overlap, none covers a marker
+    """A place of :data:`_PLACES` for each point's label such that no two labels overlap, none covers a marker
     and all stay inside the plot area; None where no place fits (the label is then hover-only)."""
     (width, height), (char, line), r = PLOT_PX, LABEL_PX, MARKER_PX
 
@@ -95,10 +105,7 @@ def sweep_figure(report: dict) -> go.Figure:
     places = dict(zip(order, placed))
     fig = go.Figure()
     fig.add_trace(go.Scatter(
-        x=speed, y=accuracy, mode="markers+text", name="points",
-        text=[labels[i] if places[i] else "" for i in range(len(rows))],
-        textposition=[places[i] or "top center" for i in range(len(rows))],
-        textfont={"size": 14}, hovertext=labels,
+        x=speed, y=accuracy, mode="markers", name="points", hovertext=labels,
         error_y={"type": "data", "symmetric": False, "array": [h - a for h, a in zip(high, accuracy)],
                  "arrayminus": [a - lo for a, lo in zip(accuracy, low)], "color": "#aaa", "thickness": 1.5},
         marker={"size": 12, "color": ["#e4572e" if r["pareto"] else "#888" for r in rows],
@@ -108,6 +115,9 @@ def sweep_figure(report: dict) -> go.Figure:
     front = sorted((r for r in rows if r["pareto"]), key=lambda r: r["model_tok_s"])
     fig.add_trace(go.Scatter(x=[r["model_tok_s"] for r in front], y=[r["accuracy"] for r in front], mode="lines",
                              name="Pareto frontier", line={"color": "#e4572e", "width": 2}, hoverinfo="skip"))
+    for i, place in places.items():
+        if place:
+            fig.add_annotation(**_label(speed[i], accuracy[i], labels[i], place))
     fig.update_xaxes(title="answer tokens / s (model time)", range=x_range)
     sizes = sorted({int(r.get("n") or n) for r in rows})
     fig.update_yaxes(title=f"accuracy (n = {', '.join(map(str, sizes))}, bars: 95% interval)", tickformat=".0%",
