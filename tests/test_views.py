@@ -414,7 +414,7 @@ def test_a_later_blocks_masked_position_shows_its_confidence_and_why_no_candidat
         if p < block:
             assert f"step {i}'s top candidates: " in title
         else:
-            assert f"step {i}'s confidence {conf:.2f} (top candidates are recorded for the current block only)" in title
+            assert f"step {i}'s confidence {conf:.2f} (top-k is recorded for the current block only)" in title
 
 
 def test_a_one_step_runs_legend_names_its_one_step(tiny, trace):

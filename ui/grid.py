@@ -124,7 +124,7 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
                 title += f" · step {shown}'s top candidates: " + ", ".join(
                     f"'{visible(token_text(trace, t))}' {q:.2f}" for t, q in top[p])
             elif scored.get(p) is not None:  # a later block: the trace keeps its confidence, not its candidates
-                title += (f" · step {shown}'s confidence {scored[p]:.2f} (top candidates are recorded for the "
+                title += (f" · step {shown}'s confidence {scored[p]:.2f} (top-k is recorded for the "
                           "current block only)")
             style, classes = f"{_BOX}background:#e5e5e5;color:#777;", "dl-tok dl-masked"
             if p in rejected:
