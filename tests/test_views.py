@@ -205,8 +205,12 @@ def test_kv_drift_cached_vs_recomputed(trace):
     recomputed = steps[i]["recomputed"]
     reused = next(p for p in range(n) if P + p not in recomputed)
     assert cached[i][reused] == 1.0 and _nan(drift[i][reused])
-    fresh = recomputed.index(P + 3)
-    assert drift[i][3] == steps[i]["kv"]["0"]["k"][fresh] and _nan(cached[i][3])
+    # Each recomputed cell holds its cosine in one layer: the drift, or the commit's own change.
+    commit = _trace_named(fig, "commit: mask → token").z
+    for j, position in enumerate(recomputed):
+        p = position - P
+        shown = [z[i][p] for z in (drift, commit) if not _nan(z[i][p])]
+        assert shown == [np.float32(steps[i]["kv"]["0"]["k"][j])] and _nan(cached[i][p])
     # A full refresh recomputes everything: nothing in the cached layer on that row.
     r = next(i for i, s in enumerate(steps) if s["full_refresh"])
     assert all(_nan(v) for v in cached[r])
@@ -253,7 +257,9 @@ def test_kv_refresh_rows_marked_and_upto(trace):
 
 def test_kv_exact_views(trace):
     P, n, steps = len(trace["prompt_ids"]), trace["gen_length"], trace["steps"]
-    true = _trace_named(run_figures.kv_heatmap(trace, layer=0, view="true_drift"), "true_drift").z.tolist()
+    fig = run_figures.kv_heatmap(trace, layer=0, view="true_drift")
+    # the commit's own change is a layer of its own; together they are the trace's row
+    true = np.fmax(_trace_named(fig, "true_drift").z, _trace_named(fig, "commit: mask → token").z).tolist()
     assert all(_nan(v) for v in true[0])  # no previous exact K at the first step
     # the figure holds float32 grids
     np.testing.assert_allclose(true[1], np.array(steps[1]["exact"]["true_drift"]["0"]["k"][P:P + n], float), rtol=1e-6)
@@ -281,6 +287,145 @@ def test_summary_level_trace(trace):
     grid.token_grid_html(t, 3)
 
 
+# ----------------------------------------------------------------------------- real runs of the tiny model
+
+POKER = "Kate is playing cards. Name a poker hand Kate could hold."
+SHELLS = "Mia has 4 boxes of 5 shells and 3 loose shells. How many in all?"
+
+
+def _run(tiny, prompt: str, **settings) -> dict:
+    import dllm_local
+    from dllm_local.settings import Settings
+
+    return dllm_local.generate(tiny, prompt, Settings(trace="full", **settings)).trace.to_dict()
+
+
+@pytest.fixture(scope="module")
+def drift_run(tiny) -> dict:
+    """Elastic-Cache's drift-triggered refresh, one token per step: a probe at every step inside a block."""
+    return _run(tiny, SHELLS, gen_length=64, block_size=16, cache="drift_refresh",
+                cache_params={"gamma": 0.99, "top_k": 8}, unmask="fixed")
+
+
+@pytest.fixture(scope="module")
+def revise_run(tiny) -> dict:
+    """WINO-style revise on the poker prompt: short (a few steps), two blocks, tokens taken back."""
+    return _run(tiny, POKER, gen_length=64, block_size=32, cache="dual", unmask="revise",
+                unmask_params={"draft_threshold": 0.3, "verify_threshold": 0.9, "max_revisions": 1})
+
+
+def _step_axes(fig) -> list:
+    """The figure's step axis: y for the heatmaps, x for the cache panel."""
+    return fig.layout.yaxis if fig.layout.yaxis.title.text == "step" else fig.layout.xaxis
+
+
+def test_every_step_axis_runs_from_0_to_the_last_step_live_and_final(trace, drift_run, revise_run):
+    for run in (trace, drift_run, revise_run):
+        total = len(run["steps"])
+        for upto in (0, 3, 15, None):  # mid-run (live) redraws and the final one
+            shown = total if upto is None else min(upto + 1, total)
+            for fig in (run_figures.confidence_heatmap(run, upto), run_figures.kv_heatmap(run, upto_step=upto),
+                        run_figures.cache_panel(run, upto)):
+                if not fig.layout.annotations:  # e.g. "one step only" for the KV panel
+                    axis = _step_axes(fig)
+                    assert axis.title.text == "step" and axis.autorange is False
+                    assert sorted(axis.range) == [-0.5, shown - 0.5]  # the cells, half a step either side
+                    assert axis.tickvals[0] == 0 and axis.tickvals[-1] <= shown - 1
+                    if shown <= 24:
+                        assert list(axis.tickvals) == list(range(shown))
+    assert run_figures.axis_ticks(64) == [0, 10, 20, 30, 40, 50, 60]
+    # The answer-position axes start at 0 too, though markers sit left of position 0.
+    assert run_figures.confidence_heatmap(trace).layout.xaxis.tickvals[0] == 0
+
+
+def test_cache_bars_are_one_step_wide_on_a_short_run(revise_run):
+    fig = run_figures.cache_panel(revise_run)
+    full = _trace_named(fig, "G, full refresh")
+    assert len(full.x) >= 2 and min(np.diff(full.x)) > 1  # refreshes steps apart: what widened the bars
+    assert all(bar.width == 0.8 for bar in fig.data if bar.type == "bar")
+    assert list(fig.layout.xaxis.range) == [-0.5, len(revise_run["steps"]) - 0.5]
+
+
+def test_drift_probes_have_a_column_of_their_own_on_the_step_axis(drift_run, revise_run):
+    fig = run_figures.kv_heatmap(drift_run, layer=3)
+    probe = _trace_named(fig, "attention drift probe")
+    measured = [(i, s["policy"]["drift"]) for i, s in enumerate(drift_run["steps"]) if s["policy"]["drift"] is not None]
+    assert probe.xaxis == "x2" and list(zip(probe.y, probe.x)) == measured  # x: the drift itself, per step
+    grid_right, (column_left, _) = fig.layout.xaxis.domain[1], fig.layout.xaxis2.domain
+    assert grid_right < column_left and fig.layout.xaxis2.anchor == "y"  # beside the grid, same steps
+    gamma = drift_run["settings"]["cache_params"]["gamma"]
+    assert list(_trace_named(fig, f"γ {gamma}").x) == [gamma, gamma]
+    low, high = fig.layout.xaxis2.range
+    assert low < min(gamma, *probe.x) and max(probe.x) < high
+    assert len({round(x, 3) for x in probe.x}) > 5  # spread out, not one strip
+    # A run without probes keeps the grid the whole width.
+    plain = run_figures.kv_heatmap(revise_run).layout
+    assert "xaxis2" not in plain and plain.xaxis.domain in (None, (0, 1))
+
+
+def _first_recompute_after(steps: list[dict], P: int, p: int, step: int) -> int | None:
+    return next((i for i in range(step + 1, len(steps)) if P + p in (steps[i]["recomputed"] or [])), None)
+
+
+def test_drift_view_marks_the_commits_own_change_apart_from_later_drift(trace, revise_run):
+    P, n, steps = len(trace["prompt_ids"]), trace["gen_length"], trace["steps"]
+    fig = run_figures.kv_heatmap(trace, layer=3, which="v")
+    commit, drift = _trace_named(fig, "commit: mask → token"), _trace_named(fig, "drift")
+    marked = {(i, p) for i in range(len(steps)) for p in range(n) if not _nan(commit.z[i][p])}
+    # Independently: a commit's change shows where the position is next recomputed, against the
+    # K/V cached while it was still masked.
+    expected = {(later, position - P) for c, s in enumerate(steps) for position, _, _ in s["committed"]
+                if (later := _first_recompute_after(steps, P, position - P, c)) is not None}
+    assert marked == expected and marked
+    for i, p in marked:  # the trace's cosine, in the commit layer alone
+        j = steps[i]["recomputed"].index(P + p)
+        assert commit.z[i][p] == np.float32(steps[i]["kv"]["3"]["v"][j]) and _nan(drift.z[i][p])
+    # every other recomputed cell is drift, unmarked
+    others = [(i, position - P) for i, s in enumerate(steps) for position, cos in zip(s["recomputed"], s["kv"]["3"]["v"])
+              if 0 <= position - P < n and (i, position - P) not in marked and cos is not None]
+    assert others and all(not _nan(drift.z[i][p]) for i, p in others)
+    assert "mask → token" in commit.hovertemplate and "not drift" in commit.hovertemplate
+    # True drift compares consecutive exact forwards: the commit shows at the very next step.
+    true = _trace_named(run_figures.kv_heatmap(trace, layer=3, view="true_drift"), "commit: mask → token")
+    assert {(i, p) for i in range(len(steps)) for p in range(n) if not _nan(true.z[i][p])} == {
+        (c + 1, position - P) for c, s in enumerate(steps[:-1]) for position, _, _ in s["committed"]}
+    assert "commit: mask → token" not in {d.name for d in run_figures.kv_heatmap(trace, view="cache_error").data}
+    # A token taken back (revise) changes the input too: its own layer, at its next recompute.
+    revise, P = revise_run["steps"], len(revise_run["prompt_ids"])
+    taken = {(later, pos - P) for r, s in enumerate(revise) for pos, *_ in s["revoked"]
+             if (later := _first_recompute_after(revise, P, pos - P, r)) is not None}
+    assert taken, "the revise run should take a token back"
+    back = _trace_named(run_figures.kv_heatmap(revise_run, layer=3), "taken back: token → mask")
+    assert {(i, p) for i in range(len(revise)) for p in range(len(back.z[0])) if not _nan(back.z[i][p])} == taken
+
+
+def test_a_later_blocks_masked_position_shows_its_confidence_and_why_no_candidates(revise_run):
+    P, block = len(revise_run["prompt_ids"]), revise_run["settings"]["block_size"]
+    i, record = next((i, s) for i, s in enumerate(revise_run["steps"])
+                     if any(pos - P >= block for pos in s["masked_positions"]))
+    assert all(pos - P < block for pos, _ in record["top_candidates"])  # the trace: the current block's only
+    titles = dict(re.findall(r'title="pos (\d+) · masked([^"]*)"', grid.token_grid_html(revise_run, i)))
+    still_masked = {str(p) for p, t in enumerate(replay.state_at(revise_run, i)["ids"]) if t is None}
+    assert set(titles) == still_masked and any(int(p) >= block for p in still_masked)
+    for position, conf in zip(record["masked_positions"], record["masked_confidence"]):
+        if str(position - P) not in still_masked:  # committed at this step: no longer a masked box
+            continue
+        p, title = position - P, html.unescape(titles[str(position - P)])
+        if p < block:
+            assert f"step {i}'s top candidates: " in title
+        else:
+            assert f"step {i}'s confidence {conf:.2f} (top-k is recorded for the current block only)" in title
+
+
+def test_a_one_step_runs_legend_names_its_one_step(tiny, trace):
+    one = _run(tiny, "Give two numbers whose sum is 9.", gen_length=8, block_size=8, unmask="threshold",
+               unmask_params={"threshold": 0.01})
+    assert len(one["steps"]) == 1
+    legend = grid.token_grid_html(one, 0).split('class="dl-legend"')[1]
+    assert "step 0" in legend and "→ step" not in legend
+    assert "step 0 → step 8" in grid.token_grid_html(trace, 2)
+
+
 # ----------------------------------------------------------------------------- cache, numbers
 
 def test_cache_panel(trace):
@@ -296,7 +441,8 @@ def test_cache_panel(trace):
     rate = _trace_named(fig, "hit rate").y
     assert rate[1] == pytest.approx(steps[1]["reads"] / (steps[1]["reads"] + steps[1]["g"]))
     assert _trace_named(fig, "cumulative").y[-1] == pytest.approx(trace["stats"]["cache_hit_rate"], abs=1e-4)
-    assert list(fig.layout.yaxis2.range) == [0, 1.02]
+    # 100% is a tick, with room above it for its label inside the plot
+    assert 1.0 in fig.layout.yaxis2.tickvals and fig.layout.yaxis2.range[1] >= 1.1
     assert len(_trace_named(run_figures.cache_panel(trace, upto_step=2), "hit rate").y) == 3
     json.loads(fig.to_json())
 
@@ -390,13 +536,30 @@ def test_sweep_figure_labels_points_zooms_to_the_data_and_shows_intervals():
     report = {"problems": 20, "rows": [{"point": p, "accuracy": a, "model_tok_s": x, "pareto": f} for p, a, x, f in rows]}
     fig = tune_figures.sweep_figure(report)
     points = _trace_named(fig, "points")
-    assert list(points.text) == ["τ 0.9 · B 32", "τ 0.5 · B 8", "τ 0.7 · B 16"]
+    assert _annotations(fig) == list(points.hovertext) == ["τ 0.9 · B 32", "τ 0.5 · B 8", "τ 0.7 · B 16"]
     low, high = fig.layout.yaxis.range
     assert 0.4 < low < 0.85 and 0.95 < high <= 1.05  # zoomed to the points and their intervals, not 0-100%
     assert "n = 20" in fig.layout.yaxis.title.text
     assert tune_figures.wilson_interval(1.0, 20) == pytest.approx((0.8389, 1.0), abs=1e-4)
     assert points.error_y.arrayminus[0] == pytest.approx(0.95 - tune_figures.wilson_interval(0.95, 20)[0])
     assert list(_trace_named(fig, "Pareto frontier").x) == [50.0, 80.0]
+    # The table gives accuracy in the chart's unit.
+    assert [row[2] for row in tune_figures.sweep_table({**report, "rows": [dict(r, nfe=4) for r in report["rows"]]})] == [
+        "95%", "90%", "85%"]
+    assert tune_figures.percent(0.925) == "92.5%" and tune_figures.percent(0.99996) == "100%"
+
+
+def test_crowded_sweep_labels_are_placed_apart_or_left_to_hover():
+    # Six points on one spot: one label fits each free side, the rest are hover-only.
+    rows = [{"point": {"threshold": t, "block_size": 8}, "accuracy": 0.9, "model_tok_s": 100.0 + t / 10, "pareto": False}
+            for t in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)]
+    fig = tune_figures.sweep_figure({"problems": 20, "rows": rows})
+    points = _trace_named(fig, "points")
+    shown = [(a.xanchor, a.yanchor, a.xshift, a.yshift) for a in fig.layout.annotations]
+    assert 1 < len(shown) < len(rows) and len(set(shown)) == len(shown)  # each label a side of its own
+    assert all(a.bgcolor for a in fig.layout.annotations)  # lines and bars pass behind the letters
+    assert list(points.hovertext) == [f"τ {t} · B 8" for t in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)]  # every knob on hover
+    assert f"{len(rows) - len(shown)} crowded labels: hover the point" in fig.layout.title.text
 
 
 def test_sweep_inputs_are_read_by_the_page_and_checked_once_by_the_settings():

@@ -108,6 +108,7 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
     record = (trace.get("steps") or [])[shown] if shown >= 0 else {}
     P = prompt_len(trace)
     top = {int(pos) - P: pairs for pos, pairs in record.get("top_candidates") or []}
+    scored = {int(pos) - P: c for pos, c in zip(record.get("masked_positions") or [], record.get("masked_confidence") or [])}
     rejected = {int(pos) - P: (tok, score) for pos, tok, score in (record.get("policy") or {}).get("rejected_at") or []}
     replay = what_if(trace, what_if_threshold) if what_if_threshold is not None else None
     would = set()
@@ -122,6 +123,9 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
             if p in top:
                 title += f" · step {shown}'s top candidates: " + ", ".join(
                     f"'{visible(token_text(trace, t))}' {q:.2f}" for t, q in top[p])
+            elif scored.get(p) is not None:  # a later block: the trace keeps its confidence, not its candidates
+                title += (f" · step {shown}'s confidence {scored[p]:.2f} (top-k is recorded for the "
+                          "current block only)")
             style, classes = f"{_BOX}background:#e5e5e5;color:#777;", "dl-tok dl-masked"
             if p in rejected:
                 tok, score = rejected[p]
@@ -166,8 +170,9 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
         scale = (f'<span style="{swatch}background:{_css(_CONF_STOPS[0])}"></span>low → high confidence at commit'
                  f'<span style="{swatch}background:{_css(_CONF_STOPS[-1])}"></span>')
     else:
-        scale = (f'<span style="{swatch}background:{_css(_interp(_STEP_STOPS, 0.1))}"></span>step 0 → step {last}'
-                 f'<span style="{swatch}background:{_css(_interp(_STEP_STOPS, 1.0))}"></span>')
+        scale = f'<span style="{swatch}background:{_css(_interp(_STEP_STOPS, 0.1))}"></span>step 0'
+        if len(trace.get("steps") or []) > 1:
+            scale += f' → step {last}<span style="{swatch}background:{_css(_interp(_STEP_STOPS, 1.0))}"></span>'
     committed = len(ids) - state["masked"]
     where = "before any step" if shown < 0 else f"after step {shown}"
     marks = ""

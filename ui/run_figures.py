@@ -38,10 +38,26 @@ def _num(value: Any) -> float:
     return NAN if value is None else float(value)
 
 
+def axis_ticks(count: int) -> list[int]:
+    """Tick values for ``count`` cells numbered from 0: every cell up to 24, else a 1-2-5 step giving
+    at most 12 ticks; never a tick outside 0..count-1 (no "step -1", no step past the last)."""
+    if count <= 24:
+        return list(range(max(1, count)))
+    step = next(m * 10**e for e in range(12) for m in (1, 2, 5) if count / (m * 10**e) <= 12)
+    return list(range(0, count, step))
+
+
+def _cell_range(count: int) -> list[float]:
+    """The axis range that holds cells 0..count-1 exactly, half a cell either side."""
+    return [-0.5, max(1, count) - 0.5]
+
+
 def _step_axis(fig: go.Figure, n_steps: int, **kwargs) -> None:
-    # Time runs downwards, like reading the decode from top to bottom.
-    fig.update_yaxes(title_text="step", autorange="reversed", zeroline=False,
-                     dtick=1 if n_steps <= 24 else None, **kwargs)
+    # Time runs downwards, like reading the decode from top to bottom. The range is set, not left to
+    # autorange: markers beside the rows would pad it to a "step -1" and a step past the last.
+    top, bottom = _cell_range(n_steps)
+    fig.update_yaxes(title_text="step", range=[bottom, top], autorange=False, zeroline=False,
+                     tickmode="array", tickvals=axis_ticks(n_steps), **kwargs)
 
 
 # ----------------------------------------------------------------------------- confidence
@@ -101,7 +117,7 @@ def confidence_heatmap(trace: Trace, upto_step: int | None = None) -> go.Figure:
             hovertext=[verdicts[i]["text"] for i in rows], hoverinfo="text",
             marker={"symbol": symbol, "size": 11, "color": colour, "line": {"color": colour, "width": 3}},
         ))
-    fig.update_xaxes(title_text="answer position", range=[-1.7, n - 0.5])
+    fig.update_xaxes(title_text="answer position", range=[-1.7, n - 0.5], tickmode="array", tickvals=axis_ticks(n))
     _step_axis(fig, len(steps))
     return styled(fig, title)
 
@@ -156,6 +172,45 @@ def _kv_rows(trace: Trace, steps: list[dict], layer: str, which: str, view: str)
     return values, cached
 
 
+# A cell whose two compared K/V straddle a change of the position's own input (mask → token or
+# back) shows that change, not drift: the first comparison after each commit or take-back.
+INPUT_CHANGES = {
+    "commit": ("commit: mask → token", "#f4a582", "this position was committed (mask → token) between the two K/V "
+               "compared:<br>the change is its new token's, not drift"),
+    "taken back": ("taken back: token → mask", "#92c5de", "this position's token was taken back (token → mask) "
+                   "between the two K/V compared:<br>the change is the mask's, not drift"),
+}
+
+
+def input_change_cells(trace: Trace, steps: list[dict], view: str) -> dict[str, np.ndarray]:
+    """Per kind of :data:`INPUT_CHANGES`, the (step, answer position) cells of a ``drift`` or
+    ``true_drift`` view whose cosine compares K/V from before and after that position's input changed.
+
+    "drift" compares a recomputed entry with the value cached at the position's last recompute, so a
+    commit shows at the position's first recompute after it; "true_drift" compares consecutive exact
+    forwards, so it shows at the step after the commit. Other views mark nothing.
+    """
+    P, n = prompt_len(trace), answer_length(trace)
+    marks = {kind: np.zeros((len(steps), n), dtype=bool) for kind in INPUT_CHANGES}
+    if view not in ("drift", "true_drift"):
+        return marks
+    pending: list[str | None] = [None] * n  # the change not yet seen by a comparison
+    for i, record in enumerate(steps):
+        if view == "drift":
+            compared = [int(position) - P for position in record.get("recomputed") or []]
+        else:
+            compared = range(n) if record.get("exact") else []
+        for p in compared:
+            if 0 <= p < n and pending[p]:
+                marks[pending[p]][i, p] = True
+                pending[p] = None
+        for kind, key in (("commit", "committed"), ("taken back", "revoked")):  # revoked: after the commits
+            for position, *_ in record.get(key) or []:
+                if 0 <= int(position) - P < n:
+                    pending[int(position) - P] = kind
+    return marks
+
+
 def _commit_line(trace: Trace, steps: list[dict]) -> tuple[list[float], list[float]]:
     """The step at which each answer position was committed, as a staircase: cells below it
     (later steps) hold a decoded token, cells above it are still masked."""
@@ -203,6 +258,10 @@ def kv_heatmap(trace: Trace, layer: int | str = MEAN_LAYERS, which: str = "k", u
         return message_figure("one step only: there is no earlier K/V to compare with", title)
     n = answer_length(trace)
     values, cached = _kv_rows(trace, steps, layer, which, view)
+    changes = {kind: np.where(cells & ~np.isnan(values), values, NAN).astype(np.float32)
+               for kind, cells in input_change_cells(trace, steps, view).items()}
+    for layer_values in changes.values():  # each cell in one layer only: hover names what it is
+        values[~np.isnan(layer_values)] = NAN
     rows, columns = np.arange(len(steps)), np.arange(n)
     gaps = {"xgap": 1 if n <= 64 else 0, "ygap": 1 if len(steps) <= 64 else 0}
     fig = go.Figure()
@@ -220,6 +279,15 @@ def kv_heatmap(trace: Trace, layer: int | str = MEAN_LAYERS, which: str = "k", u
                   "ticktext": list(COS_TICKS.values()), "tickfont": {"size": 14}},
         hovertemplate=f"pos %{{x}} · step %{{y}}<br>{label[view]} %{{z:.4f}}<extra></extra>",
     ))
+    for kind, z in changes.items():
+        if np.isnan(z).all():
+            continue
+        name, colour, why = INPUT_CHANGES[kind]
+        fig.add_trace(go.Heatmap(
+            z=z, x=columns, y=rows, name=name, zmin=0, zmax=1, showscale=False, showlegend=True,
+            colorscale=[[0, colour], [1, colour]], hoverongaps=False, **gaps,
+            hovertemplate=f"pos %{{x}} · step %{{y}}<br>{label[view]} %{{z:.4f}}<br>{why}<extra></extra>",
+        ))
     line_x, line_y = _commit_line(trace, steps)
     fig.add_trace(go.Scatter(
         x=line_x, y=line_y, mode="lines", name="committed below", line={"color": "#111", "width": 2.5},
@@ -231,28 +299,51 @@ def kv_heatmap(trace: Trace, layer: int | str = MEAN_LAYERS, which: str = "k", u
         marker={"symbol": "triangle-right", "size": 11, "color": "#e4572e"},
         hovertemplate="step %{y}: full refresh (every position recomputed)<extra></extra>",
     ))
-    right = n - 0.5
+    fig.update_xaxes(title_text="answer position", range=[-1.6, n - 0.5], tickmode="array", tickvals=axis_ticks(n))
+    _step_axis(fig, len(steps))
+    _drift_probes(fig, trace, steps)
+    return styled(fig, title)
+
+
+PROBE_COLUMN = 0.2  # the share of the figure's width the drift probes' column takes
+
+
+def _drift_probes(fig: go.Figure, trace: Trace, steps: list[dict]) -> None:
+    """drift_refresh's attention-drift probe of each step, and what it decided, in a column of its
+    own right of the grid (same step axis): the cosine on x, γ as a dashed line, so a reader sees
+    the drift fall towards γ and the refresh it triggers."""
     probes = [(i, s["policy"]["drift"], bool(s["policy"].get("refresh_next")))
               for i, s in enumerate(steps) if (s.get("policy") or {}).get("drift") is not None]
-    if probes:  # drift_refresh: the attention drift it measured, and what it decided, right of each row
-        gamma = ((trace.get("settings") or {}).get("cache_params") or {}).get("gamma")
-        below = f" < γ {gamma}" if gamma is not None else ""
-        fig.add_trace(go.Scatter(
-            x=[n + 0.4] * len(probes), y=[i for i, _, _ in probes], mode="markers", name="attention drift probe",
-            cliponaxis=False, hoverinfo="text",
-            hovertext=[f"step {i}: attention drift cos {d:.3f}" + (f"{below} → the next step refreshes" if r else
-                                                                    " → keep reusing the cache") for i, d, r in probes],
-            marker={"symbol": ["diamond" if r else "circle" for *_, r in probes], "size": 11,
-                    "color": ["#e4572e" if r else "#999" for *_, r in probes]},
-        ))
-        right = n + 1.0
-    fig.update_xaxes(title_text="answer position", range=[-1.6, right])
-    _step_axis(fig, len(steps))
-    return styled(fig, title)
+    if not probes:
+        return
+    gamma = ((trace.get("settings") or {}).get("cache_params") or {}).get("gamma")
+    below = f" < γ {gamma}" if gamma is not None else ""
+    fig.add_trace(go.Scatter(
+        x=[d for _, d, _ in probes], y=[i for i, _, _ in probes], mode="lines+markers", xaxis="x2",
+        name="attention drift probe", hoverinfo="text", line={"color": "#bbb", "width": 1},
+        hovertext=[f"step {i}: attention drift cos {d:.3f}" + (f"{below} → the next step refreshes" if r else
+                                                                " → keep reusing the cache") for i, d, r in probes],
+        marker={"symbol": ["diamond" if r else "circle" for *_, r in probes], "size": 9,
+                "color": ["#e4572e" if r else "#777" for *_, r in probes]},
+    ))
+    low = min([d for _, d, _ in probes] + ([float(gamma)] if gamma is not None else []))
+    pad = max(1e-3, 0.15 * (1.0 - low))
+    if gamma is not None:
+        fig.add_trace(go.Scatter(x=[gamma, gamma], y=_cell_range(len(steps)), mode="lines", xaxis="x2",
+                                 name=f"γ {gamma}", line={"color": "#e4572e", "dash": "dash", "width": 1.5},
+                                 hoverinfo="skip"))
+    fig.update_layout(
+        xaxis={"domain": [0, 1 - PROBE_COLUMN - 0.03]},
+        xaxis2={"domain": [1 - PROBE_COLUMN, 1], "anchor": "y", "range": [low - pad, 1 + pad / 3],
+                "title": {"text": "attention cos"}, "nticks": 3, "tickformat": ".2f"},
+    )
 
 
 
 # ----------------------------------------------------------------------------- cache
+
+HIT_RATE_TICKS = [0.0, 0.25, 0.5, 0.75, 1.0]
+
 
 def cache_panel(trace: Trace, upto_step: int | None = None) -> go.Figure:
     """Bars: G (positions recomputed) per step; lines: hit rate per step and cumulative (right axis)."""
@@ -273,7 +364,9 @@ def cache_panel(trace: Trace, upto_step: int | None = None) -> go.Figure:
     fig = go.Figure()
     # Two bar traces, so the legend names both shades.
     for name, rows, colour in (("G, full refresh", refresh, "#3d6aa6"), ("G, partial", ~refresh, "#a6c4e6")):
-        fig.add_trace(go.Bar(x=x[rows], y=g[rows], name=name, marker_color=colour,
+        # width set: plotly sizes bars by the gap between a trace's own x, so two refreshes four steps
+        # apart drew four-step-wide bars
+        fig.add_trace(go.Bar(x=x[rows], y=g[rows], name=name, marker_color=colour, width=0.8,
                              hovertemplate=f"step %{{x}}: G %{{y}} ({name[3:]})<extra></extra>"))
     fig.update_layout(barmode="overlay")
     # hit rates on a right-hand axis laid over the G axis (make_subplots cost a redraw 15 ms)
@@ -283,9 +376,11 @@ def cache_panel(trace: Trace, upto_step: int | None = None) -> go.Figure:
                              line={"color": "#333", "dash": "dot"},
                              hovertemplate="up to step %{x}: %{y:.0%}<extra></extra>"))
     # the plot area leaves the right-hand axis room for its ticks and title, as make_subplots did
-    fig.update_layout(xaxis={"title": {"text": "step"}, "dtick": 1 if len(steps) <= 24 else None, "domain": [0, 0.92]},
+    # The hit-rate axis reaches past 100% so that its top label sits inside the plot, clear of the legend.
+    fig.update_layout(xaxis={"title": {"text": "step"}, "range": _cell_range(len(steps)), "autorange": False,
+                             "tickmode": "array", "tickvals": axis_ticks(len(steps)), "domain": [0, 0.92]},
                       yaxis={"title": {"text": "G (positions)"}, "rangemode": "tozero"},
-                      yaxis2={"title": {"text": "hit rate"}, "overlaying": "y", "side": "right", "range": [0, 1.02],
-                              "tickformat": ".0%", "showgrid": False})
+                      yaxis2={"title": {"text": "hit rate"}, "overlaying": "y", "side": "right", "range": [0, 1.12],
+                              "tickmode": "array", "tickvals": HIT_RATE_TICKS, "tickformat": ".0%", "showgrid": False})
     return styled(fig, title)
 

@@ -25,47 +25,121 @@ def _point_label(point: dict) -> str:
     return " · ".join(f"{short.get(k, k)} {v}" for k, v in point.items())
 
 
+# Label placement works in pixels of the plot area, which the page sizes to its column: a width
+# below the plot's at 1280 px keeps the estimate on the safe side.
+PLOT_PX = (1000, 340)
+LABEL_PX = (7.8, 19)  # per character at 14 px, and the line's height
+MARKER_PX = 9
+# (where, the box's left and bottom edges relative to the point, in label widths/heights and marker
+# radii): the first place that fits wins, so most labels sit above their point.
+_PLACES = [("top center", (-0.5, 0), (0, 1)), ("bottom center", (-0.5, 0), (-1, -1)),
+           ("middle right", (0, 1), (-0.5, 0)), ("middle left", (-1, -1), (-0.5, 0)),
+           ("top right", (0, 0), (0, 1)), ("top left", (-1, 0), (0, 1)),
+           ("bottom right", (0, 0), (-1, -1)), ("bottom left", (-1, 0), (-1, -1))]
+_X_ANCHOR, _Y_ANCHOR = {-0.5: "center", 0: "left", -1: "right"}, {-0.5: "middle", 0: "bottom", -1: "top"}
+
+
+def _label(x: float, y: float, text: str, place: str) -> dict:
+    """An annotation for a label at a place of :data:`_PLACES`: on a white ground, so that error bars
+    and the frontier line do not cross its letters."""
+    (wx, rx), (hy, ry) = next((w, h) for name, w, h in _PLACES if name == place)
+    return {"x": x, "y": y, "text": text, "showarrow": False, "font": {"size": 14},
+            "xanchor": _X_ANCHOR[wx], "yanchor": _Y_ANCHOR[hy], "xshift": rx * MARKER_PX, "yshift": ry * MARKER_PX,
+            "bgcolor": "rgba(255,255,255,0.85)", "borderpad": 0}
+
+
+def place_labels(xs: list[float], ys: list[float], labels: list[str], x_range: list[float],
+                 y_range: list[float]) -> list[str | None]:
+    """A place of :data:`_PLACES` for each point's label such that no two labels overlap, none covers a marker
+    and all stay inside the plot area; None where no place fits (the label is then hover-only)."""
+    (width, height), (char, line), r = PLOT_PX, LABEL_PX, MARKER_PX
+
+    def px(x: float, y: float) -> tuple[float, float]:
+        return ((x - x_range[0]) / (x_range[1] - x_range[0]) * width,
+                (y - y_range[0]) / (y_range[1] - y_range[0]) * height)
+
+    centres = [px(x, y) for x, y in zip(xs, ys)]
+    taken = [(cx - r, cy - r, cx + r, cy + r) for cx, cy in centres]  # the markers, then each placed label
+
+    def free(box: tuple[float, float, float, float]) -> bool:
+        inside = box[0] >= 0 and box[1] >= 0 and box[2] <= width and box[3] <= height
+        return inside and not any(box[0] < o[2] and o[0] < box[2] and box[1] < o[3] and o[1] < box[3] for o in taken)
+
+    places: list[str | None] = []
+    for (cx, cy), text in zip(centres, labels):
+        w, h = char * len(text) + 4, line
+        places.append(None)
+        for name, (wx, rx), (hy, ry) in _PLACES:
+            box = (cx + wx * w + rx * r, cy + hy * h + ry * r)
+            box = (*box, box[0] + w, box[1] + h)
+            if free(box):
+                taken.append(box)
+                places[-1] = name
+                break
+    return places
+
+
 def sweep_figure(report: dict) -> go.Figure:
     """Accuracy (with its 95% interval over each point's n problems) against answer tokens/s for
     every sweep point, each labelled with its knobs, and every added result (an lm-eval run,
     another sweep) as a diamond labelled with its source; the Pareto frontier joined by a line.
-    The axes zoom to the data."""
+    The axes zoom to the data; a label that would overlap another or leave the plot is shown on
+    hover only (the title says so)."""
     rows = report.get("rows") or []
+    title = "Sweep: accuracy vs speed (red: Pareto frontier)"
     if not rows:
-        return message_figure("no sweep points yet", "Sweep: accuracy vs speed")
+        return message_figure("no sweep points yet", title)
     n = int(report.get("problems") or 0)
     accuracy = [r["accuracy"] for r in rows]
+    speed = [r["model_tok_s"] for r in rows]
     low, high = zip(*(wilson_interval(a, int(r.get("n") or n)) for a, r in zip(accuracy, rows)))
+    span = max(0.05, max(high) - min(low))
+    y_range = [max(-0.02, min(low) - 0.1 * span), min(1.05, max(high) + 0.15 * span)]
+    x_span = max(max(speed) - min(speed), 0.1 * max(speed), 1e-6)
+    x_range = [min(speed) - 0.08 * x_span, max(speed) + 0.08 * x_span]
+    labels = [" · ".join(filter(None, [r.get("label"), _point_label(r["point"])])) for r in rows]
+    # The frontier's labels are placed first: they are the ones a reader looks for.
+    order = sorted(range(len(rows)), key=lambda i: not rows[i]["pareto"])
+    placed = place_labels([speed[i] for i in order], [accuracy[i] for i in order], [labels[i] for i in order],
+                          x_range, y_range)
+    places = dict(zip(order, placed))
     fig = go.Figure()
     fig.add_trace(go.Scatter(
-        x=[r["model_tok_s"] for r in rows], y=accuracy, mode="markers+text", name="points",
-        text=[" · ".join(filter(None, [r.get("label"), _point_label(r["point"])])) for r in rows],
-        textposition="top center",
-        textfont={"size": 14},
+        x=speed, y=accuracy, mode="markers", name="points", hovertext=labels,
         error_y={"type": "data", "symmetric": False, "array": [h - a for h, a in zip(high, accuracy)],
                  "arrayminus": [a - lo for a, lo in zip(accuracy, low)], "color": "#aaa", "thickness": 1.5},
         marker={"size": 12, "color": ["#e4572e" if r["pareto"] else "#888" for r in rows],
                 "symbol": ["diamond" if r.get("label") else "circle" for r in rows]},
-        hovertemplate="%{text}<br>%{x:.1f} tok/s · accuracy %{y:.0%}<extra></extra>",
+        hovertemplate="%{hovertext}<br>%{x:.1f} tok/s · accuracy %{y:.0%}<extra></extra>",
     ))
     front = sorted((r for r in rows if r["pareto"]), key=lambda r: r["model_tok_s"])
     fig.add_trace(go.Scatter(x=[r["model_tok_s"] for r in front], y=[r["accuracy"] for r in front], mode="lines",
                              name="Pareto frontier", line={"color": "#e4572e", "width": 2}, hoverinfo="skip"))
-    fig.update_xaxes(title="answer tokens / s (model time)")
-    span = max(0.05, max(high) - min(low))
+    for i, place in places.items():
+        if place:
+            fig.add_annotation(**_label(speed[i], accuracy[i], labels[i], place))
+    fig.update_xaxes(title="answer tokens / s (model time)", range=x_range)
     sizes = sorted({int(r.get("n") or n) for r in rows})
     fig.update_yaxes(title=f"accuracy (n = {', '.join(map(str, sizes))}, bars: 95% interval)", tickformat=".0%",
-                     range=[max(-0.02, min(low) - 0.1 * span), min(1.05, max(high) + 0.15 * span)])
-    return styled(fig, "Sweep: accuracy vs speed (red: Pareto frontier)", height=420)
+                     range=y_range)
+    hidden = sum(place is None for place in placed)
+    if hidden:
+        title += f" · {hidden} crowded label{'s' if hidden > 1 else ''}: hover the point"
+    return styled(fig, title, height=420)
 
 
 SWEEP_TABLE_HEADERS = ["source", "knobs", "accuracy", "tok/s", "NFE", "pareto"]
 
 
+def percent(share: float) -> str:
+    """A share as the chart's axis shows it: 0.9 → "90%", 0.925 → "92.5%"."""
+    return f"{100 * share:.1f}".rstrip("0").rstrip(".") + "%"
+
+
 def sweep_table(report: dict) -> list[list]:
     """Rows for the sweep table (:data:`SWEEP_TABLE_HEADERS`): one per point, where it came from
     and its knobs first, whatever knobs the sweep or the added report varied."""
-    return [[r.get("label") or "sweep", _point_label(r["point"]), round(r["accuracy"], 4), round(r["model_tok_s"], 1),
+    return [[r.get("label") or "sweep", _point_label(r["point"]), percent(r["accuracy"]), round(r["model_tok_s"], 1),
              round(r["nfe"], 1), "yes" if r["pareto"] else ""] for r in report.get("rows") or []]
 
 
