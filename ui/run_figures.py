@@ -23,11 +23,13 @@ CAPTIONS: dict[str, str] = {
                   "Fast-dLLM's Theorem 1. When a step commits n tokens, all with confidence above 1 − ε, and "
                   "(n+1)ε ≤ 1, greedy parallel decoding commits exactly what one-at-a-time decoding would (green "
                   "dot); otherwise there is no guarantee (red cross), and the tokens may not fit together.",
-    "kv": "Yellow: the position's K/V barely moved (cosine near 1); dark: it changed. Below the black staircase "
-          "a position holds a decoded token, above it the position is still masked. Decoded tokens' K/V barely "
-          "move, so reusing them is nearly exact; still-masked positions' K/V drift as their neighbours get "
-          "decoded, so a cache of the later blocks goes stale, which is why DualCache refreshes at every block start "
-          "(▶ marks a refresh; grey cells were reused from the cache).",
+    "kv": "Each cell compares one position's K or V with a reference, on one colour scale: yellow, cosine near 1 "
+          "(the same); dark, changed. Drift: against what the cache held (grey cells were reused, not recomputed); "
+          "true drift: the exact K/V against the previous step's; cache vs exact: the cached K/V against a full "
+          "uncached forward. Below the black staircase a position holds a decoded token, above it it is still "
+          "masked; ▶ marks a full refresh. Reusing an entry is exact only where cache vs exact stays yellow: the "
+          "verdict under the panel gives this run's mean and least cosine of the reused entries by kind (prompt, "
+          "decoded, masked) and whether each kind is close to exact.",
     "cache": "Bars: positions recomputed per forward (G); lines: share of K/V read from cache, per step and "
              "cumulative; fewer recomputes at a high hit rate is where the speedup comes from.",
 }
