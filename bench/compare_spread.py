@@ -28,7 +28,7 @@ from ui.presets import load_presets  # noqa: E402
 from ui.replay import compare, numbers  # noqa: E402
 from ui.timing import REPEATS, speedup, spread_text  # noqa: E402
 
-DUAL, PREFIX, ADAPTIVE = "Fast-dLLM DualCache (paper default)", "Fast-dLLM PrefixCache", "Adaptive I/O-aware cache"
+DUAL, PREFIX, ADAPTIVE = "DualCache, blocks of several steps", "Fast-dLLM PrefixCache", "Adaptive I/O-aware cache"
 
 
 def pairs(presets: dict) -> list[tuple[str, dict, dict, str]]:
