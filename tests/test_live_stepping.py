@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import re
 
-import pytest
-
 import dllm_local
 from dllm_local.settings import Settings
 from dllm_local.tiny.tasks import TASKS
@@ -18,7 +16,7 @@ from ui.grid import OFF_TASK, token_grid_html
 from ui.presets import load_presets
 from ui.run_tab import run_status
 
-from test_page import OUT, _choose, _shown_run, _status, _wait_done, _wait_policy, browser, server  # noqa: F401
+from test_page import OUT, _choose, _shown_run, _status, _wait_done, _wait_policy, browser, page, server  # noqa: F401
 
 PRESETS, _ = load_presets()
 OFF_TASK_PROMPT = "What is the capital of France?"
@@ -93,7 +91,7 @@ def test_the_guider_line_says_what_it_accepted(tiny, tiny_guider):
 def test_what_if_frames_lie_outside_the_commit_outline(tiny):
     trace = _preset_trace(tiny, "Fast-dLLM DualCache (paper default)")
     shown = token_grid_html(trace, 0, what_if_threshold=0.5)
-    both = [style for style in re.findall(r'class="dl-tok[^"]*dl-new[^"]*dl-whatif-box[^"]*"[^>]*style="([^"]*)"', shown)]
+    both = re.findall(r'class="dl-tok[^"]*dl-new[^"]*dl-whatif-box[^"]*"[^>]*style="([^"]*)"', shown)
     assert both, "some positions are committed this step and framed by τ′"
     for style in both:
         width = int(re.search(r"outline:(\d+)px", style).group(1))
@@ -132,15 +130,6 @@ def test_a_due_redraw_waits_for_the_newest_step_and_the_status_says_how_far_behi
 
 # ---------------------------------------------------------------- a real browser
 
-@pytest.fixture()
-def pg(browser, server):  # noqa: F811 - the fixtures imported above
-    page = browser.new_page(viewport={"width": 1500, "height": 2000})
-    page.goto(server)
-    page.wait_for_selector("#run-btn")
-    yield page
-    page.close()
-
-
 def _slider(pg) -> dict:
     return pg.evaluate("() => { const r = document.querySelector('#scrubber input[type=range]');"
                        " return {value: Number(r.value), max: Number(r.max)}; }")
@@ -152,67 +141,67 @@ def _grid_run(pg) -> dict:
                        " html: r.innerHTML} : null; }")
 
 
-def test_follow_live_unticked_holds_the_view_while_the_run_goes_on_and_ticked_catches_up(pg):
-    _choose(pg, "#preset", "LLaDA baseline")
-    _wait_policy(pg, "unmask", "fixed")
+def test_follow_live_unticked_holds_the_view_while_the_run_goes_on_and_ticked_catches_up(page):  # noqa: F811
+    _choose(page, "#preset", "LLaDA baseline")
+    _wait_policy(page, "unmask", "fixed")
     for slider in ("#gen-length", "#steps"):  # 512 forwards, one token each: the run outlasts the test
-        pg.locator(f"{slider} input[type=range]").fill("512")
-        pg.wait_for_function(f"() => document.querySelector('{slider} input[type=number]').value === '512'")
-    before = _shown_run(pg)
-    pg.click("#run-btn")
-    pg.wait_for_function("(prev) => { const r = document.querySelector('#token-grid .dl-run');"
+        page.locator(f"{slider} input[type=range]").fill("512")
+        page.wait_for_function(f"() => document.querySelector('{slider} input[type=number]').value === '512'")
+    before = _shown_run(page)
+    page.click("#run-btn")
+    page.wait_for_function("(prev) => { const r = document.querySelector('#token-grid .dl-run');"
                          " return r && r.dataset.run !== prev && Number(r.dataset.steps) >= 3; }", arg=before,
                          timeout=60_000)
-    pg.locator("#follow input").uncheck()
-    pg.wait_for_function("() => document.querySelector('#status').innerText.includes('The view holds step')",
+    page.locator("#follow input").uncheck()
+    page.wait_for_function("() => document.querySelector('#status').innerText.includes('The view holds step')",
                          timeout=30_000)
-    held, slider = _grid_run(pg), _slider(pg)
+    held, slider = _grid_run(page), _slider(page)
     # The run goes on: the slider reaches further while the view holds.
-    pg.wait_for_function("(m) => Number(document.querySelector('#scrubber input[type=range]').max) >= m + 8",
+    page.wait_for_function("(m) => Number(document.querySelector('#scrubber input[type=range]').max) >= m + 8",
                          arg=slider["max"], timeout=90_000)
-    later = _slider(pg)
-    assert later["value"] == slider["value"] and _grid_run(pg)["html"] == held["html"]
-    assert pg.locator("#scrubber input[type=range]").is_visible() and not pg.locator(".error").count()
-    assert f"The view holds step {slider['value']}" in _status(pg)
-    running = re.search(r"Running… (\d+) steps so far", _status(pg))
+    later = _slider(page)
+    assert later["value"] == slider["value"] and _grid_run(page)["html"] == held["html"]
+    assert page.locator("#scrubber input[type=range]").is_visible() and not page.locator(".error").count()
+    assert f"The view holds step {slider['value']}" in _status(page)
+    running = re.search(r"Running… (\d+) steps so far", _status(page))
     assert running and int(running.group(1)) >= later["max"] + 1
-    pg.screenshot(path=str(OUT / "follow-held.png"), full_page=True)
+    page.screenshot(path=str(OUT / "follow-held.png"), full_page=True)
 
-    pg.locator("#follow input").check()  # catches up at once, then follows
-    pg.wait_for_function("(m) => { const r = document.querySelector('#scrubber input[type=range]');"
+    page.locator("#follow input").check()  # catches up at once, then follows
+    page.wait_for_function("(m) => { const r = document.querySelector('#scrubber input[type=range]');"
                          " return Number(r.value) >= m && Number(r.value) === Number(r.max); }", arg=later["max"],
                          timeout=30_000)
-    pg.wait_for_function("(s) => { const r = document.querySelector('#token-grid .dl-run');"
+    page.wait_for_function("(s) => { const r = document.querySelector('#token-grid .dl-run');"
                          " return r && Number(r.dataset.steps) > s; }", arg=later["max"] + 1, timeout=30_000)
-    assert "The view holds" not in _status(pg)
-    pg.click("#stop-btn")
-    _wait_done(pg, word="Stopped", timeout=60_000)
+    assert "The view holds" not in _status(page)
+    page.click("#stop-btn")
+    _wait_done(page, word="Stopped", timeout=60_000)
 
 
-def test_an_off_task_prompt_is_told_before_and_after_the_run(pg):
-    box = pg.locator("#prompt textarea")
+def test_an_off_task_prompt_is_told_before_and_after_the_run(page):  # noqa: F811
+    box = page.locator("#prompt textarea")
     told = "(t) => document.querySelector('#status').innerText.includes(t)"
     box.fill(OFF_TASK_PROMPT)
-    pg.wait_for_function(told, arg=OFF_TASK[:40], timeout=15_000)  # before the run
+    page.wait_for_function(told, arg=OFF_TASK[:40], timeout=15_000)  # before the run
     box.fill(PRESETS["Teaching: straight house"]["prompt"])  # a task prompt again: the word goes
-    pg.wait_for_function(f"(t) => !({told})(t)", arg=OFF_TASK[:40], timeout=15_000)
+    page.wait_for_function(f"(t) => !({told})(t)", arg=OFF_TASK[:40], timeout=15_000)
     box.fill(OFF_TASK_PROMPT)
-    pg.wait_for_function(told, arg=OFF_TASK[:40], timeout=15_000)
-    before = _shown_run(pg)
-    pg.click("#run-btn")
-    pg.wait_for_function("(prev) => { const r = document.querySelector('#token-grid .dl-run');"
+    page.wait_for_function(told, arg=OFF_TASK[:40], timeout=15_000)
+    before = _shown_run(page)
+    page.click("#run-btn")
+    page.wait_for_function("(prev) => { const r = document.querySelector('#token-grid .dl-run');"
                          " return r && r.dataset.run !== prev && r.dataset.done === '1'; }", arg=before,
                          timeout=120_000)
-    status = _wait_done(pg)
+    status = _wait_done(page)
     assert OFF_TASK in status and "✓" not in status and "✗" not in status
-    assert OFF_TASK in pg.inner_text("#token-grid .dl-off-task")
-    grid = pg.inner_text("#token-grid")
-    titles = " ".join(pg.eval_on_selector_all("#token-grid [title]", "els => els.map(e => e.title)"))
+    assert OFF_TASK in page.inner_text("#token-grid .dl-off-task")
+    grid = page.inner_text("#token-grid")
+    titles = " ".join(page.eval_on_selector_all("#token-grid [title]", "els => els.map(e => e.title)"))
     assert not RAW_SPECIAL.search(grid) and not RAW_SPECIAL.search(titles)
-    pg.screenshot(path=str(OUT / "off-task.png"), full_page=True)
+    page.screenshot(path=str(OUT / "off-task.png"), full_page=True)
 
 
-def test_an_import_names_the_preset_it_equals_or_none_and_a_one_step_trace_has_no_step_to_scrub(pg, tiny, tmp_path):
+def test_an_import_names_the_preset_it_equals_or_none_and_a_one_step_trace_hides_the_slider(page, tiny, tmp_path):  # noqa: F811
     name = "Fast-dLLM DualCache (paper default)"
     same = tmp_path / "preset.json"
     same.write_text(json.dumps(_preset_trace(tiny, name)))
@@ -221,26 +210,26 @@ def test_an_import_names_the_preset_it_equals_or_none_and_a_one_step_trace_has_n
                                                                      "cache": "none", "unmask": "fixed"})))
 
     def import_(path) -> None:
-        with pg.expect_file_chooser() as chooser:
-            pg.click("#import-btn")
+        with page.expect_file_chooser() as chooser:
+            page.click("#import-btn")
         chooser.value.set_files(str(path))
-        pg.wait_for_function("(s) => document.querySelector('#status').innerText.includes('Replaying')"
+        page.wait_for_function("(s) => document.querySelector('#status').innerText.includes('Replaying')"
                              " && document.querySelector('#token-grid').innerText.includes(`after step ${s - 1} `)",
                              arg=len(json.loads(path.read_text())["steps"]), timeout=30_000)
 
     def preset_box_reads(name: str) -> None:
-        pg.wait_for_function("(n) => document.querySelector('#preset input').value === n", arg=name, timeout=15_000)
+        page.wait_for_function("(n) => document.querySelector('#preset input').value === n", arg=name, timeout=15_000)
 
-    _choose(pg, "#preset", "LLaDA baseline")
-    _wait_policy(pg, "unmask", "fixed")
+    _choose(page, "#preset", "LLaDA baseline")
+    _wait_policy(page, "unmask", "fixed")
     import_(one)
     preset_box_reads("")  # settings of no preset: the old name goes, and its description
-    pg.wait_for_function("() => document.querySelector('#preset-info').innerText.trim() === ''")
-    assert not pg.locator("#scrubber").is_visible()  # one step: nothing to scrub, no fake step 1
-    assert "after step 0" in pg.inner_text("#token-grid") and "step 1" not in pg.inner_text("#token-grid")
+    page.wait_for_function("() => document.querySelector('#preset-info').innerText.trim() === ''")
+    assert not page.locator("#scrubber").is_visible()  # one step: nothing to scrub, no fake step 1
+    assert "after step 0" in page.inner_text("#token-grid") and "step 1" not in page.inner_text("#token-grid")
 
     import_(same)
     preset_box_reads(name)
-    pg.wait_for_selector("#scrubber input[type=range]", state="visible")
-    slider = _slider(pg)
+    page.wait_for_selector("#scrubber input[type=range]", state="visible")
+    slider = _slider(page)
     assert slider["max"] == len(json.loads(same.read_text())["steps"]) - 1 == slider["value"]

@@ -227,7 +227,8 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
             boxes.append(f'<span class="{classes}" title="{_attr(title)}" style="{style}">{number}▢{past}</span>')
             continue
         vis = token_label(trace, token)
-        rgb = _interp(_CONF_STOPS, conf) if color_by == "confidence" else _interp(_STEP_STOPS, 0.1 + 0.9 * s / max(1, last))
+        rgb = (_interp(_CONF_STOPS, conf) if color_by == "confidence"
+               else _interp(_STEP_STOPS, 0.1 + 0.9 * s / max(1, last)))
         style = f"{_BOX}background:{_css(rgb)};color:{_text_colour(rgb)};"
         classes = ["dl-tok"]
         title = f"pos {p} · token '{vis}' · step {s} · confidence {conf:.2f}" + past_title
@@ -277,7 +278,7 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
     notice = off_task_notice(prompt_of(trace), (trace.get("model") or {}).get("name"))
     head = (f'<div class="dl-off-task" style="font-size:16px;color:#8a4b00;font-weight:600;">⚠ {html.escape(notice)}'
             "</div>" if notice else "")
-    lines = (_theorem_line(trace, record, shown) if record else "") + (_guider_line(trace, record, shown) if record else "")
+    lines = _theorem_line(trace, record, shown) + _guider_line(trace, record, shown) if record else ""
     lines += _what_if_line(replay, what_if_threshold, shown)
     legend = (f'{lines}<div class="dl-legend" style="font-size:14px;color:#444;margin-top:4px;">'
               f"{where} · {committed}/{len(ids)} committed · {scale} · "
