@@ -81,8 +81,8 @@ def test_token_grid_hover_escape_and_outline(trace):
     position, token, conf = trace["steps"][1]["committed"][1]  # " The" at step 1
     text = trace["vocab"][str(token)].replace(" ", "␣")
     assert f"title=\"pos {position - P} · token '{text}' · step 1 · confidence {conf:.2f}\"" in page
-    # <|endoftext|> committed at step 0: escaped, and faded as an end-of-text token.
-    assert "&lt;|endoftext|&gt;" in page and "<|endoftext|>" not in page
+    # <|endoftext|> committed at step 0: drawn as the end marker, faded, never as its raw text.
+    assert grid.END_MARK in page and "<|endoftext|>" not in page and "&lt;|endoftext|&gt;" not in page
     assert "dl-end" in page
     assert page.count("dl-new") == len(trace["steps"][2]["committed"])
     masked = replay.state_at(trace, 2)["masked"]

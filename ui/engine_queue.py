@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import gradio as gr
 
@@ -72,21 +72,23 @@ class EngineQueue:
             event.then(lambda: "", None, [note], queue=False, api_visibility="private", show_progress="hidden")
 
 
-def throttled(events: Iterable[dict], every: float = REDRAW_EVERY_S,
-              page_share: float = PAGE_SHARE) -> Iterator[tuple[dict, bool]]:
+def throttled(events: Iterable[dict], every: float = REDRAW_EVERY_S, page_share: float = PAGE_SHARE,
+              backlog: Callable[[], int] = lambda: 0) -> Iterator[tuple[dict, bool]]:
     """The growing trace of a session's run events (``Session.run``); yield ``(trace, done)`` at
-    most every ``every`` seconds, and always the first step (it sets the click-to-paint latency)
-    and the final state.
+    most every ``every`` seconds, and always the start (the empty grid), the first step (it sets
+    the click-to-paint latency) and the final state.
 
     The gap between redraws also grows with what a redraw costs (the time the consumer takes
     before asking for more), so drawing takes at most ``page_share`` of the run: the engine has
     a process of its own, but on a small machine the page and the browser share its cores.
+    ``backlog``: how many events have arrived unread (``Session.waiting``); a redraw that is due
+    waits for the last of them, so what is drawn is the newest step the engine has sent.
     """
-    last, gap = -math.inf, every  # the start (the empty grid) is drawn at once
+    last, gap = -math.inf, every
     for event in events:
         live, done = event["trace"], "end" in event
-        first_step = "step" in event and len(live["steps"]) == 1
-        if done or first_step or time.perf_counter() - last >= gap:
+        opening = "start" in event or ("step" in event and len(live["steps"]) == 1)  # the empty grid, the first step
+        if done or opening or (time.perf_counter() - last >= gap and not backlog()):
             yielded = time.perf_counter()
             yield live, done
             last = time.perf_counter()

@@ -1,13 +1,48 @@
 """The token grid: the answer region at one step as HTML boxes, with its legend, the Theorem 1
-verdict of the step and the what-if threshold's frames. Trace dict in, HTML out."""
+verdict of the step, what the policy sent back or accepted, the what-if threshold's frames and,
+for the embedded tiny model, a word when the prompt is none of its tasks. Trace dict in, HTML out."""
 from __future__ import annotations
 
 import html
+import re
 
-from .replay import Trace, first_end, is_end_token, prompt_len, state_at, theorem1, token_text, visible, what_if
+from dllm_local.tiny.tasks import TASKS, recognise
+
+from .replay import Trace, first_end, is_end_token, prompt_len, prompt_of, state_at, theorem1, token_text, visible, \
+    what_if
 
 CAPTION = ("Each box is one answer position: colour says when (or how confidently) it was committed; "
            "outlined boxes were committed in this step, grey boxes are still masked.")
+
+
+TINY_MODEL = "tiny"  # the embedded model's name in a trace's and the session's model summary
+_COUNTS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+
+
+OFF_TASK = (f"The embedded tiny model knows {_COUNTS[len(TASKS)] if len(TASKS) < len(_COUNTS) else len(TASKS)} "
+            f"synthetic tasks ({', '.join(TASKS)}); other questions give noise. Load a real model for open questions.")
+
+
+def off_task_notice(prompt: str | None, model_name: str | None) -> str:
+    """What the page says when the embedded tiny model is given a prompt that none of its tasks
+    pose (its answer is then noise); empty for another model, a task prompt or an unknown prompt."""
+    if model_name != TINY_MODEL or prompt is None or recognise(prompt) is not None:
+        return ""
+    return OFF_TASK
+
+
+_SPECIAL_TOKEN = re.compile(r"\s*<\|([^|]*)\|>\s*")
+END_MARK = "⟨end⟩"
+
+
+def token_label(trace: Trace, token: int | None) -> str:
+    """A token as the grid shows it: an end of text as the end marker, any other special token
+    ``<|name|>`` as ``⟨name⟩``, whitespace made visible; a special token is never shown raw."""
+    if is_end_token(trace, token):
+        return END_MARK
+    text = token_text(trace, token)
+    special = _SPECIAL_TOKEN.fullmatch(text)
+    return f"⟨{special.group(1)}⟩" if special else visible(text)
 
 
 def _attr(text: str) -> str:
@@ -43,6 +78,8 @@ def _text_colour(rgb: tuple[int, int, int]) -> str:
 COLLAPSE_PADDING = 4
 _BOX = ("display:inline-flex;flex-direction:column;align-items:center;margin:2px;padding:1px 5px;border-radius:4px;"
         "font-family:ui-monospace,monospace;font-size:18px;white-space:pre;min-width:1.6em;vertical-align:top;")
+# This step's commits are outlined inside the box, τ′'s frame lies outside it: a box can show both.
+_COMMIT_OUTLINE = "outline:3px solid #e4572e;outline-offset:-3px;"
 _WHAT_IF_FRAME = "box-shadow:0 0 0 3px #1a9850;border-radius:6px;"
 _POS = '<span class="dl-pos" style="font-size:14px;opacity:0.7;line-height:1.1;">{}</span>'
 
@@ -65,8 +102,8 @@ def _history(trace: Trace, history: list[list]) -> tuple[str, str]:
     if not history:
         return "", ""
     struck = "".join(f'<s class="dl-revoked" style="font-size:14px;color:#b00020;">'
-                     f"{html.escape(visible(token_text(trace, token)))}</s>" for token, *_ in history)
-    told = "; ".join(f"'{visible(token_text(trace, token))}' committed at step {at} (confidence {then:.2f}), "
+                     f"{html.escape(token_label(trace, token))}</s>" for token, *_ in history)
+    told = "; ".join(f"'{token_label(trace, token)}' committed at step {at} (confidence {then:.2f}), "
                      f"taken back at step {back} (probability then {now:.2f})"
                      for token, at, back, then, now in history)
     return struck, f" · history: {told}"
@@ -90,26 +127,79 @@ def _what_if_line(replay: dict | None, threshold: float | None, shown: int) -> s
             f"run with τ′ to see the rest.</div>")
 
 
+def _sent_back(trace: Trace, upto: int) -> dict[int, list[tuple[int, int, float]]]:
+    """Per answer position, the drafts self-verify sent back to mask up to step ``upto``:
+    (step, token, conflict score), read from the steps' ``policy.rejected_at``."""
+    P, found = prompt_len(trace), {}
+    for index, record in enumerate((trace.get("steps") or [])[: max(0, upto + 1)]):
+        for position, token, score in (record.get("policy") or {}).get("rejected_at") or []:
+            found.setdefault(int(position) - P, []).append((index, int(token), float(score)))
+    return found
+
+
+def _theorem_line(trace: Trace, record: dict, shown: int) -> str:
+    """Theorem 1 for the step shown. Where self-verify sent drafts back, the theorem is told for
+    what was drafted (the commits and the sent-back drafts, at their confidences this step) and
+    for what was kept: a guarantee of the kept commits says nothing of the drafts sent back."""
+    kept = theorem1(record)
+    rejected = (record.get("policy") or {}).get("rejected_at") or []
+    if not rejected:
+        if kept["verdict"] == "serial":
+            return ""
+        colour = "#1a9850" if kept["verdict"] == "guaranteed" else "#d73027"
+        return (f'<div class="dl-theorem" data-verdict="{kept["verdict"]}" style="font-size:16px;color:{colour};'
+                f'font-weight:600;">Step {shown}: {html.escape(kept["text"])}</div>')
+    confidence = dict(zip(record.get("masked_positions") or [], record.get("masked_confidence") or []))
+    drafts = [*(record.get("committed") or []),
+              *([p, t, confidence[p]] for p, t, _ in rejected if p in confidence)]
+    drafted = theorem1({"committed": drafts})
+    P = prompt_len(trace)
+    which = ", ".join(f"'{token_label(trace, t)}' at pos {p - P}" for p, t, _ in rejected)
+    colour = "#1a9850" if drafted["verdict"] == "guaranteed" else "#d73027"
+    return (f'<div class="dl-theorem" data-verdict="{kept["verdict"]}" data-drafts-verdict="{drafted["verdict"]}" '
+            f'style="font-size:16px;color:{colour};font-weight:600;">Step {shown}: self-verify sent '
+            f"{len(rejected)} of {len(drafts)} drafts back ({html.escape(which)}). On the {len(drafts)} drafts, "
+            f"{html.escape(drafted['text'])}. On the {kept['n']} kept: {html.escape(kept['text'])}.</div>")
+
+
+def _guider_line(trace: Trace, record: dict, shown: int) -> str:
+    """What the guider accepted at the step shown (guided decoding's ``policy.guider_accepted``)."""
+    accepted = (record.get("policy") or {}).get("guider_accepted")
+    if accepted is None:
+        return ""
+    committed = len(record.get("committed") or [])
+    block_size = int((trace.get("settings") or {}).get("block_size") or 0)
+    start = prompt_len(trace) + int(record.get("block") or 0) * block_size
+    drafted = sum(start <= int(p) < start + block_size for p in record.get("masked_positions") or [])
+    of = f" of the {drafted} drafted" if drafted else ""
+    told = (f"the guider agreed with the first {accepted}{of} token(s); {committed} committed"
+            if accepted else "the guider rejected the first drafted token; it is committed anyway")
+    return (f'<div class="dl-guider-line" data-accepted="{accepted}" style="font-size:16px;color:#1a4f8a;">'
+            f"Step {shown}: {told}.</div>")
+
+
 def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_threshold: float | None = None) -> str:
     """HTML boxes for the answer region after ``step``; ``color_by`` is "step" or "confidence".
 
     Each box shows its answer position above its token. Tokens committed after the first end of
     text are marked (they are not part of the answer); each run of end-of-text tokens collapses into
-    one chip that expands on click. With ``what_if_threshold`` (τ′), the positions τ′ would have
-    committed at this step get a green frame (see :func:`what_if`).
+    one chip that expands on click. Drafts self-verify sent back stay struck through under their
+    position. With ``what_if_threshold`` (τ′), the positions τ′ would have committed at this step
+    get a green frame (see :func:`what_if`) outside the red outline of this step's commits.
     """
     if color_by not in ("step", "confidence"):
         raise ValueError(f"color_by must be 'step' or 'confidence', not {color_by!r}")
     state = state_at(trace, step)
     shown = state["step"]
-    last = max(1, len(trace.get("steps") or []) - 1)  # palette spans the whole run: stable colours while scrubbing
+    last = len(trace.get("steps") or []) - 1  # palette spans the whole run: stable colours while scrubbing
     ids = state["ids"]
     answer_end = first_end(trace, ids)
     record = (trace.get("steps") or [])[shown] if shown >= 0 else {}
     P = prompt_len(trace)
     top = {int(pos) - P: pairs for pos, pairs in record.get("top_candidates") or []}
     scored = {int(pos) - P: c for pos, c in zip(record.get("masked_positions") or [], record.get("masked_confidence") or [])}
-    rejected = {int(pos) - P: (tok, score) for pos, tok, score in (record.get("policy") or {}).get("rejected_at") or []}
+    sent_back = _sent_back(trace, shown)
+    guided = "guider_accepted" in (record.get("policy") or {})
     replay = what_if(trace, what_if_threshold) if what_if_threshold is not None else None
     would = set()
     if replay and 0 <= shown < len(replay["commits"]):
@@ -118,19 +208,21 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
     for p, (token, s, conf) in enumerate(zip(ids, state["commit_step"], state["confidence"])):
         number = _POS.format(p)
         past, past_title = _history(trace, state["history"][p])
+        drafts = sent_back.get(p, [])
+        past += "".join(f'<s class="dl-sent-back" data-step="{at}" style="font-size:14px;color:#d73027;">'
+                        f"{html.escape(token_label(trace, tok))}</s>" for at, tok, _ in drafts)
+        past_title += "".join(f" · self-verify sent draft '{token_label(trace, tok)}' back to mask at step {at} "
+                              f"(conflict score {score:.3f})" for at, tok, score in drafts)
         if token is None:
             title = f"pos {p} · masked" + past_title
             if p in top:
                 title += f" · step {shown}'s top candidates: " + ", ".join(
-                    f"'{visible(token_text(trace, t))}' {q:.2f}" for t, q in top[p])
+                    f"'{token_label(trace, t)}' {q:.2f}" for t, q in top[p])
             elif scored.get(p) is not None:  # a later block: the trace keeps its confidence, not its candidates
                 title += (f" · step {shown}'s confidence {scored[p]:.2f} (top-k is recorded for the "
                           "current block only)")
             style, classes = f"{_BOX}background:#e5e5e5;color:#777;", "dl-tok dl-masked"
-            if p in rejected:
-                tok, score = rejected[p]
-                title += (f" · self-verify sent '{visible(token_text(trace, tok))}' back to mask at step {shown}"
-                          f" (conflict score {score:.3f})")
+            if any(at == shown for at, _, _ in drafts):
                 style += "border:3px solid #d73027;"
                 classes += " dl-rejected"
             if p in would:
@@ -138,17 +230,21 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
                 classes += " dl-whatif-box"
             boxes.append(f'<span class="{classes}" title="{_attr(title)}" style="{style}">{number}▢{past}</span>')
             continue
-        vis = visible(token_text(trace, token))
-        rgb = _interp(_CONF_STOPS, conf) if color_by == "confidence" else _interp(_STEP_STOPS, 0.1 + 0.9 * s / last)
+        vis = token_label(trace, token)
+        rgb = (_interp(_CONF_STOPS, conf) if color_by == "confidence"
+               else _interp(_STEP_STOPS, 0.1 + 0.9 * s / max(1, last)))
         style = f"{_BOX}background:{_css(rgb)};color:{_text_colour(rgb)};"
         classes = ["dl-tok"]
         title = f"pos {p} · token '{vis}' · step {s} · confidence {conf:.2f}" + past_title
         if s == shown:
-            style += "outline:3px solid #e4572e;outline-offset:-1px;"
+            style += _COMMIT_OUTLINE
             classes.append("dl-new")
+            if guided:
+                title += " · accepted by the guider"
         if is_end_token(trace, token):
-            style += "opacity:0.35;"
+            style += "opacity:0.35;font-style:italic;"
             classes.append("dl-end")
+            title += " · end of text"
         elif answer_end is not None and p > answer_end:
             stray = True
             style += "border:2px dashed #b00020;text-decoration:line-through;"
@@ -169,28 +265,28 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
     if color_by == "confidence":
         scale = (f'<span style="{swatch}background:{_css(_CONF_STOPS[0])}"></span>low → high confidence at commit'
                  f'<span style="{swatch}background:{_css(_CONF_STOPS[-1])}"></span>')
-    else:
+    elif last >= 1:
+        scale = (f'<span style="{swatch}background:{_css(_interp(_STEP_STOPS, 0.1))}"></span>step 0 → step {last}'
+                 f'<span style="{swatch}background:{_css(_interp(_STEP_STOPS, 1.0))}"></span>')
+    else:  # a run of one step (or none yet): one colour
         scale = f'<span style="{swatch}background:{_css(_interp(_STEP_STOPS, 0.1))}"></span>step 0'
-        if len(trace.get("steps") or []) > 1:
-            scale += f' → step {last}<span style="{swatch}background:{_css(_interp(_STEP_STOPS, 1.0))}"></span>'
     committed = len(ids) - state["masked"]
     where = "before any step" if shown < 0 else f"after step {shown}"
     marks = ""
-    if rejected:
-        marks += f' · <span style="{swatch}border:3px solid #d73027;"></span>sent back by self-verify'
+    if any(at == shown for drafts in sent_back.values() for at, _, _ in drafts):
+        marks += f' · <span style="{swatch}border:3px solid #d73027;"></span>sent back by self-verify this step'
+    if sent_back:
+        marks += ' · <s style="color:#d73027;">red struck</s> under a box: a draft self-verify sent back'
     if stray:
         marks += f' · <span style="{swatch}border:2px dashed #b00020;"></span>committed after the end of text'
-    verdict = theorem1(record) if record else None
-    theorem = ""
-    if verdict and verdict["verdict"] != "serial":
-        colour = "#1a9850" if verdict["verdict"] == "guaranteed" else "#d73027"
-        theorem = (f'<div class="dl-theorem" data-verdict="{verdict["verdict"]}" style="font-size:16px;'
-                   f'color:{colour};font-weight:600;">Step {shown}: {html.escape(verdict["text"])}</div>')
-    theorem += _what_if_line(replay, what_if_threshold, shown)
-    legend = (f'{theorem}<div class="dl-legend" style="font-size:14px;color:#444;margin-top:4px;">'
+    notice = off_task_notice(prompt_of(trace), (trace.get("model") or {}).get("name"))
+    head = (f'<div class="dl-off-task" style="font-size:16px;color:#8a4b00;font-weight:600;">⚠ {html.escape(notice)}'
+            "</div>" if notice else "")
+    lines = _theorem_line(trace, record, shown) + _guider_line(trace, record, shown) if record else ""
+    lines += _what_if_line(replay, what_if_threshold, shown)
+    legend = (f'{lines}<div class="dl-legend" style="font-size:14px;color:#444;margin-top:4px;">'
               f"{where} · {committed}/{len(ids)} committed · {scale} · "
               f'<span style="{swatch}outline:2px solid #e4572e;"></span>committed this step · '
-              f'<span style="{swatch}background:#e5e5e5;"></span>masked · faded: end of text{marks} · '
+              f'<span style="{swatch}background:#e5e5e5;"></span>masked · faded {END_MARK}: end of text{marks} · '
               f"small numbers: answer position</div>")
-    return f'<div class="dl-grid" style="line-height:1.2;">{"".join(boxes)}</div>{legend}'
-
+    return f'{head}<div class="dl-grid" style="line-height:1.2;">{"".join(boxes)}</div>{legend}'

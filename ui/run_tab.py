@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -126,9 +127,29 @@ def mark_run(grid_html: str, run_no: int, steps: int, done: bool) -> str:
     return f'<div class="dl-run" data-run="{run_no}" data-steps="{steps}" data-done="{int(done)}">{grid_html}</div>'
 
 
-def run_status(trace: dict, notice: str, first_paint: float | None, done: bool) -> str:
+def step_slider(steps: int, finished: bool, **value: int) -> dict:
+    """The step slider of a trace with ``steps`` steps: 0 to the last step. A finished trace of
+    one step has nothing to scrub (and a slider cannot run from 0 to 0): it is hidden. A run's
+    first step leaves the range as it is until a second step gives it one."""
+    if steps > 1:
+        return gr.update(maximum=steps - 1, visible=True, **value)
+    return gr.update(visible=False, value=0) if finished else gr.update(**({"value": 0} if value else {}))
+
+
+def off_task_line(prompt: str | None, model_name: str | None) -> str:
+    notice = grid.off_task_notice(prompt, model_name)
+    return f"⚠ {notice}" if notice else ""
+
+
+def run_status(trace: dict, notice: str, first_paint: float | None, done: bool, behind: int = 0,
+               redraw_s: float = 0.0, frozen_at: int | None = None) -> str:
+    """The status line of a run: the off-task word, notices, then its progress or how it ended.
+    While it runs: ``behind``, how many steps the engine gets ahead of the view before its next
+    redraw, ``redraw_s`` apart (said when over 2), and ``frozen_at``, the step the view holds
+    while Follow live is off."""
     n = len(trace.get("steps", []))
-    parts = [notice] if notice else []
+    parts = [off_task_line(prompt_of(trace), (trace.get("model") or {}).get("name")), notice]
+    parts = [part for part in parts if part]
     if done:
         st = trace.get("stats", {})
         answer = trace.get("text", "")
@@ -138,7 +159,12 @@ def run_status(trace: dict, notice: str, first_paint: float | None, done: bool) 
         parts.append(("Stopped" if st.get("stopped") else "Done") + f": {work} ({settings_line(trace['settings'])})."
                      f" **Answer:** {answer}{_verdict_text(trace, answer)}")
     else:
-        parts.append(f"Running… step {n}")
+        parts.append(f"Running… {_count(n, 'step')} so far.")
+        if frozen_at is not None:
+            parts.append(f"The view holds step {frozen_at} (Follow live is off: tick it to catch up).")
+        elif behind > 2:
+            parts.append(f"The view trails the engine by up to {_count(behind, 'step')}: it is redrawn every "
+                         f"{redraw_s:.1f} s, as often as the page can without slowing the run.")
     if first_paint is not None:
         parts.append(f"(first step painted {first_paint * 1e3:.0f} ms after the click)")
     return " ".join(parts)
@@ -164,6 +190,16 @@ def _fit_slider(name: str, value: Any) -> Any:
     return value
 
 
+@dataclass
+class LiveView:
+    """What one client's view of its run going shows: whether it follows the run live (the Follow
+    live box, read at every step) and the step and grid options it was last drawn with."""
+    follow: bool
+    step: int | None = None
+    color_by: str = "step"
+    what_if: float = 0.0
+
+
 class RunTab:
     """The Run tab's components (laid out on creation, inside a ``gr.Tab``) and its callbacks.
     ``controls``: the controls a run reads, by control name; they reach a callback by name too
@@ -174,6 +210,7 @@ class RunTab:
         self.engine, self.session, self.presets, self.specs = engine, engine.session, presets, specs
         self.models, self.exports, self.model_line = models, exports, model_line_box
         self.run_numbers = itertools.count(1)  # tags the live grid so a browser can tell runs apart
+        self.live: dict[str, LiveView] = {}  # by client (engine_queue.client_of): the runs going
         self.trace = gr.State({})
         preset = presets[default_preset] if default_preset else {}
         start = controls_from_settings(preset.get("settings", {}), specs)
@@ -291,6 +328,10 @@ class RunTab:
         views = [self.trace, self.scrub, *self.view_inputs]
         outputs = list(self.view_boxes.values())
         self.scrub.input(self.redraw, views, outputs, queue=False)
+        # Read by the run at every step: unticked, the view holds still; ticked, it catches up at once.
+        self.follow.change(self.set_follow, [self.follow, self.trace, *self.view_inputs], [*outputs, self.scrub],
+                           queue=False)
+        self.prompt.change(self.prompt_notice, [self.prompt, self.status], [self.status], queue=False)
         for view in (v for v in self.view_inputs if v is not self.what_if):
             view.change(self.redraw, views, outputs, queue=False)
         # The what-if threshold changes the grid only: no plot redraw, no model run.
@@ -298,7 +339,8 @@ class RunTab:
                             queue=False)
         # Checked in full (size, schema, lengths) before anything is drawn: a bad file is one message.
         self.import_file.upload(self.import_trace, [self.import_file, *self.view_inputs],
-                                [self.trace, *outputs, self.scrub, self.status, self.export_btn, self.prompt, *controls],
+                                [self.trace, *outputs, self.scrub, self.status, self.export_btn, self.prompt, *controls,
+                                 self.preset],
                                 api_name="import_trace", concurrency_limit=2, concurrency_id="import")
         self.load_btn.click(self.load_model, [self.model_pick, self.quant], [self.model_line, self.status, self.layer],
                             api_name="load_model", **ENGINE)
@@ -341,9 +383,35 @@ class RunTab:
         notice = length_notice(int(gen_length or 0), self.session.info().get("trained_length"))
         return f"⚠ {notice}" if notice else ""
 
-    def apply_preset(self, name: str) -> dict:
+    def preset_matching(self, settings: dict, prompt: str | None = None) -> str | None:
+        """The preset whose controls (and prompt, where ``prompt`` is given and the preset has
+        one) equal ``settings``: what the preset box may name once they are loaded; else None."""
+        def chosen(s: dict) -> dict:
+            return settings_from_controls(controls_from_settings(s, self.specs), self.specs)[0]
+
+        loaded = chosen(settings)
+        return next((name for name, p in self.presets.items() if chosen(p["settings"]) == loaded
+                     and (prompt is None or p.get("prompt", prompt) == prompt)), None)
+
+    def settings_loaded(self, settings: dict) -> dict:
+        """The controls set to ``settings`` from elsewhere (a Tune row), and the preset box naming
+        the preset they equal, or none: a name the controls no longer match would be stale."""
+        return {**self.control_values(settings), self.preset: self.preset_matching(settings)}
+
+    def prompt_notice(self, prompt: str, status: str) -> str | dict:
+        """The off-task word for a prompt being typed or chosen, before it runs; cleared once the
+        prompt is one of the tiny model's tasks again."""
+        line = off_task_line(prompt, self.session.info().get("name"))
+        if line:
+            return line
+        return "" if status == f"⚠ {grid.OFF_TASK}" else gr.update()
+
+    def apply_preset(self, name: str | None) -> dict:
         """The preset's description, prompt and controls, and the KV view it opens on (its "view":
-        layer, which, kv_view; the defaults where it names none)."""
+        layer, which, kv_view; the defaults where it names none). No preset (the box cleared after
+        an import): no description, the controls as they are."""
+        if name not in self.presets:
+            return {self.preset_info: ""}
         p = self.presets[name]
         layers = layer_choices(self.session.info().get("layers", 1))
         view = {"layer": layers["value"], **KV_VIEW_DEFAULTS, **p.get("view", {})}
@@ -353,17 +421,38 @@ class RunTab:
                 **self.control_values(p["settings"]), self.layer: view["layer"], self.which: view["which"],
                 self.kv_view: view["kv_view"]}
 
-    def redraw(self, trace: dict, step: int, color_by: str, layer: str, which: str, kv_view: str,
-               what_if: float = 0.0) -> dict:
+    def viewed(self, request: gr.Request, step: int, color_by: str, what_if: float) -> None:
+        """Note what this client's view shows, for its run going (drawn as it ends while the view is held)."""
+        view = self.live.get(client_of(request))
+        if view is not None:
+            view.step, view.color_by, view.what_if = int(step), color_by, what_if
+
+    def redraw(self, request: gr.Request, trace: dict, step: int, color_by: str, layer: str, which: str,
+               kv_view: str, what_if: float = 0.0) -> dict:
         if not trace or not trace.get("steps"):
-            return {box: gr.skip() for box in self.view_boxes.values()}
+            return {box: gr.skip() for box in self.view_boxes.values()}  # Gradio reads {} as one value
+        self.viewed(request, step, color_by, what_if)
         return self.shown(draw(trace, step, color_by, layer, which, kv_view, what_if))
 
-    def redraw_grid(self, trace: dict, step: int, color_by: str, what_if: float) -> dict:
+    def redraw_grid(self, request: gr.Request, trace: dict, step: int, color_by: str, what_if: float) -> dict:
         if not trace or not trace.get("steps"):
             return {self.grid: gr.skip()}
+        self.viewed(request, step, color_by, what_if)
         at = min(int(step), len(trace["steps"]) - 1)
         return {self.grid: grid.token_grid_html(trace, at, color_by=color_by, what_if_threshold=float(what_if) or None)}
+
+    def set_follow(self, request: gr.Request, following: bool, trace: dict, color_by: str, layer: str, which: str,
+                   kv_view: str, what_if: float = 0.0) -> dict:
+        """Follow live ticked or unticked: the run going reads it at its next step. Ticked, the
+        view catches up with the trace at once; unticked, it stays where it is."""
+        view = self.live.get(client_of(request))
+        if view is not None:
+            view.follow = bool(following)
+        if not following or not trace or not trace.get("steps"):
+            return {self.grid: gr.update()}
+        n = len(trace["steps"])
+        return {**self.shown(draw(trace, None, color_by, layer, which, kv_view, what_if)),
+                self.scrub: step_slider(n, bool(trace.get("stats")), value=n - 1)}  # stats: the run has ended
 
     def export_ready(self, trace: dict):
         # After the final state is drawn: writing a long trace is not what the user waits to see.
@@ -383,14 +472,17 @@ class RunTab:
         try:
             values = controls_from_settings(trace["settings"], self.specs)
             controls = {box: _fit_slider(name, values[name]) for name, box in self.controls.items()}
+            preset = self.preset_matching(trace["settings"], prompt)
         except (ValueError, TypeError, KeyError):
-            controls = {}  # a trace of policies this build lacks
-        status = (f"Replaying an imported trace: {n} steps, {trace['settings'].get('cache')} + "
-                  f"{trace['settings'].get('unmask')}. Move the step slider.")
+            controls, preset = {}, None  # a trace of policies this build lacks
+        status = " ".join(filter(None, [
+            off_task_line(prompt, (trace.get("model") or {}).get("name")),
+            f"Replaying an imported trace: {_count(n, 'step')}, {trace['settings'].get('cache')} + "
+            f"{trace['settings'].get('unmask')}." + (" Move the step slider." if n > 1 else "")]))
         return {self.trace: trace, **self.shown(draw(trace, None, color_by, layer, which, kv_view, what_if)),
-                self.scrub: gr.update(maximum=max(1, n - 1), value=max(0, n - 1)), self.status: status,
+                self.scrub: step_slider(n, True, value=max(0, n - 1)), self.status: status,
                 self.export_btn: self.exports.write(trace), **({} if prompt is None else {self.prompt: prompt}),
-                **controls}
+                **controls, self.preset: preset}
 
     def run(self, request: gr.Request, prompt: str, trace: dict, following: bool, color_by: str, layer: str,
             which: str, kv_view: str, what_if: float, **controls) -> Iterator[dict]:
@@ -409,26 +501,44 @@ class RunTab:
         run_no = next(self.run_numbers)
         live: dict = {}
         first_paint, plots_drawn = None, clicked
+        sent, sent_steps = clicked, 0  # the last update: when, and how many steps it showed
+        view = self.live[client] = LiveView(bool(following), color_by=color_by, what_if=what_if)
         try:
-            for live, done in throttled(self.session.run(prompt, settings, run_id=client)):
+            for live, done in throttled(self.session.run(prompt, settings, run_id=client),
+                                        backlog=self.session.waiting):
                 n = len(live["steps"])
                 if first_paint is None and n:
                     first_paint = time.perf_counter() - clicked
-                update = {self.trace: live, self.status: run_status(live, notice, first_paint, done=done),
-                          self.controls["gen_length"]: gr.update(value=settings.gen_length)}
-                if following:
+                update = {self.trace: live, self.controls["gen_length"]: gr.update(value=settings.gen_length)}
+                if view.follow or (done and view.step is None):
                     # The grid at every redraw; the plots, far dearer to draw, less often.
                     with_plots = done or time.perf_counter() - plots_drawn >= PLOTS_EVERY_S
                     plots_drawn = time.perf_counter() if with_plots else plots_drawn
-                    views = draw(live, None, color_by, layer, which, kv_view, what_if, with_plots=with_plots)
+                    views = draw(live, None, view.color_by, layer, which, kv_view, view.what_if, with_plots=with_plots)
                     views["grid"] = mark_run(views["grid"], run_no, n, done)
                     update.update(self.shown(views))
-                    update[self.scrub] = gr.update(maximum=max(1, n - 1), value=max(0, n - 1))
-                else:  # the user is looking at an earlier step: keep it, let the slider reach further
-                    update[self.scrub] = gr.update(maximum=max(1, n - 1))
+                    update[self.scrub] = step_slider(n, done, value=max(0, n - 1))
+                    view.step = max(0, n - 1)
+                    held = None
+                else:  # the view holds its step (and its hover, its open chips); the slider reaches further
+                    update[self.scrub] = step_slider(n, done)
+                    held = view.step
+                    if done:  # the grid at the step it holds, tagged with how the run ended
+                        update[self.grid] = mark_run(grid.token_grid_html(
+                            live, held, color_by=view.color_by, what_if_threshold=float(view.what_if) or None),
+                            run_no, n, done)
+                # Before the next redraw the engine gets as far ahead as it got since the last one,
+                # plus the steps it sent while this one was drawn.
+                now = time.perf_counter()
+                behind = n - sent_steps + self.session.waiting()
+                update[self.status] = run_status(live, notice, first_paint, done, behind, now - sent,
+                                                 None if done else held)
+                sent, sent_steps = now, n
                 yield update
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message; the page stays up
             yield {self.trace: live or trace, self.status: f"⚠ {error_text(exc)}"}
+        finally:
+            self.live.pop(client, None)
 
     def load_model(self, request: gr.Request, name: str, quantization: str, progress=gr.Progress()) -> dict:
         client = client_of(request)

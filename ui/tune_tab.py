@@ -192,7 +192,8 @@ class TuneTab:
         self.engine.wire_stop(self.stop, self.stop_note, [event], api_name="cancel_sweep")
         self.add.upload(self.add_results, [self.add, self.report], [self.report, self.plot, self.table, self.status],
                         api_name="add_results", concurrency_limit=2, concurrency_id="import")
-        self.table.select(self.load_point, [self.report], [self.tabs, *self.run_tab.controls.values()], queue=False)
+        self.table.select(self.load_point, [self.report], [self.tabs, *self.run_tab.controls.values(),
+                                                           self.run_tab.preset], queue=False)
         self.concurrency.wire()
 
     def show_knobs(self, preset_name: str, knob: str | None) -> dict:
@@ -259,4 +260,4 @@ class TuneTab:
         rows = report.get("rows") or []
         if evt.index is None or evt.index[0] >= len(rows) or "settings" not in rows[evt.index[0]]:
             return {}
-        return {self.tabs: gr.Tabs(selected="run"), **self.run_tab.control_values(rows[evt.index[0]]["settings"])}
+        return {self.tabs: gr.Tabs(selected="run"), **self.run_tab.settings_loaded(rows[evt.index[0]]["settings"])}

@@ -182,6 +182,11 @@ class Session:
         """Stream a sweep: ``{"progress": {done, total, point, row}}`` per grid point, then ``{"report": ...}``."""
         return self._request("sweep", run_id=run_id, task=task, n=n, base=base, axes=axes, seed=seed)
 
+    def waiting(self) -> int:
+        """Messages the engine has sent that no one has read yet: during a streamed run, the steps
+        it is ahead of the page that reads them."""
+        return self._inbox.qsize()
+
     def owner(self) -> str | None:
         """The ``run_id`` of the request in progress (None when none, or started without one)."""
         return self._owner if self._lock.locked() else None
