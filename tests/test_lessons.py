@@ -98,3 +98,13 @@ def test_verification_counts_sent_back_and_revised_drafts_by_step():
     quiet = _trace([{}], settings={"cache": "dual", "unmask": "self_verify"})
     assert lessons.verification_verdict(quiet).status == lessons.FAILS
     assert lessons.verification_verdict(_trace([{}])) is None
+
+
+def test_theorem1_is_told_for_what_a_step_drafted_sent_back_drafts_included():
+    # Kept: two commits at 0.95 (3 × 0.05 = 0.15, guaranteed alone). Drafted: also position 4,
+    # sent back by self-verify, at 0.5 this step: n = 3, ε = 0.5, 4ε = 2.
+    trace = _trace([{"committed": [[2, 5, 0.95], [3, 6, 0.95]], "masked_positions": [2, 3, 4, 5],
+                     "masked_confidence": [0.95, 0.95, 0.5, 0.2], "policy": {"rejected_at": [[4, 7, 0.01]]}}])
+    verdict = lessons.theorem1_verdict(trace, 0)
+    assert verdict.status == lessons.FAILS and verdict.numbers["n"] == 3
+    assert verdict.numbers["bound"] == pytest.approx(2.0)

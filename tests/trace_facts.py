@@ -12,20 +12,24 @@ def theorem1_lines(trace: dict) -> list[str]:
     stops = set(trace["model"].get("stop_ids") or [])
     bounds = []
     for record in steps:
-        confidences = [c for _, _, c in record["committed"]]
+        scored = dict(zip(record["masked_positions"], record["masked_confidence"]))
+        sent_back = record["policy"].get("rejected_at", [])
+        confidences = [c for _, _, c in record["committed"]] + [scored[p] for p, _, _ in sent_back]
         bounds.append((len(confidences), 1 - min(confidences) if confidences else None))
     parallel = [i for i, (n, _) in enumerate(bounds) if n > 1]
     if not parallel:
-        return ["Theorem 1 guarantees every parallel commit: not measurable in this run"]
+        return ["Theorem 1 guarantees every parallel step: not measurable in this run"]
     failing = [i for i in parallel if (bounds[i][0] + 1) * bounds[i][1] > 1]
     status = "does not hold" if failing else "holds"
-    lines = [f"Theorem 1 guarantees every parallel commit: {status}"]
+    lines = [f"Theorem 1 guarantees every parallel step: {status}"]
     if failing:
         lines.append(f"no guarantee at step{'s' if len(failing) > 1 else ''} {', '.join(map(str, failing))} "
                      f"of {len(parallel)} parallel step")
     n, epsilon = bounds[-1]
     if n > 1:
-        ends = sum(t in stops for _, t, _ in steps[-1]["committed"])
+        last = steps[-1]
+        drafted = [t for _, t, _ in last["committed"]] + [t for _, t, _ in last["policy"].get("rejected_at", [])]
+        ends = sum(t in stops for t in drafted)
         lines.append(f"n = {n} ({ends} end of text), ε = {epsilon:.2f}, (n+1)ε = {(n + 1) * epsilon:.2f}")
     return lines
 

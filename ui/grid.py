@@ -8,7 +8,7 @@ import re
 
 from dllm_local.tiny.tasks import TASKS, recognise
 
-from .replay import Trace, first_end, is_end_token, prompt_len, prompt_of, state_at, theorem1, token_text, visible, \
+from .replay import Trace, drafts, first_end, is_end_token, prompt_len, prompt_of, state_at, theorem1, token_text, visible, \
     what_if
 
 CAPTION = ("Each box is one answer position: colour says when (or how confidently) it was committed; "
@@ -149,16 +149,14 @@ def _theorem_line(trace: Trace, record: dict, shown: int) -> str:
         colour = "#1a9850" if kept["verdict"] == "guaranteed" else "#d73027"
         return (f'<div class="dl-theorem" data-verdict="{kept["verdict"]}" style="font-size:16px;color:{colour};'
                 f'font-weight:600;">Step {shown}: {html.escape(kept["text"])}</div>')
-    confidence = dict(zip(record.get("masked_positions") or [], record.get("masked_confidence") or []))
-    drafts = [*(record.get("committed") or []),
-              *([p, t, confidence[p]] for p, t, _ in rejected if p in confidence)]
-    drafted = theorem1({"committed": drafts})
+    drafted_here = drafts(record)
+    drafted = theorem1({"committed": drafted_here})
     P = prompt_len(trace)
     which = ", ".join(f"'{token_label(trace, t)}' at pos {p - P}" for p, t, _ in rejected)
     colour = "#1a9850" if drafted["verdict"] == "guaranteed" else "#d73027"
     return (f'<div class="dl-theorem" data-verdict="{kept["verdict"]}" data-drafts-verdict="{drafted["verdict"]}" '
             f'style="font-size:16px;color:{colour};font-weight:600;">Step {shown}: self-verify sent '
-            f"{len(rejected)} of {len(drafts)} drafts back ({html.escape(which)}). On the {len(drafts)} drafts, "
+            f"{len(rejected)} of {len(drafted_here)} drafts back ({html.escape(which)}). On the {len(drafted_here)} drafts, "
             f"{html.escape(drafted['text'])}. On the {kept['n']} kept: {html.escape(kept['text'])}.</div>")
 
 

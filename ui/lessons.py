@@ -12,7 +12,7 @@ from statistics import fmean
 
 from dllm_local.tiny.tasks import verdict as task_verdict
 
-from .replay import Trace, is_end_token, prompt_len, prompt_of, steps_upto, theorem1
+from .replay import Trace, drafts, is_end_token, prompt_len, prompt_of, steps_upto, theorem1
 
 HOLDS, FAILS, UNMEASURABLE = "holds", "does not hold", "not measurable in this run"
 # Reused K/V count as close to exact when their mean cosine with the exact K/V is at least this.
@@ -38,23 +38,25 @@ class Verdict:
 # ----------------------------------------------------------------------------- Theorem 1
 
 THEOREM1_N = "n counts every position the step committed, end of text included"
-THEOREM1_CLAIM = "Theorem 1 guarantees every parallel commit"
+THEOREM1_CLAIM = "Theorem 1 guarantees every parallel step"
 
 
 def theorem1_verdict(trace: Trace, step: int) -> Verdict:
-    """Does Fast-dLLM's Theorem 1 guarantee the parallel commits of the run up to step ``step``,
-    and of that step? (see ``replay.theorem1``; n counts every committed position, as the
-    theorem does: it speaks of the whole parallel commit)."""
+    """Does Fast-dLLM's Theorem 1 guarantee the parallel steps of the run up to step ``step``,
+    and that step? (see ``replay.theorem1``; n counts every committed position, as the theorem
+    does: it speaks of the whole parallel commit). A step is told for what it drafted
+    (``replay.drafts``): drafts self-verify sent back count, as the heatmap's marks do."""
     steps = steps_upto(trace, step)
     if not steps:
         return Verdict("theorem1", THEOREM1_CLAIM, UNMEASURABLE, "no step yet")
-    at = theorem1(steps[-1])
-    parallel = [(i, t) for i, t in enumerate(map(theorem1, steps)) if t["verdict"] != "serial"]
+    told = [theorem1({"committed": drafts(record)}) for record in steps]
+    at = told[-1]
+    parallel = [(i, t) for i, t in enumerate(told) if t["verdict"] != "serial"]
     unguaranteed = [i for i, t in parallel if t["verdict"] == "no guarantee"]
-    ends = sum(is_end_token(trace, token) for _, token, _ in steps[-1].get("committed") or [])
+    ends = sum(is_end_token(trace, token) for _, token, _ in drafts(steps[-1]))
     numbers = {"step": len(steps) - 1, "n": at["n"], "end_of_text": ends, "epsilon": at["epsilon"],
                "bound": at["bound"], "parallel_steps": len(parallel), "unguaranteed_steps": unguaranteed}
-    here = (f"step {len(steps) - 1} committed {at['n']}: one at a time" if at["verdict"] == "serial" else
+    here = (f"step {len(steps) - 1} drafted {at['n']}: one at a time" if at["verdict"] == "serial" else
             f"step {len(steps) - 1}: {at['verdict']}, n = {at['n']} ({ends} end of text), ε = {at['epsilon']:.2f}, "
             f"(n+1)ε = {at['bound']:.2f} {'≤' if at['bound'] <= 1 else '>'} 1")
     if not parallel:

@@ -122,6 +122,15 @@ def theorem1(record: dict) -> dict:
 
 
 
+def drafts(record: dict) -> list[list]:
+    """What a step drafted: its commits and, where self-verify sent drafts back to mask, those
+    too, each at its confidence this step ([position, token, confidence]). Theorem 1 told for
+    the kept commits alone says nothing of the drafts sent back."""
+    rejected = (record.get("policy") or {}).get("rejected_at") or []
+    confidence = dict(zip(record.get("masked_positions") or [], record.get("masked_confidence") or []))
+    return [*(record.get("committed") or []), *([p, t, confidence[p]] for p, t, _ in rejected if p in confidence)]
+
+
 # ----------------------------------------------------------------------------- what-if threshold
 
 def what_if(trace: Trace, threshold: float) -> dict:

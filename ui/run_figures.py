@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 from dllm_local.trace import KV_VIEWS
 
 from .figure_style import message_figure, styled
-from .replay import Trace, answer_length, prompt_len, state_at, steps_upto, theorem1, token_text, visible
+from .replay import Trace, answer_length, drafts, prompt_len, state_at, steps_upto, theorem1, token_text, visible
 
 NAN = float("nan")
 SUMMARY_MESSAGE = "per-position KV data needs trace level 'full'"
@@ -111,7 +111,8 @@ def confidence_heatmap(trace: Trace, upto_step: int | None = None) -> go.Figure:
             x=rx, y=ry, mode="markers", name="sent back (self-verify)", hovertext=rtext, hoverinfo="text",
             marker={"symbol": "square-open", "color": "#d73027", "size": 13, "line": {"width": 3}},
         ))
-    verdicts = [theorem1(record) for record in steps]
+    # Told for what each step drafted: a dot beside drafts self-verify sent back must not say "guaranteed".
+    verdicts = [theorem1({"committed": drafts(record)}) for record in steps]
     for verdict, symbol, colour in (("guaranteed", "circle", "#1a9850"), ("no guarantee", "x-thin-open", "#d73027")):
         rows = [i for i, v in enumerate(verdicts) if v["verdict"] == verdict]
         fig.add_trace(go.Scatter(
