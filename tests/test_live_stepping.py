@@ -16,7 +16,8 @@ from ui.grid import OFF_TASK, token_grid_html
 from ui.presets import load_presets
 from ui.run_tab import run_status
 
-from test_page import OUT, _choose, _shown_run, _status, _wait_done, _wait_policy, browser, page, server  # noqa: F401
+from test_page import (OUT, _choose, _shown_run, _status, _wait_done, _wait_policy, browser, page, server,  # noqa: F401
+                       start_long_run)
 
 PRESETS, _ = load_presets()
 OFF_TASK_PROMPT = "What is the capital of France?"
@@ -142,16 +143,7 @@ def _grid_run(pg) -> dict:
 
 
 def test_follow_live_unticked_holds_the_view_while_the_run_goes_on_and_ticked_catches_up(page):  # noqa: F811
-    _choose(page, "#preset", "LLaDA baseline")
-    _wait_policy(page, "unmask", "fixed")
-    for slider in ("#gen-length", "#steps"):  # 512 forwards, one token each: the run outlasts the test
-        page.locator(f"{slider} input[type=range]").fill("512")
-        page.wait_for_function(f"() => document.querySelector('{slider} input[type=number]').value === '512'")
-    before = _shown_run(page)
-    page.click("#run-btn")
-    page.wait_for_function("(prev) => { const r = document.querySelector('#token-grid .dl-run');"
-                         " return r && r.dataset.run !== prev && Number(r.dataset.steps) >= 3; }", arg=before,
-                         timeout=60_000)
+    start_long_run(page)  # 512 forwards, one token each: the run outlasts the test
     page.locator("#follow input").uncheck()
     page.wait_for_function("() => document.querySelector('#status').innerText.includes('The view holds step')",
                          timeout=30_000)

@@ -285,10 +285,12 @@ def test_browser_threshold_slider_then_run_again(page, tiny):
     page.screenshot(path=str(OUT / "threshold-0.3.png"), full_page=True)
 
 
-def test_browser_stop_mid_run_leaves_the_page_usable_and_a_second_tab_waits_its_turn(page, browser, server):
+def start_long_run(page) -> str:
+    """Start the LLaDA baseline at gen 512, one token per step (512 full forwards: seconds even on
+    a fast machine), wait until it has drawn 3 steps, and return the run shown before it."""
     _choose(page, "#preset", "LLaDA baseline")
     _wait_policy(page, "unmask", "fixed")
-    for slider in ("#gen-length", "#steps"):  # 512 full forwards: seconds even on a fast machine
+    for slider in ("#gen-length", "#steps"):
         page.locator(f"{slider} input[type=range]").fill("512")
         page.wait_for_function(f"() => document.querySelector('{slider} input[type=number]').value === '512'")
     run = _shown_run(page)
@@ -296,6 +298,11 @@ def test_browser_stop_mid_run_leaves_the_page_usable_and_a_second_tab_waits_its_
     page.wait_for_function("(prev) => { const r = document.querySelector('#token-grid .dl-run');"
                            " return r && r.dataset.run !== prev && Number(r.dataset.steps) >= 3; }", arg=run,
                            timeout=60_000)
+    return run
+
+
+def test_browser_stop_mid_run_leaves_the_page_usable_and_a_second_tab_waits_its_turn(page, browser, server):
+    run = start_long_run(page)
     # Another tab's Run while this run goes: queued with a message, never mixed with this one.
     other = browser.new_page(viewport={"width": 1500, "height": 2000})
     other.goto(server)
