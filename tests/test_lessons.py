@@ -29,10 +29,13 @@ def test_theorem1_n_counts_every_commit_and_the_run_fails_on_one_unguaranteed_st
     assert "n = 3 (1 end of text), ε = 0.58, (n+1)ε = 2.32 > 1" in first.text
     whole = lessons.theorem1_verdict(trace, 1)
     assert whole.status == lessons.FAILS and whole.numbers["unguaranteed_steps"] == [0]
-    assert whole.numbers["bound"] == pytest.approx(0.3) and "(n+1)ε = 0.30 ≤ 1" in whole.text
-    assert lessons.theorem1_verdict(_trace([{"committed": [[4, 7, 0.9], [5, END, 0.95]]}]), 0).status == lessons.HOLDS
+    # The figures of the step that decides (the first without a guarantee), not the last step's.
+    assert whole.numbers["step"] == 0 and whole.numbers["bound"] == pytest.approx(2.32)
+    assert "step 0: no guarantee, n = 3" in whole.text and "1 of the 2 parallel steps without a guarantee" in whole.text
+    holds = lessons.theorem1_verdict(_trace([{"committed": [[4, 7, 0.9], [5, END, 0.95]]}]), 0)
+    assert holds.status == lessons.HOLDS and "(n+1)ε = 0.30 ≤ 1" in holds.text
     serial = lessons.theorem1_verdict(_trace([{"committed": [[2, 5, 0.3]]}]), 0)
-    assert serial.status == lessons.UNMEASURABLE and "no step committed more than one" in serial.text
+    assert serial.status == lessons.UNMEASURABLE and "no step so far drafted more than one" in serial.text
 
 
 def _exact(values: list[float]) -> dict:

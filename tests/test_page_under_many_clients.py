@@ -55,8 +55,11 @@ def _client(url):
     return Client(url, verbose=False)
 
 
+VIEWS = 8  # the Run tab's outputs begin with its views: grid, numbers, three plots, three verdict boxes
+
+
 def _status(outputs) -> str:
-    return outputs[6]  # grid, numbers, three plots, scrubber, then the status line
+    return outputs[VIEWS + 1]  # the views, the step slider, then the status line
 
 
 def _final(job, timeout: float = 180) -> str:
@@ -187,8 +190,8 @@ def test_importing_a_trace_sets_its_prompt_and_settings(served, tmp_path):
     path.write_text(json.dumps(_trace(session, prompt, settings)))
     outputs = _client(url).predict(handle_file(str(path)), api_name="/import_trace")
     assert _status(outputs).startswith("Replaying an imported trace")
-    assert outputs[8] == prompt
-    controls = dict(zip(page.control_names, outputs[9:]))
+    assert outputs[VIEWS + 3] == prompt  # after the status: the export file, then the prompt and the controls
+    controls = dict(zip(page.control_names, outputs[VIEWS + 4:]))
     assert (controls["gen_length"], controls["block_size"], controls["cache"], controls["unmask"]) == (64, 16, "prefix",
                                                                                                       "threshold")
     assert controls["unmask.threshold"] == 0.7 and controls["seed"] == 3

@@ -23,14 +23,15 @@ def theorem1_lines(trace: dict) -> list[str]:
     status = "does not hold" if failing else "holds"
     lines = [f"Theorem 1 guarantees every parallel step: {status}"]
     if failing:
-        lines.append(f"no guarantee at step{'s' if len(failing) > 1 else ''} {', '.join(map(str, failing))} "
-                     f"of {len(parallel)} parallel step")
-    n, epsilon = bounds[-1]
+        lines.append(f"{len(failing)} of the {len(parallel)} parallel steps without a guarantee")
+    deciding = failing[0] if failing else len(steps) - 1
+    n, epsilon = bounds[deciding]
     if n > 1:
-        last = steps[-1]
-        drafted = [t for _, t, _ in last["committed"]] + [t for _, t, _ in last["policy"].get("rejected_at", [])]
+        record = steps[deciding]
+        drafted = [t for _, t, _ in record["committed"]] + [t for _, t, _ in record["policy"].get("rejected_at", [])]
         ends = sum(t in stops for t in drafted)
-        lines.append(f"n = {n} ({ends} end of text), ε = {epsilon:.2f}, (n+1)ε = {(n + 1) * epsilon:.2f}")
+        lines.append(f"step {deciding}: {'no guarantee' if failing else 'guaranteed'}, n = {n} ({ends} end of text), "
+                     f"ε = {epsilon:.2f}, (n+1)ε = {(n + 1) * epsilon:.2f}")
     return lines
 
 

@@ -50,22 +50,26 @@ def theorem1_verdict(trace: Trace, step: int) -> Verdict:
     if not steps:
         return Verdict("theorem1", THEOREM1_CLAIM, UNMEASURABLE, "no step yet")
     told = [theorem1({"committed": drafts(record)}) for record in steps]
-    at = told[-1]
-    parallel = [(i, t) for i, t in enumerate(told) if t["verdict"] != "serial"]
-    unguaranteed = [i for i, t in parallel if t["verdict"] == "no guarantee"]
-    ends = sum(is_end_token(trace, token) for _, token, _ in drafts(steps[-1]))
-    numbers = {"step": len(steps) - 1, "n": at["n"], "end_of_text": ends, "epsilon": at["epsilon"],
-               "bound": at["bound"], "parallel_steps": len(parallel), "unguaranteed_steps": unguaranteed}
-    here = (f"step {len(steps) - 1} drafted {at['n']}: one at a time" if at["verdict"] == "serial" else
-            f"step {len(steps) - 1}: {at['verdict']}, n = {at['n']} ({ends} end of text), ε = {at['epsilon']:.2f}, "
-            f"(n+1)ε = {at['bound']:.2f} {'≤' if at['bound'] <= 1 else '>'} 1")
+    parallel = [i for i, t in enumerate(told) if t["verdict"] != "serial"]
+    unguaranteed = [i for i in parallel if told[i]["verdict"] == "no guarantee"]
+    shown = len(steps) - 1
+    # The step whose figures decide: the first without a guarantee, else the step shown.
+    deciding = unguaranteed[0] if unguaranteed else shown
+    at = told[deciding]
+    ends = sum(is_end_token(trace, token) for _, token, _ in drafts(steps[deciding]))
+    numbers = {"step": deciding, "n": at["n"], "end_of_text": ends, "epsilon": at["epsilon"], "bound": at["bound"],
+               "parallel_steps": len(parallel), "unguaranteed_steps": unguaranteed}
     if not parallel:
         return Verdict("theorem1", THEOREM1_CLAIM, UNMEASURABLE,
-                       f"no step committed more than one position; {here}", numbers)
-    run = (f"all {len(parallel)} parallel steps guaranteed" if not unguaranteed else
-           f"no guarantee at step{_s(unguaranteed)} {_list(unguaranteed)} of {len(parallel)} parallel step{_s(parallel)}")
-    return Verdict("theorem1", THEOREM1_CLAIM, FAILS if unguaranteed else HOLDS, f"{run}; {here} ({THEOREM1_N})",
-                   numbers)
+                       f"no step so far drafted more than one position (step {shown} drafted {at['n']})", numbers)
+    figures = (f"step {deciding}: {at['verdict']}, n = {at['n']} ({ends} end of text), ε = {at['epsilon']:.2f}, "
+               f"(n+1)ε = {at['bound']:.2f} {'≤' if at['bound'] <= 1 else '>'} 1")
+    if not unguaranteed:
+        return Verdict("theorem1", THEOREM1_CLAIM, HOLDS, f"all {len(parallel)} parallel steps guaranteed"
+                       + (f"; {figures}" if told[shown]["verdict"] != "serial" else "") + f" ({THEOREM1_N})", numbers)
+    count = (f"{len(unguaranteed)} of the {len(parallel)} parallel steps without a guarantee"
+             + (f" (steps {_list(unguaranteed)})" if len(unguaranteed) > 1 else ""))
+    return Verdict("theorem1", THEOREM1_CLAIM, FAILS, f"{figures}; {count} ({THEOREM1_N})", numbers)
 
 
 # ----------------------------------------------------------------------------- reused K/V

@@ -534,6 +534,10 @@ class RunTab:
                 update[self.status] = run_status(live, notice, first_paint, done, behind, now - sent,
                                                  None if done else held)
                 sent, sent_steps = now, n
+                if held is None and n > 1:
+                    # The new maximum alone, before the step: sent together, the browser places the
+                    # thumb against the old maximum, short of the step the number box shows.
+                    yield {self.scrub: step_slider(n, done)}
                 yield update
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message; the page stays up
             yield {self.trace: live or trace, self.status: f"⚠ {error_text(exc)}"}
