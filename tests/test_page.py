@@ -372,3 +372,22 @@ def test_browser_export_then_replay_without_running(page, browser, server, tmp_p
     assert fresh.inner_html("#token-grid") != last
     fresh.screenshot(path=str(OUT / "replay-step-0.png"), full_page=True)
     fresh.close()
+
+
+def test_tune_values_typed_stay_when_the_knob_menu_is_left_unchanged_and_follow_a_new_knob(page):
+    page.get_by_role("tab", name="Tune").click()
+    values = page.locator("#tune-values textarea")
+    values.fill("0.5, 0.9")
+    values.press("Tab")
+    page.click("#tune-knob input")  # into the knob menu and out again, choosing nothing
+    page.keyboard.press("Escape")
+    page.click("#tune-blocks textarea")
+    page.wait_for_timeout(1500)  # a stray suggestion would have landed by now
+    assert values.input_value() == "0.5, 0.9"
+    knob = page.input_value("#tune-knob input")
+    page.click("#tune-knob input")
+    options = page.get_by_role("option")
+    labels = [options.nth(i).inner_text().strip() for i in range(options.count())]
+    other = next(label for label in labels if label != knob)
+    page.get_by_role("option", name=other, exact=True).click()
+    page.wait_for_function("() => document.querySelector('#tune-values textarea').value !== '0.5, 0.9'")

@@ -185,7 +185,8 @@ class TuneTab:
 
     def wire(self) -> None:
         self.preset.change(self.show_knobs, [self.preset, self.knob], [self.knob, self.values], queue=False)
-        self.knob.input(self.suggest_values, [self.preset, self.knob], [self.values], queue=False)
+        # On a new knob only: a dropdown's input event also fires when it loses focus unchanged.
+        self.knob.change(self.suggest_values, [self.preset, self.knob], [self.values], queue=False)
         event = self.button.click(self.run_sweep, [self.preset, self.task, self.n, self.knob, self.values, self.blocks,
                                                    self.gen],
                                   [self.report, self.plot, self.table, self.status], api_name="sweep", **ENGINE)
