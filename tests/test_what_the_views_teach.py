@@ -3,6 +3,7 @@ self-verify's sent-back drafts, the verdict on a task answer, the trained-length
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -38,6 +39,10 @@ def test_straight_house_is_written_greedily_in_one_forward_with_no_guarantee(tin
     first, second = (top[pos] for pos in sorted(top)[:2])
     vocab = trace["vocab"]
     assert vocab[str(first[0][0])].strip() == "straight" and vocab[str(second[0][0])].strip() == "house"
+    # Each word's hover names those candidates, though the one step leaves nothing masked to hover.
+    shown = grid.token_grid_html(trace, 0)
+    assert re.search(r"token 'straight' · step 0 · confidence 0\.\d\d · top candidates when committed: 'straight' "
+                     r"0\.\d\d, 'full'", shown)
     assert first[0][1] > 0.5 > second[0][1]
     # One word at a time: a real hand.
     alone = dllm_local.generate(tiny, prompt, settings.with_(unmask="fixed", unmask_params={}))

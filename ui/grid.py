@@ -193,6 +193,8 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
     ids = state["ids"]
     answer_end = first_end(trace, ids)
     record = (trace.get("steps") or [])[shown] if shown >= 0 else {}
+    at_commit = {(i, int(q) - prompt_len(trace)): pairs for i, r in enumerate(trace.get("steps") or [])
+                 for q, pairs in r.get("top_candidates") or []}
     P = prompt_len(trace)
     top = {int(pos) - P: pairs for pos, pairs in record.get("top_candidates") or []}
     scored = {int(pos) - P: c for pos, c in zip(record.get("masked_positions") or [], record.get("masked_confidence") or [])}
@@ -234,6 +236,9 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
         style = f"{_BOX}background:{_css(rgb)};color:{_text_colour(rgb)};"
         classes = ["dl-tok"]
         title = f"pos {p} · token '{vis}' · step {s} · confidence {conf:.2f}" + past_title
+        if (s, p) in at_commit:  # why it is this token: the candidates of the forward that committed it
+            title += " · top candidates when committed: " + ", ".join(
+                f"'{token_label(trace, t)}' {q:.2f}" for t, q in at_commit[s, p])
         if s == shown:
             style += _COMMIT_OUTLINE
             classes.append("dl-new")

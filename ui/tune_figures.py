@@ -118,7 +118,8 @@ def sweep_figure(report: dict) -> go.Figure:
     for i, place in places.items():
         if place:
             fig.add_annotation(**_label(speed[i], accuracy[i], labels[i], place))
-    fig.update_xaxes(title="answer tokens / s (model time)", range=x_range)
+    fig.update_xaxes(title="answer tokens / s (model time, one pass over the problems: speed varies run to run)",
+                     range=x_range)
     sizes = sorted({int(r.get("n") or n) for r in rows})
     fig.update_yaxes(title=f"accuracy (n = {', '.join(map(str, sizes))}, bars: 95% interval)", tickformat=".0%",
                      range=y_range)
