@@ -81,7 +81,7 @@ _BOX = ("display:inline-flex;flex-direction:column;align-items:center;margin:2px
 # This step's commits are outlined inside the box, τ′'s frame lies outside it: a box can show both.
 _COMMIT_OUTLINE = "outline:3px solid #e4572e;outline-offset:-3px;"
 _WHAT_IF_FRAME = "box-shadow:0 0 0 3px #1a9850;border-radius:6px;"
-_POS = '<span class="dl-pos" style="font-size:14px;opacity:0.7;line-height:1.1;">{}</span>'
+_POS = '<span class="dl-pos" style="font-size:14px;opacity:0.85;line-height:1.1;">{}</span>'
 
 
 def _end_runs(trace: Trace, ids: list[int | None]) -> list[tuple[int, int]]:

@@ -20,7 +20,7 @@ DELETE_CACHE = (3600, 3600)
 CSS = """
 .tok-grid {line-height: 2.1em}
 #status {min-height: 1.5em}
-.caption, .caption p {color: #444; font-size: 15px !important; margin-top: -6px}
+.caption, .caption p {color: #444; font-size: 15px !important; margin-top: 0}
 .policy-info, .policy-info p {color: #444; font-size: 15px !important; padding: 4px 12px}
 #status, #status p {font-size: 16px !important}
 #tune-concurrency-line, #tune-concurrency-line p {font-size: 18px !important}
