@@ -23,7 +23,8 @@ def theorem1_lines(trace: dict) -> list[str]:
     status = "does not hold" if failing else "holds"
     lines = [f"Theorem 1 guarantees every parallel step: {status}"]
     if failing:
-        lines.append(f"{len(failing)} of the {len(parallel)} parallel steps without a guarantee")
+        lines.append("the run's one parallel step" if len(parallel) == 1 else
+                     f"{len(failing)} of the {len(parallel)} parallel steps without a guarantee")
     deciding = failing[0] if failing else len(steps) - 1
     n, epsilon = bounds[deciding]
     if n > 1:

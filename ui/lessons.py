@@ -67,7 +67,8 @@ def theorem1_verdict(trace: Trace, step: int) -> Verdict:
     if not unguaranteed:
         return Verdict("theorem1", THEOREM1_CLAIM, HOLDS, f"all {len(parallel)} parallel steps guaranteed"
                        + (f"; {figures}" if told[shown]["verdict"] != "serial" else "") + f" ({THEOREM1_N})", numbers)
-    count = (f"{len(unguaranteed)} of the {len(parallel)} parallel steps without a guarantee"
+    count = ("the run's one parallel step" if len(parallel) == 1 else
+             f"{len(unguaranteed)} of the {len(parallel)} parallel steps without a guarantee"
              + (f" (steps {_list(unguaranteed)})" if len(unguaranteed) > 1 else ""))
     return Verdict("theorem1", THEOREM1_CLAIM, FAILS, f"{figures}; {count} ({THEOREM1_N})", numbers)
 
