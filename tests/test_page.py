@@ -238,6 +238,22 @@ def _wait_run_ended(pg, previous_run: str, timeout=120_000) -> str:
     return _status(pg)
 
 
+def export_trace(pg, path: Path) -> Path:
+    """Click Export until the browser downloads the trace: the file is written after the run's
+    final state is drawn, and a click before that has nothing to download (the button looks the same)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for _ in range(12):
+        try:
+            with pg.expect_download(timeout=5_000) as download:
+                pg.click("#export-btn")
+        except PlaywrightTimeout:
+            continue
+        download.value.save_as(path)
+        return path
+    raise AssertionError("the Export button never gave a download")
+
+
 def _choose(pg, dropdown: str, option: str) -> None:
     pg.click(f"{dropdown} input")
     pg.get_by_role("option", name=option, exact=True).click()
@@ -349,10 +365,7 @@ def test_browser_compare_mode(page):
 def test_browser_export_then_replay_without_running(page, browser, server, tmp_path):
     page.click("#run-btn")
     _wait_done(page)
-    with page.expect_download() as download:
-        page.click("#export-btn")
-    path = tmp_path / "trace.json"
-    download.value.save_as(path)
+    path = export_trace(page, tmp_path / "trace.json")
     trace = json.loads(path.read_text())
     assert trace["steps"] and trace["schema_version"] == 1
 

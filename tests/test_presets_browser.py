@@ -15,7 +15,7 @@ import pytest
 import trace_facts
 from ui.presets import load_presets
 
-from test_page import OUT, _choose, _shown_run, _wait_run_ended, browser, server  # noqa: F401 - fixtures
+from test_page import OUT, _choose, _shown_run, _wait_run_ended, browser, export_trace, server  # noqa: F401 - fixtures
 
 PRESETS, _ = load_presets()
 PLOTS = ("#conf-plot", "#kv-plot", "#cache-plot")
@@ -141,11 +141,7 @@ def test_straight_house_reads_no_guarantee_and_invalid(pg):
 def _check_verdicts(pg, preset: dict, tmp_path: Path) -> None:
     """Each verdict line beside a view states the figures of the run's own exported trace, worked
     out again here from the file (``trace_facts``), at the run's last step."""
-    with pg.expect_download() as download:
-        pg.click("#export-btn")
-    path = tmp_path / "trace.json"
-    download.value.save_as(path)
-    trace = json.loads(path.read_text())
+    trace = json.loads(export_trace(pg, tmp_path / "trace.json").read_text())
     layer = pg.input_value("#kv-layer input").removeprefix("layer ")
     which = preset.get("view", {}).get("which", "v")
     expected = {"#grid-verdicts": [*trace_facts.theorem1_lines(trace), *trace_facts.answer_lines(trace, preset["prompt"]),
