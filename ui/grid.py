@@ -193,9 +193,9 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
     ids = state["ids"]
     answer_end = first_end(trace, ids)
     record = (trace.get("steps") or [])[shown] if shown >= 0 else {}
-    at_commit = {(i, int(q) - prompt_len(trace)): pairs for i, r in enumerate(trace.get("steps") or [])
-                 for q, pairs in r.get("top_candidates") or []}
     P = prompt_len(trace)
+    at_commit = {(i, int(q) - P): pairs for i, r in enumerate((trace.get("steps") or [])[: max(0, shown + 1)])
+                 for q, pairs in r.get("top_candidates") or []}
     top = {int(pos) - P: pairs for pos, pairs in record.get("top_candidates") or []}
     scored = {int(pos) - P: c for pos, c in zip(record.get("masked_positions") or [], record.get("masked_confidence") or [])}
     sent_back = _sent_back(trace, shown)

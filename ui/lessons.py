@@ -12,13 +12,12 @@ from statistics import fmean
 
 from dllm_local.tiny.tasks import verdict as task_verdict
 
-from .replay import Trace, drafts, is_end_token, prompt_len, prompt_of, steps_upto, theorem1
+from .replay import MEAN_LAYERS, Trace, drafts, is_end_token, prompt_len, prompt_of, steps_upto, theorem1
 
 HOLDS, FAILS, UNMEASURABLE = "holds", "does not hold", "not measurable in this run"
 # Reused K/V count as close to exact when their mean cosine with the exact K/V is at least this.
 CLOSE_TO_EXACT = 0.99
 KINDS = ("prompt", "decoded", "masked")
-MEAN_LAYERS = "mean"
 
 
 @dataclass(frozen=True)

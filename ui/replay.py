@@ -15,6 +15,7 @@ from typing import Any
 from .timing import speedup, spread
 
 Trace = dict[str, Any]
+MEAN_LAYERS = "mean"  # the KV views' and the reused-K/V verdict's "layer": the mean over all layers
 
 
 def steps_upto(trace: Trace, upto_step: int | None = None) -> list[dict]:
@@ -127,6 +128,8 @@ def drafts(record: dict) -> list[list]:
     too, each at its confidence this step ([position, token, confidence]). Theorem 1 told for
     the kept commits alone says nothing of the drafts sent back."""
     rejected = (record.get("policy") or {}).get("rejected_at") or []
+    if not rejected:  # the common case, on every redraw of a live run: no table of confidences to build
+        return list(record.get("committed") or [])
     confidence = dict(zip(record.get("masked_positions") or [], record.get("masked_confidence") or []))
     return [*(record.get("committed") or []), *([p, t, confidence[p]] for p, t, _ in rejected if p in confidence)]
 

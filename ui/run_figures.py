@@ -11,7 +11,8 @@ import plotly.graph_objects as go
 from dllm_local.trace import KV_VIEWS
 
 from .figure_style import message_figure, styled
-from .replay import Trace, answer_length, drafts, prompt_len, state_at, steps_upto, theorem1, token_text, visible
+from .replay import (MEAN_LAYERS, Trace, answer_length, drafts, prompt_len, state_at, steps_upto, theorem1, token_text,
+                     visible)
 
 NAN = float("nan")
 SUMMARY_MESSAGE = "per-position KV data needs trace level 'full'"
@@ -128,7 +129,6 @@ def confidence_heatmap(trace: Trace, upto_step: int | None = None) -> go.Figure:
 
 # ----------------------------------------------------------------------------- KV
 
-MEAN_LAYERS = "mean"
 # One colour scale for every cosine view, fixed, so a colour means the same value everywhere.
 # Most of the range goes to cosines near 1, where committed positions live; anything at or
 # below 0 (unrelated or opposite) takes the darkest colour, its true value in the hover.
