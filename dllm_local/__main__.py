@@ -98,6 +98,27 @@ def add_settings_args(ap: argparse.ArgumentParser) -> None:
     _add_param_shorthands(ap)
 
 
+def add_cluster_args(ap: argparse.ArgumentParser) -> None:
+    """Where a sweep or evaluation runs, and the file that keeps every finished problem."""
+    group = ap.add_argument_group("cluster and resuming", "README: When one GPU is not enough")
+    group.add_argument("--ray", nargs="?", const="auto", default=None, metavar="auto|local|ADDRESS",
+                       help="run on a Ray cluster: auto (the cluster this machine joined; the default of a bare --ray), "
+                            "local (a Ray instance of this run's own), or the head's HOST:PORT; one worker per GPU, "
+                            "or per --worker-cpus CPUs (needs pip install -r requirements-cluster.txt)")
+    group.add_argument("--workers", type=_at_least_one, default=None,
+                       help="with --ray: at most this many workers (default: one per GPU, or per CPU slot)")
+    group.add_argument("--worker-cpus", type=_at_least_one, default=1,
+                       help="with --ray on a cluster without GPUs: CPUs per worker (default: 1)")
+    group.add_argument("--chunk", type=_at_least_one, default=4,
+                       help="problems per unit of work handed to a worker (default: 4)")
+    files = group.add_mutually_exclusive_group()
+    files.add_argument("--results", default=None, metavar="FILE",
+                       help="append each finished problem to this JSON-lines file (with --ray, default: a new "
+                            "COMMAND-DATE-TIME.jsonl here)")
+    files.add_argument("--resume", default=None, metavar="FILE",
+                       help="go on with a stopped run: skip the problems FILE holds, append the rest to it")
+
+
 BATCH_HELP = ("problems decoded together, each with its own seed: the same answers as one at a time, in less wall "
               "time (default: 1)")
 
@@ -174,26 +195,8 @@ def warn_past_trained_length(settings, handle) -> None:
         print(f"notice: {notice}", file=sys.stderr)
 
 
-# A model this small runs a forward as hundreds of tiny kernels: on the CPU, one thread beats
-# several (a thread team costs more to wake than it saves; see the README's "Threads" section).
-SMALL_MODEL_PARAMETERS = 50_000_000
-
-
-def apply_threads(requested: int | None, handle, batched: bool = False) -> None:
-    """Set torch's thread count for this command: ``requested`` (--threads), else one thread for
-    a small model on the CPU decoding one request at a time, and torch's default (every core)
-    for anything else: a batch's forwards are large kernels, which a thread team does speed up."""
-    import torch
-
-    if requested:
-        torch.set_num_threads(requested)
-    elif (not batched and next(handle.model.parameters()).device.type == "cpu"
-          and handle.num_parameters < SMALL_MODEL_PARAMETERS):
-        torch.set_num_threads(1)
-
-
 def _load(args: argparse.Namespace):
-    from .models.loader import load
+    from .models.loader import apply_threads, load
 
     if getattr(args, "quiet", False):  # transformers' own bar (loading weights) goes quiet too
         from transformers.utils import logging as hf_logging
@@ -232,9 +235,11 @@ def _generate(args: argparse.Namespace) -> None:
 
 
 def _eval(args: argparse.Namespace) -> None:
-    from .experiments.evaluate import evaluate, evaluate_guider, format_report
-    from .models.loader import load_guider
+    from .experiments.evaluate import eval_job, evaluate_guider, format_report, run_eval
+    from .models.loader import apply_threads, load_guider
 
+    if args.autoregressive and (args.ray or args.resume or args.results):
+        raise SettingsError("--autoregressive decodes the guider here, alone: it takes no --ray, --results or --resume")
     if args.autoregressive:
         guider = load_guider(args.model, device=args.device)
         apply_threads(args.threads, guider, batched=args.batch_size > 1)
@@ -245,10 +250,13 @@ def _eval(args: argparse.Namespace) -> None:
         return
 
     settings = settings_from_args(args)
-    handle = _load(args)
-    warn_past_trained_length(settings, handle)
-    report = evaluate(handle, args.task, args.n, args.seed_data, settings, guider_for(args, handle, settings),
-                      progress=not (args.json or args.quiet), batch_size=args.batch_size)
+    job = eval_job(args.task, args.n, args.seed_data, settings, _model_spec(args), args.batch_size)
+    results = _results(args, job, "eval")
+    runner = _runner(args, job, settings)
+    try:
+        report = run_eval(job, runner, results, progress=not (args.json or args.quiet), chunk=args.chunk)
+    except KeyboardInterrupt:
+        raise _interrupted(results) from None
     print(json.dumps(report, indent=2) if args.json else format_report(report))
 
 
@@ -347,28 +355,72 @@ def _sweep_axes(args: argparse.Namespace, base) -> dict[str, list]:
     return axes
 
 
+def _model_spec(args: argparse.Namespace):
+    from .experiments.units import ModelSpec
+
+    return ModelSpec(args.model, args.device, args.quantize, args.guider, args.threads)
+
+
+def _results(args: argparse.Namespace, job, command: str):
+    """Where each finished problem goes: --resume FILE (read, then appended to), --results FILE,
+    or with --ray a new file named after the command and the time (a cluster run is long)."""
+    import time
+
+    from .experiments.units import Results
+
+    path = args.resume or args.results or (args.ray and f"{command}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
+    results = Results(job, path or None, resume=bool(args.resume))
+    if path:
+        done = f"{len(results.records)} of {job.total} problems already done; " if args.resume else ""
+        print(f"results: {path} ({done}each problem is appended as it finishes; after a stop, the same command "
+              f"with --resume {path} goes on from there)", file=sys.stderr)
+    return results
+
+
+def _runner(args: argparse.Namespace, job, settings):
+    """The cluster's workers (--ray), or this process with the model loaded here."""
+    if args.ray:
+        from .experiments.cluster import Cluster, ClusterRunner
+
+        return ClusterRunner(Cluster(args.ray, args.workers, args.worker_cpus))
+    from .experiments.units import LocalRunner, Worker
+
+    handle = _load(args)
+    warn_past_trained_length(settings, handle)
+    return LocalRunner(Worker(job, handle, guider_for(args, handle, settings)))
+
+
+def _interrupted(results) -> SystemExit:
+    where = (f"; the {len(results.records)} of {results.job.total} problems done are in {results.path}: the same "
+             f"command with --resume {results.path} goes on from there") if results.path else ""
+    print(f"\ninterrupted{where}", file=sys.stderr)
+    return SystemExit(130)
+
+
 def _sweep(args: argparse.Namespace) -> None:
     from pathlib import Path
 
     from tqdm import tqdm
 
-    from .experiments.problems import task_problems
-    from .experiments.sweep import format_sweep, plan, run_sweep
+    from .experiments.sweep import format_sweep, run_sweep, sweep_job
+    from .experiments.units import progress_bar
 
     base = settings_from_args(args)
-    axes = _sweep_axes(args, base)
-    points = len(plan(base, axes))  # every point checked before the model loads
+    job = sweep_job(base, _sweep_axes(args, base), args.task, args.n, args.seed_data, _model_spec(args))
     _check_out(args.out)
-    problems = task_problems(args.task, args.n, args.seed_data)
-    handle = _load(args)
-    with tqdm(total=points, unit="point", disable=args.quiet) as bar:
-        def progress(p) -> None:
-            if not args.quiet:
-                bar.write(f"[{p.done}/{p.total}] {p.point}: accuracy {p.row['accuracy']:.1%}, "
-                          f"{p.row['model_tok_s']:.1f} tok/s", file=sys.stderr)
-            bar.update(1)
+    results = _results(args, job, "sweep")
+    runner = _runner(args, job, base)
 
-        report = run_sweep(handle, problems, base, axes, guider_for(args, handle, base), on_point=progress)
+    def point_done(p) -> None:
+        if not args.quiet:
+            tqdm.write(f"[{p.done}/{p.total}] {p.point}: accuracy {p.row['accuracy']:.1%}, "
+                       f"{p.row['model_tok_s']:.1f} tok/s", file=sys.stderr)
+
+    try:
+        with progress_bar(results, "sweep", disable=args.quiet) as on_unit:
+            report = run_sweep(job, runner, results, on_point=point_done, on_unit=on_unit, chunk=args.chunk)
+    except KeyboardInterrupt:
+        raise _interrupted(results) from None
     print(format_sweep(report))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
@@ -385,7 +437,8 @@ EXAMPLES = {
     "eval": """examples:
   python -m dllm_local eval --task arithmetic --n 50
   python -m dllm_local eval --task arithmetic --n 50 --cache dual --unmask threshold --threshold 0.9
-  python -m dllm_local eval --model tiny-guider --autoregressive --task records""",
+  python -m dllm_local eval --model tiny-guider --autoregressive --task records
+  python -m dllm_local eval --task arithmetic --n 200 --ray local --results eval.jsonl""",
     "bench": """examples:
   python -m dllm_local bench --n 20
   python -m dllm_local bench --set cache-x-unmask --n 10 --repeats 5 --out bench.json
@@ -396,7 +449,9 @@ EXAMPLES = {
   python -m dllm_local lm-eval --model llada-8b-instruct --tasks gsm8k --cache dual --threshold 0.9 --limit 100""",
     "sweep": """examples:
   python -m dllm_local sweep --n 30
-  python -m dllm_local sweep --thresholds 0.7,0.9 --block-sizes 16,32 --axis floor=0.3,0.5 --cache adaptive --out sweep.json""",
+  python -m dllm_local sweep --thresholds 0.7,0.9 --block-sizes 16,32 --axis floor=0.3,0.5 --cache adaptive --out sweep.json
+  python -m dllm_local sweep --n 30 --ray local --results sweep.jsonl     # 2+ workers on this machine
+  python -m dllm_local sweep --n 30 --ray local --resume sweep.jsonl      # go on after a stop""",
 }
 
 
@@ -457,6 +512,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--json", action="store_true")
     ev.add_argument("--autoregressive", action="store_true", help="--model is a causal LM (the guider): decode it greedily")
     ev.add_argument("--batch-size", type=_at_least_one, default=1, help=BATCH_HELP)
+    add_cluster_args(ev)
     add_settings_args(ev)
 
     be = command("bench", "strategies side by side on an evaluation set: one table", _bench, progress=True)
@@ -490,6 +546,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--n", type=_at_least_one, default=50)
     sw.add_argument("--seed-data", type=int, default=1000)
     sw.add_argument("--out", default=None)
+    add_cluster_args(sw)
     add_settings_args(sw)
     sw.set_defaults(cache="dual", unmask="threshold", gen_length=64)
 

@@ -1,52 +1,55 @@
 """Score a model on the task suite: accuracy, NFE, tokens per forward and time per answer."""
 from __future__ import annotations
 
-import statistics
 import time
 
-from tqdm import tqdm
 
 from ..models.loader import GuiderHandle, ModelHandle
-from ..batch import generate_all
 from ..settings import Settings
 from ..tiny.tasks import make_problems, score
+from .units import (DEFAULT_CHUNK, Job, LocalRunner, ModelSpec, Results, Runner, Worker, plan_units, progress_bar,
+                    row_of)
+
+
+def eval_job(task: str, n: int, seed: int, settings: Settings, model: ModelSpec = ModelSpec(),
+             batch_size: int = 1) -> Job:
+    return Job(model, task, n, seed, ({},), (settings.to_dict(),), batch_size, settings.to_dict())
 
 
 def evaluate(handle: ModelHandle, task: str, n: int, seed: int, settings: Settings,
              guider: GuiderHandle | None = None, progress: bool = False, batch_size: int = 1) -> dict:
     """``batch_size`` problems are decoded together; each keeps its own seed, so the answers
     (and the score) are those of one at a time."""
-    problems = make_problems(task, n, seed)
-    start = time.perf_counter()
-    with tqdm(total=n, desc=f"{task}", disable=not progress, mininterval=2) as bar:
-        results = generate_all(handle, [ex.prompt for ex in problems], [settings.for_problem(i) for i in range(n)],
-                               guider, batch_size, bar.update)
-    rows = [(ex, r, score(ex, r.text)) for ex, r in zip(problems, results)]
-    wall = time.perf_counter() - start
+    job = eval_job(task, n, seed, settings, batch_size=batch_size)
+    return run_eval(job, LocalRunner(Worker(job, handle, guider)), progress=progress)
+
+
+def run_eval(job: Job, runner: Runner, results: Results | None = None, progress: bool = False,
+             chunk: int = DEFAULT_CHUNK) -> dict:
+    """The job's one setting over its problems on ``runner``; a resumed ``results`` skips what it holds."""
+    results = results or Results(job)
+    with progress_bar(results, job.task, disable=not progress) as on_unit:
+        runner.run(job, plan_units(job, results.records, chunk), results, on_unit, None)
+    return eval_report(job, results)
+
+
+def eval_report(job: Job, results: Results) -> dict:
+    records = results.of_point(0)
+    n = len(records)
     by_kind: dict[str, list[bool]] = {}
-    for ex, _, ok in rows:
-        by_kind.setdefault(ex.kind, []).append(ok)
-    stats = [r.stats for _, r, _ in rows]
+    for r in records:
+        by_kind.setdefault(r["kind"], []).append(r["correct"])
+    row = row_of(records)
     return {
-        "task": task, "n": n, "seed": seed, "settings": settings.to_dict(), "batch_size": batch_size,
-        "score": sum(ok for *_, ok in rows) / n,
+        "task": job.task, "n": n, "seed": job.seed_data, "settings": job.settings[0], "batch_size": job.batch_size,
+        "score": row["accuracy"],
         "by_kind": {k: round(sum(v) / len(v), 4) for k, v in sorted(by_kind.items())},
-        "nfe": statistics.mean(s.nfe for s in stats),
-        "tokens_per_forward": statistics.mean(s.tokens_per_forward for s in stats),
-        "content_tokens_per_forward": statistics.mean(s.content_tokens_per_forward for s in stats),
-        "mean_g": statistics.mean(s.mean_g for s in stats),
-        # In a batch each forward's time is split over its requests by the positions they computed.
-        "model_s_per_answer": statistics.mean(s.model_share_s for s in stats),
-        # An answer ends cleanly when everything after its content is EOS/EOT padding.
-        "clean_end": sum(_ends_cleanly(handle, r) for _, r, _ in rows) / n,
-        "wall_s_per_answer": wall / n,
-        "examples": [{"prompt": ex.prompt, "output": r.text, "correct": ok} for ex, r, ok in rows[:5]],
+        "nfe": row["nfe"], "tokens_per_forward": row["tau"], "content_tokens_per_forward": row["tau_content"],
+        "mean_g": row["g"], "model_s_per_answer": row["model_s"],
+        "clean_end": sum(r["clean_end"] for r in records) / n,
+        "wall_s_per_answer": row["wall_s"],
+        "examples": [{"prompt": r["prompt"], "output": r["output"], "correct": r["correct"]} for r in records[:5]],
     }
-
-
-def _ends_cleanly(handle: ModelHandle, result) -> bool:
-    cut = result.stats.content_tokens
-    return cut > 0 and all(t in handle.stop_ids for t in result.token_ids[cut:])
 
 
 def format_report(rep: dict) -> str:

@@ -7,17 +7,13 @@ from __future__ import annotations
 import itertools
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
-from .bench import run_strategy
-from .problems import Problem
-from .frontier import pareto
+from .frontier import AUP_ALPHA, AUP_CUT, pareto, policy_curves
+from .units import DEFAULT_CHUNK, Job, ModelSpec, OnUnit, Results, Runner, UnitDone, plan_units, row_of
 from ..errors import SettingsError
 from ..policies import registry
 from ..settings import Settings
-
-if TYPE_CHECKING:  # the CLI's parser reads sweepable() without loading torch
-    from ..models.loader import GuiderHandle, ModelHandle
 
 # Settings knobs any sweep can vary; besides them, every numeric parameter of the policies swept.
 SETTINGS_KNOBS = ("block_size", "gen_length", "steps", "temperature")
@@ -63,6 +59,14 @@ def plan(base: Settings, axes: dict[str, list]) -> list[tuple[dict, Settings]]:
     return [(point, apply(base, point)) for point in grid(axes)]
 
 
+def sweep_job(base: Settings, axes: dict[str, list], task: str, n: int, seed_data: int = 1000,
+              model: ModelSpec = ModelSpec(), batch_size: int = 1) -> Job:
+    """A sweep as work for any runner: every grid point's settings, validated here."""
+    points = plan(base, axes)
+    return Job(model, task, n, seed_data, tuple(p for p, _ in points), tuple(s.to_dict() for _, s in points),
+               batch_size, base.to_dict())
+
+
 @dataclass
 class SweepProgress:
     done: int
@@ -71,36 +75,66 @@ class SweepProgress:
     row: dict
 
 
-def run_sweep(handle: ModelHandle, problems: list[Problem], base: Settings, axes: dict[str, list],
-              guider: GuiderHandle | None = None, cancel: threading.Event | None = None,
-              on_point: Callable[[SweepProgress], None] | None = None) -> dict:
-    """Every grid point over ``problems``; stops early (keeping what it has) when ``cancel`` is set."""
-    points = plan(base, axes)
-    rows = []
-    for i, (point, s) in enumerate(points):
-        if cancel is not None and cancel.is_set():
-            break
-        # One pass per point: a sweep compares accuracy against speed over many points, and a
-        # point's time is already a mean over every problem.
-        row = {"point": point, **run_strategy(handle, problems, s, guider, repeats=1)}
-        rows.append(row)
-        if on_point:
-            on_point(SweepProgress(i + 1, len(points), point, row))
+def run_sweep(job: Job, runner: Runner, results: Results | None = None, cancel: threading.Event | None = None,
+              on_point: Callable[[SweepProgress], None] | None = None, on_unit: OnUnit | None = None,
+              chunk: int = DEFAULT_CHUNK) -> dict:
+    """Every grid point over the job's problems, on ``runner`` (this process, or a cluster); what
+    ``results`` already holds (a resumed run) is not decoded again. Stops early, keeping what it
+    has, when ``cancel`` is set. ``on_point`` is told each point as its last problem arrives."""
+    results = results or Results(job)
+    finished = [p for p in range(len(job.points)) if results.complete(p)]
+
+    def unit_done(progress: UnitDone) -> None:
+        for point in progress.completed_points:
+            finished.append(point)
+            if on_point:
+                row = point_row(job, results, point)
+                on_point(SweepProgress(len(finished), len(job.points), job.points[point], row))
+        if on_unit:
+            on_unit(progress)
+
+    runner.run(job, plan_units(job, results.records, chunk), results, unit_done, cancel)
+    return sweep_report(job, results)
+
+
+def point_row(job: Job, results: Results, point: int) -> dict:
+    return {"point": job.points[point], "settings": job.settings[point], "n": job.n,
+            **row_of(results.of_point(point))}
+
+
+def sweep_report(job: Job, results: Results) -> dict:
+    """The table of the points whose every problem is in ``results``, the Pareto front of accuracy
+    against tokens/s, and each policy's curve of accuracy against tokens per forward and its AUP."""
+    rows = [point_row(job, results, p) for p in range(len(job.points)) if results.complete(p)]
     front = set(pareto(rows))
     for i, row in enumerate(rows):
         row["pareto"] = i in front
-    return {"axes": axes, "base_settings": base.to_dict(), "problems": len(problems), "rows": rows,
-            "cancelled": len(rows) < len(points)}
+    axes = {knob: list(dict.fromkeys(p[knob] for p in job.points)) for knob in job.points[0]}
+    return {"axes": axes, "base_settings": job.base, "problems": job.n, "rows": rows,
+            "policies": policy_curves(rows), "cancelled": len(rows) < len(job.points)}
 
 
 def format_sweep(report: dict) -> str:
     axes = list(report["axes"])
-    head = " ".join(f"{a:>11}" for a in axes) + f" {'acc':>7} {'tok/s':>8} {'NFE':>6} {'tau':>6}  pareto"
+    head = " ".join(f"{a:>11}" for a in axes) + f" {'acc':>7} {'tok/s':>8} {'NFE':>6} {'tau':>6} {'tau_c':>6}  pareto"
     lines = [head, "-" * len(head)]
     for r in report["rows"]:
         lines.append(" ".join(f"{r['point'][a]!s:>11}" for a in axes)
-                     + f" {r['accuracy']:>7.1%} {r['model_tok_s']:>8.1f} {r['nfe']:>6.1f} {r['tau']:>6.2f}  "
-                     + ("*" if r["pareto"] else ""))
+                     + f" {r['accuracy']:>7.1%} {r['model_tok_s']:>8.1f} {r['nfe']:>6.1f} {r['tau']:>6.2f} "
+                     + f"{r['tau_content']:>6.2f}  " + ("*" if r["pareto"] else ""))
     if report["cancelled"]:
         lines.append("(cancelled: partial grid)")
+    lines += format_aup(report.get("policies") or {})
     return "\n".join(lines)
+
+
+def format_aup(curves: dict[str, dict]) -> list[str]:
+    """Each policy's AUP and the curve it is the area under."""
+    if not curves:
+        return []
+    lines = [f"AUP (accuracy under parallelism, d3LLM's definition: alpha {AUP_ALPHA:g}, points within {AUP_CUT:g} "
+             "of the policy's best; tau_c, content tokens per forward, against accuracy):"]
+    for policy, c in curves.items():
+        curve = ", ".join(f"({t:.2f}, {a:.1f}%)" for t, a in zip(c["tau_content"], c["accuracy"]))
+        lines.append(f"  {policy}: AUP {c['aup']:.1f}  curve {curve}")
+    return lines

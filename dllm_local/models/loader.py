@@ -374,3 +374,19 @@ def _quiet_bitsandbytes() -> None:
     # import trips torch's deprecation of jit.script_method: neither is the user's to act on.
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", message=".*torch.jit.script_method.*is deprecated", category=DeprecationWarning)
+
+
+# A model this small runs a forward as hundreds of tiny kernels: on the CPU, one thread beats
+# several (a thread team costs more to wake than it saves; see the README's "Threads" section).
+SMALL_MODEL_PARAMETERS = 50_000_000
+
+
+def apply_threads(requested: int | None, handle, batched: bool = False) -> None:
+    """Set torch's thread count for this command: ``requested`` (--threads), else one thread for
+    a small model on the CPU decoding one request at a time, and torch's default (every core)
+    for anything else: a batch's forwards are large kernels, which a thread team does speed up."""
+    if requested:
+        torch.set_num_threads(requested)
+    elif (not batched and next(handle.model.parameters()).device.type == "cpu"
+          and handle.num_parameters < SMALL_MODEL_PARAMETERS):
+        torch.set_num_threads(1)
