@@ -50,6 +50,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="local model folders in DIR may be loaded from the page's model box (default: none; "
                          "the page loads only its listed models)")
     ap.add_argument("--policies", default="", metavar="MODULE[,MODULE]", help=POLICIES_HELP)
+    ap.add_argument("--ray", default=None, metavar="auto|local|ADDRESS",
+                    help="run the Tune tab's sweeps on a Ray cluster (the head's HOST:PORT, auto, or local); "
+                         "needs pip install -r requirements-cluster.txt (README: When one GPU is not enough)")
     ap.add_argument("--allow-downloads", action="store_true",
                     help="let the page's model box load (and download) any Hugging Face hub id")
     return ap.parse_args(argv)
@@ -78,7 +81,8 @@ def create(args: argparse.Namespace):
     registry.load_plugins(getattr(args, "policies", "").split(","))  # the Session hands them on to the engine
     # The engine process loads the model while this one imports the page.
     session = Session(args.model, device=args.device, quantization=args.quantize, guider=args.guider,
-                      threads=args.threads, lazy=True, memory_fraction=getattr(args, "gpu_memory_fraction", None))
+                      threads=args.threads, lazy=True, memory_fraction=getattr(args, "gpu_memory_fraction", None),
+                      ray=getattr(args, "ray", None))
     from ui.model_access import ModelAccess
     from ui.page import build
     from ui.presets import load_presets

@@ -12,7 +12,8 @@ from dllm_local.devices import DEVICES, reuse_beats_recompute
 from dllm_local.experiments.costmodel import TARGET_MODELS, crossover_positions, project, step_floor_s
 from dllm_local.errors import DllmError, SettingsError
 from dllm_local.settings import Settings
-from dllm_local.experiments.sweep import apply, grid, pareto, run_sweep
+from dllm_local.experiments.sweep import apply, grid, pareto, run_sweep, sweep_job
+from dllm_local.experiments.units import LocalRunner, Worker
 
 
 def test_cost_model_reproduces_the_cost_write_up_table():
@@ -70,10 +71,14 @@ def test_sweep_points_set_the_right_knobs_and_reject_unknown_ones():
         apply(base, {"block_size": 24})
 
 
+def _here(tiny, job):
+    return LocalRunner(Worker(job, tiny, None))
+
+
 def test_sweep_on_the_tiny_model_marks_a_front_and_can_be_cancelled(tiny):
-    problems = task_problems("arithmetic", 4, 1000)
     base = Settings(gen_length=32, block_size=32, cache="dual", unmask="threshold")
-    report = run_sweep(tiny, problems, base, {"threshold": [0.5, 1.0], "block_size": [16, 32]})
+    job = sweep_job(base, {"threshold": [0.5, 1.0], "block_size": [16, 32]}, "arithmetic", 4)
+    report = run_sweep(job, _here(tiny, job))
     rows = report["rows"]
     assert len(rows) == 4 and any(r["pareto"] for r in rows) and not report["cancelled"]
     one_per_step = [r for r in rows if r["point"]["threshold"] == 1.0]
@@ -86,7 +91,8 @@ def test_sweep_on_the_tiny_model_marks_a_front_and_can_be_cancelled(tiny):
         seen.append(p)
         cancel.set()
 
-    partial = run_sweep(tiny, problems, base, {"threshold": [0.5, 0.9, 1.0]}, cancel=cancel, on_point=stop_after_first)
+    job = sweep_job(base, {"threshold": [0.5, 0.9, 1.0]}, "arithmetic", 4)
+    partial = run_sweep(job, _here(tiny, job), cancel=cancel, on_point=stop_after_first)
     assert len(partial["rows"]) == 1 and partial["cancelled"] and seen[0].total == 3
 
 

@@ -132,19 +132,19 @@ def test_the_tune_tab_sweeps_any_numeric_knob_of_the_base_policies(served):
     url, _, _, _ = served
     client = _client(url)
     # An integer knob of the self-verifying policy: not a knob of the page's default preset.
-    _, table, status = client.predict("Self-verifying parallel decoding", "arithmetic", 2, "unmask.window", "1, 4",
+    _, _, table, status = client.predict("Self-verifying parallel decoding", "arithmetic", 2, "unmask.window", "1, 4",
                                       "32", 32, api_name="/sweep")
-    assert status == "Done: 2 points."
+    assert status.startswith("Done: 2 points. AUP: ") and "self_verify" in status
     assert [row[1] for row in table["data"]] == ["window 1 · B 32", "window 4 · B 32"]
     # A cache policy's knob, and a knob that is not the base policies' is a message naming the box.
-    _, table, status = client.predict("Fast-dLLM DualCache (paper default)", "arithmetic", 2, "cache.refresh_every",
+    _, _, table, status = client.predict("Fast-dLLM DualCache (paper default)", "arithmetic", 2, "cache.refresh_every",
                                       "0, 2", "32", 32, api_name="/sweep")
-    assert status == "Done: 2 points." and [row[1] for row in table["data"]] == ["refresh_every 0 · B 32",
+    assert status.startswith("Done: 2 points.") and [row[1] for row in table["data"]] == ["refresh_every 0 · B 32",
                                                                                 "refresh_every 2 · B 32"]
-    _, _, status = client.predict("Fast-dLLM DualCache (paper default)", "arithmetic", 2, "unmask.rho", "0.5", "32",
+    *_, status = client.predict("Fast-dLLM DualCache (paper default)", "arithmetic", 2, "unmask.rho", "0.5", "32",
                                   32, api_name="/sweep")
     assert status.startswith("⚠ Knob: 'unmask.rho' is not a numeric parameter of dual + threshold")
-    _, _, status = client.predict("Fast-dLLM DualCache (paper default)", "arithmetic", 2, "unmask.threshold", "1.5",
+    *_, status = client.predict("Fast-dLLM DualCache (paper default)", "arithmetic", 2, "unmask.threshold", "1.5",
                                   "32", 32, api_name="/sweep")
     assert status.startswith("⚠") and "threshold must be in (0, 1], not 1.5" in status
 
@@ -299,14 +299,17 @@ def test_added_results_join_the_sweep_chart_and_a_bad_file_is_a_message(served, 
     swept = client.predict("Fast-dLLM DualCache (paper default)", "arithmetic", 3, "unmask.threshold", "0.9", "32", 32,
                            api_name="/sweep")
     assert swept[-1].startswith("Done")
-    plot, table, status = client.predict(handle_file(str(path)), api_name="/add_results")
+    plot, aup_plot, table, status = client.predict(handle_file(str(path)), api_name="/add_results")
     assert status == "Added 1 point from other_sweep.json."
     sources = [row[0] for row in table["data"]]
     assert sources == ["sweep", "other_sweep.json"]
     figure = json.loads(plot["plot"])
     assert figure["data"][0]["marker"]["symbol"] == ["circle", "diamond"]
+    # Each source is a curve of its own on the AUP chart, named with its AUP.
+    names = [trace["name"] for trace in json.loads(aup_plot["plot"])["data"]]
+    assert names[0].startswith("dual + threshold: AUP ") and names[1].startswith("dual + threshold (other_sweep.json): AUP ")
 
     bad = tmp_path / "notes.json"
     bad.write_text(json.dumps({"hello": 1}))
-    _, _, status = client.predict(handle_file(str(bad)), api_name="/add_results")
+    *_, status = client.predict(handle_file(str(bad)), api_name="/add_results")
     assert status.startswith("⚠ could not add that file") and "no \"rows\"" in status

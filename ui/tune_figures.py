@@ -6,6 +6,8 @@ import math
 
 import plotly.graph_objects as go
 
+from dllm_local.experiments.frontier import policy_curves
+
 from .figure_style import message_figure, styled
 
 
@@ -127,6 +129,24 @@ def sweep_figure(report: dict) -> go.Figure:
     if hidden:
         title += f" · {hidden} crowded label{'s' if hidden > 1 else ''}: hover the point"
     return styled(fig, title, height=420)
+
+
+def aup_figure(report: dict) -> go.Figure:
+    """Each policy's curve of accuracy against content tokens per forward (its points that no other
+    of its points beats on both), named with its AUP: the area under the curve, accuracy weighted
+    down where it falls below the best (d3LLM's accuracy under parallelism)."""
+    title = "Accuracy under parallelism: accuracy vs content tokens per forward (AUP in the legend)"
+    curves = policy_curves(report.get("rows") or [])
+    if not curves:
+        return message_figure("no sweep points yet", title)
+    fig = go.Figure()
+    for policy, curve in curves.items():
+        fig.add_trace(go.Scatter(x=curve["tau_content"], y=[a / 100 for a in curve["accuracy"]], mode="lines+markers",
+                                 name=f"{policy}: AUP {curve['aup']:.1f}", marker={"size": 10},
+                                 hovertemplate="%{x:.2f} content tokens / forward · accuracy %{y:.1%}<extra></extra>"))
+    fig.update_xaxes(title="content tokens per forward (end-of-text padding not counted)", rangemode="tozero")
+    fig.update_yaxes(title="accuracy", tickformat=".0%")
+    return styled(fig, title, height=360)
 
 
 SWEEP_TABLE_HEADERS = ["source", "knobs", "accuracy", "tok/s", "NFE", "pareto"]

@@ -148,6 +148,12 @@ class ConcurrencyView:
             box.change(show_concurrency, inputs, [self.plot, self.line], queue=False, **api)
 
 
+def aup_line(report: dict) -> str:
+    """"AUP: dual + threshold 312.5.": each policy's accuracy under parallelism, for the status line."""
+    curves = report.get("policies") or {}
+    return ("AUP: " + "; ".join(f"{p} {c['aup']:.1f}" for p, c in curves.items()) + ".") if curves else ""
+
+
 class TuneTab:
     """The Tune tab's components (laid out on creation, inside a ``gr.Tab``) and its callbacks. A
     clicked table row loads its settings into the Run tab (``tabs`` selects it)."""
@@ -159,7 +165,8 @@ class TuneTab:
         gr.Markdown("Sweep one knob of the base settings' policies × block size on one of the tiny model's tasks: "
                     "accuracy against speed, the Pareto frontier in red. Click a table row to load its settings into "
                     "the Run tab. *Add results* puts the points of a JSON report (`lm-eval --out`, `sweep --out`) "
-                    "beside them as diamonds; a new sweep starts a new chart.")
+                    "beside them as diamonds; a new sweep starts a new chart. The second chart is each policy's accuracy "
+                    "against content tokens per forward, with its AUP (accuracy under parallelism; README: Sweeps).")
         base = presets[default_preset]["settings"] if default_preset else {}
         with gr.Row():
             self.preset = gr.Dropdown(list(presets), value=default_preset, label="Base settings", elem_id="tune-preset")
@@ -179,6 +186,7 @@ class TuneTab:
         self.stop_note = gr.Markdown("", elem_id="tune-stop-note")
         self.status = gr.Markdown("", elem_id="tune-status")
         self.plot = gr.Plot(elem_id="tune-plot")
+        self.aup_plot = gr.Plot(elem_id="tune-aup")
         self.table = gr.Dataframe(headers=tune_figures.SWEEP_TABLE_HEADERS, interactive=False, elem_id="tune-table")
         self.report = gr.State({})
         self.concurrency = ConcurrencyView()
@@ -189,9 +197,11 @@ class TuneTab:
         self.knob.change(self.suggest_values, [self.preset, self.knob], [self.values], queue=False)
         event = self.button.click(self.run_sweep, [self.preset, self.task, self.n, self.knob, self.values, self.blocks,
                                                    self.gen],
-                                  [self.report, self.plot, self.table, self.status], api_name="sweep", **ENGINE)
+                                  [self.report, self.plot, self.aup_plot, self.table, self.status], api_name="sweep",
+                                  **ENGINE)
         self.engine.wire_stop(self.stop, self.stop_note, [event], api_name="cancel_sweep")
-        self.add.upload(self.add_results, [self.add, self.report], [self.report, self.plot, self.table, self.status],
+        self.add.upload(self.add_results, [self.add, self.report],
+                        [self.report, self.plot, self.aup_plot, self.table, self.status],
                         api_name="add_results", concurrency_limit=2, concurrency_id="import")
         self.table.select(self.load_point, [self.report], [self.tabs, *self.run_tab.controls.values(),
                                                            self.run_tab.preset], queue=False)
@@ -220,19 +230,23 @@ class TuneTab:
             axes = sweep_axes(self.specs, base, knob, values, blocks)
             report: dict = {"axes": axes, "rows": [], "problems": int(n)}
             for event in self.session.sweep(task, int(n), base, axes, run_id=client):  # the points checked there
-                if "progress" in event:
+                if "units" in event:  # problems done, and each worker's pace (several on a cluster)
+                    u = event["units"]
+                    progress(u["done"] / u["total"], desc=f"problem {u['done']}/{u['total']}")
+                    pace = ", ".join(f"{w} {v:.1f}/s" for w, v in u["throughput"].items())
+                    yield {self.status: f"Problem {u['done']}/{u['total']} · {len(report['rows'])} points done · {pace}"}
+                elif "progress" in event:
                     p = event["progress"]
                     report["rows"].append({**p["row"], "point": p["point"], "pareto": False})
-                    progress(p["done"] / p["total"], desc=f"point {p['done']}/{p['total']}")
                     # The figure waits for the end: while the sweep runs, the browser's drawing would take
                     # CPU from it (the table, cheap, fills in point by point).
-                    yield {self.report: report, self.table: tune_figures.sweep_table(report),
-                           self.status: f"Point {p['done']}/{p['total']}…"}
+                    yield {self.report: report, self.table: tune_figures.sweep_table(report)}
                 else:
                     report = event["report"]
             word = "Cancelled" if report["cancelled"] else "Done"
             yield {self.report: report, self.plot: tune_figures.sweep_figure(report),
-                   self.table: tune_figures.sweep_table(report), self.status: f"{word}: {len(report['rows'])} points."}
+                   self.aup_plot: tune_figures.aup_figure(report), self.table: tune_figures.sweep_table(report),
+                   self.status: f"{word}: {len(report['rows'])} points. {aup_line(report)}"}
         except Exception as exc:  # noqa: BLE001
             yield {self.status: f"⚠ {error_text(exc)}"}
 
@@ -254,7 +268,7 @@ class TuneTab:
             return {self.status: f"⚠ could not add that file: {exc}"}
         count = len(added["rows"])
         return {self.report: report, self.plot: tune_figures.sweep_figure(report),
-                self.table: tune_figures.sweep_table(report),
+                self.aup_plot: tune_figures.aup_figure(report), self.table: tune_figures.sweep_table(report),
                 self.status: f"Added {count} point{'s' if count != 1 else ''} from {path.name}."}
 
     def load_point(self, report: dict, evt: gr.SelectData) -> dict:

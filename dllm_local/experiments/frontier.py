@@ -44,7 +44,8 @@ def add_points(current: dict, added: dict, source: str) -> dict:
     for i, row in enumerate(rows):
         row["pareto"] = i in front
     axes = dict(current.get("axes") or added.get("axes") or {})
-    return {**current, "axes": axes, "rows": rows, "problems": current.get("problems") or n_added}
+    return {**current, "axes": axes, "rows": rows, "problems": current.get("problems") or n_added,
+            "policies": policy_curves(rows)}
 
 
 # Accuracy under parallelism (AUP), as d3LLM defines it: the area under accuracy (in percent) against
@@ -94,6 +95,7 @@ def policy_curves(rows: list[dict]) -> dict[str, dict]:
     point of that policy beats on both, least parallel first: on such a curve the first point is
     the most accurate, so d3LLM's cut keeps the points within 5 of the policy's best) and its AUP,
     every policy's accuracy weighted against the best accuracy of all the rows."""
+    rows = [r for r in rows if isinstance(r.get(PARALLELISM), Real) and isinstance(r.get("accuracy"), Real)]
     by_policy: dict[str, list[dict]] = {}
     for row in rows:
         by_policy.setdefault(policy_of(row), []).append(row)

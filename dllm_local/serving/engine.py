@@ -67,8 +67,9 @@ class Engine:
     between steps; the page process sets it."""
 
     def __init__(self, stop: Event, model: str = "tiny", device: str = "auto", quantization: str | None = None,
-                 guider: str | None = "tiny-guider") -> None:
+                 guider: str | None = "tiny-guider", ray: str | None = None) -> None:
         self.stop, self.device, self.guider_name = stop, device, guider
+        self.cluster = ray  # sweeps run on this Ray cluster's workers (app.py --ray), else here
         self.handle: ModelHandle = load(model, device=device, quantization=quantization)
         self._guider: GuiderHandle | None = None
 
@@ -137,16 +138,27 @@ class Engine:
         emit({"end": {k: v for k, v in run.result.trace.to_dict().items() if k != "steps"}})
 
     def sweep(self, task: str, n: int, base: dict, axes: dict[str, list], emit: Emit, seed: int = 1000) -> None:
-        """Emit ``{"progress": {done, total, point, row}}`` per grid point, then ``{"report": ...}``."""
-        from ..experiments.problems import task_problems
-        from ..experiments.sweep import run_sweep
+        """Emit ``{"units": {done, total, throughput}}`` as problems finish, ``{"progress": {done,
+        total, point, row}}`` per grid point, then ``{"report": ...}``. With a cluster the
+        workers load the model by its name; without, the sweep decodes with this engine's model."""
+        from ..experiments.sweep import run_sweep, sweep_job
+        from ..experiments.units import LocalRunner, ModelSpec, Worker
 
         base_settings = Settings.from_dict(base)
-        problems = task_problems(task, int(n), seed)
-        guider = self.guider() if base_settings.unmask_spec.needs_guider else None
-        report = run_sweep(self.handle, problems, base_settings, axes, guider, self.stop,
+        model = ModelSpec(self.handle.name, self.device, self.handle.quantization, self.guider_name)
+        job = sweep_job(base_settings, axes, task, int(n), seed, model)
+        if self.cluster:
+            from ..experiments.cluster import Cluster, ClusterRunner
+
+            runner = ClusterRunner(Cluster(self.cluster))
+        else:
+            runner = LocalRunner(Worker(job, self.handle, self.guider() if base_settings.unmask_spec.needs_guider
+                                        else None))
+        report = run_sweep(job, runner, cancel=self.stop,
                            on_point=lambda p: emit({"progress": {"done": p.done, "total": p.total,
-                                                                 "point": p.point, "row": p.row}}))
+                                                                 "point": p.point, "row": p.row}}),
+                           on_unit=lambda u: emit({"units": {"done": u.done, "total": u.total,
+                                                             "throughput": u.throughput}}))
         emit({"report": report})
 
 

@@ -29,13 +29,14 @@ class Session:
     """Starts the engine process with ``model`` loaded (raises its load error, e.g. an unknown
     model) and talks to it. ``threads``: torch threads for a CPU model, 0 = all cores but one.
     ``memory_fraction``: the share of the GPU's memory the engine may use (None: all of it), for a
-    GPU shared with other programs. ``lazy``: return at once and wait for the model (and raise its
+    GPU shared with other programs. ``ray``: the Ray cluster the engine runs sweeps on (None: the
+    engine itself; the page process never imports Ray). ``lazy``: return at once and wait for the model (and raise its
     error) on first use."""
 
     def __init__(self, model: str = "tiny", device: str = "auto", quantization: str | None = None,
                  guider: str | None = "tiny-guider", threads: int = 0, lazy: bool = False,
-                 memory_fraction: float | None = None) -> None:
-        self._spec = {"model": model, "device": device, "quantization": quantization, "guider": guider,
+                 memory_fraction: float | None = None, ray: str | None = None) -> None:
+        self._spec = {"model": model, "device": device, "quantization": quantization, "guider": guider, "ray": ray,
                       "threads": threads, "memory_fraction": memory_fraction, "policies": registry.load_plugins()}
         self._lock = threading.Lock()
         self._owner: str | None = None  # the run_id of the request in progress
