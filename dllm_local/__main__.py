@@ -382,7 +382,9 @@ def _runner(args: argparse.Namespace, job, settings):
     if args.ray:
         from .experiments.cluster import Cluster, ClusterRunner
 
-        return ClusterRunner(Cluster(args.ray, args.workers, args.worker_cpus))
+        runner = ClusterRunner(Cluster(args.ray, args.workers, args.worker_cpus))
+        runner.prepare(job)
+        return runner
     from .experiments.units import LocalRunner, Worker
 
     handle = _load(args)
@@ -392,7 +394,7 @@ def _runner(args: argparse.Namespace, job, settings):
 
 def _interrupted(results) -> SystemExit:
     where = (f"; the {len(results.records)} of {results.job.total} problems done are in {results.path}: the same "
-             f"command with --resume {results.path} goes on from there") if results.path else ""
+             f"command with --resume {results.path} goes on from there") if results.path and results.records else ""
     print(f"\ninterrupted{where}", file=sys.stderr)
     return SystemExit(130)
 

@@ -15,7 +15,6 @@ import time
 from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 from ..errors import DllmError
 from .units import Job, OnUnit, Results, Unit, Worker, report_unit
@@ -151,15 +150,23 @@ class ClusterRunner:
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
-        self.actors: list = []  # the live workers (a test kills one)
-        self.on_start: Callable[[list], None] | None = None
+        self.actors: list = []  # the live workers, "w0", "w1"... in order
+        self.retried = 0  # units run again after their worker was lost
+        self._plan: tuple[Job, int, dict] | None = None
+
+    def prepare(self, job: Job) -> None:
+        """Join the cluster and size the workers: a wrong address, a missing Ray or a cluster
+        without the GPUs the model needs is told here, before any results file is written."""
+        self._plan = worker_plan(job, self.cluster, connect(self.cluster))
 
     def run(self, job: Job, units: list[Unit], results: Results, on_unit: OnUnit,
             cancel: threading.Event | None) -> None:
         if not units:
             return
         ray = import_ray()
-        job, count, options = worker_plan(job, self.cluster, connect(self.cluster))
+        if self._plan is None:
+            self.prepare(job)
+        job, count, options = self._plan
         remote = ray.remote(_NodeWorker).options(max_restarts=self.cluster.max_restarts, max_task_retries=0,
                                                  **options)
         self.actors = [remote.remote(job, f"w{k}") for k in range(min(count, len(units)))]
@@ -187,8 +194,6 @@ class ClusterRunner:
         running: dict = {}  # the call's reference -> (actor, unit)
         failures = {id(a): 0 for a in self.actors}
         start, decoded = time.perf_counter(), {}
-        if self.on_start:
-            self.on_start(self.actors)
         while queue or running:
             if cancel is not None and cancel.is_set():
                 return
@@ -202,6 +207,7 @@ class ClusterRunner:
                     answer = ray.get(ref)
                 except (RayActorError, ActorUnavailableError):
                     queue.appendleft(unit)  # the unit runs again; a restarted worker takes units again
+                    self.retried += 1
                     failures[id(actor)] += 1
                     if failures[id(actor)] <= self.cluster.max_restarts:
                         idle.append(actor)

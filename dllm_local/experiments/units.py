@@ -94,16 +94,19 @@ class Results:
         self.job, self.path = job, Path(path) if path else None
         self.records: dict[tuple[int, int], dict] = {}
         self._lock = threading.Lock()
+        self._header = None
         if self.path is None:
             return
-        header = {"format": RESULTS_FORMAT, "job": job.identity()}
+        self._header: dict | None = {"format": RESULTS_FORMAT, "job": job.identity()}
         if resume:
-            self._read(header)
-        else:
-            if self.path.exists() and self.path.stat().st_size:
-                raise DllmError(f"the results file {self.path} already holds results: go on with it with "
-                                f"--resume {self.path}, or name a new file")
-            self._write([header], "w")
+            self._read(self._header)
+            self._header = None
+        elif self.path.exists() and self.path.stat().st_size:
+            raise DllmError(f"the results file {self.path} already holds results: go on with it with "
+                            f"--resume {self.path}, or name a new file")
+        elif self.path.is_dir() or not os.access(self.path.parent, os.W_OK):
+            raise DllmError(f"cannot write the results file {self.path}: it is a folder, or its folder is not "
+                            "writable")
 
     def _read(self, header: dict) -> None:
         try:
@@ -119,9 +122,9 @@ class Results:
         if first.get("job") != header["job"]:
             theirs = first.get("job") if isinstance(first.get("job"), dict) else {}
             differ = [k for k in header["job"] if theirs.get(k) != header["job"][k]]
-            raise DllmError(f"{self.path} holds the results of another run: its {', '.join(differ)} differ from this "
-                            "command's. Resume with the same model, task, --n, --seed-data and settings, or name a "
-                            "new results file")
+            raise DllmError(f"{self.path} holds the results of another run: these differ from this command's: "
+                            f"{', '.join(differ)}. Resume with the same model, task, --n, --seed-data and settings, "
+                            "or name a new results file")
         for number, line in enumerate(lines[1:], 2):
             try:
                 record = json.loads(line)
@@ -148,7 +151,9 @@ class Results:
             for r in new:
                 self.records[(r["point"], r["problem"])] = r
             if new and self.path is not None:
-                self._write(new)
+                # The file starts with the first record: a run that fails before any leaves no file.
+                self._write(([self._header] if self._header else []) + new, "w" if self._header else "a")
+                self._header = None
         return new
 
     def of_point(self, point: int) -> list[dict]:
