@@ -117,8 +117,19 @@ def test_the_readme_has_runnable_examples():
     assert any(b.lang == "console" for b in runnable), "a shell example with its output"
 
 
+@pytest.fixture
+def leaves_no_files():
+    """Files an example writes in the repository's folder (a results file) go after it: a second
+    run of the example then starts as the first did."""
+    before = set(ROOT.iterdir())
+    yield
+    for path in set(ROOT.iterdir()) - before:
+        if path.is_file():
+            path.unlink()
+
+
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
-def test_readme_example(block: Block):
+def test_readme_example(block: Block, leaves_no_files):
     if block.skip:
         pytest.skip(f"README line {block.line}: {block.skip}")
     if block.lang == "python":

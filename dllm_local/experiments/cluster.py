@@ -152,6 +152,10 @@ class ClusterRunner:
         self.cluster = cluster
         self.actors: list = []  # the live workers, "w0", "w1"... in order
         self.retried = 0  # units run again after their worker was lost
+        # What the cluster costs (bench/cluster_sweep.py): seconds until every worker had its model,
+        # and per unit, the seconds from handing it out to its answer against the worker's decoding time.
+        self.ready_s = 0.0
+        self.unit_seconds: list[tuple[float, float]] = []
         self._plan: tuple[Job, int, dict] | None = None
 
     def prepare(self, job: Job) -> None:
@@ -169,9 +173,11 @@ class ClusterRunner:
         job, count, options = self._plan
         remote = ray.remote(_NodeWorker).options(max_restarts=self.cluster.max_restarts, max_task_retries=0,
                                                  **options)
+        start = time.perf_counter()
         self.actors = [remote.remote(job, f"w{k}") for k in range(min(count, len(units)))]
         try:
             self._check_ready(ray, job)
+            self.ready_s = time.perf_counter() - start
             self._spread(ray, units, results, on_unit, cancel)
         finally:
             for actor in self.actors:
@@ -191,7 +197,7 @@ class ClusterRunner:
         from ray.exceptions import ActorUnavailableError, RayActorError
 
         queue, idle = deque(units), list(self.actors)
-        running: dict = {}  # the call's reference -> (actor, unit)
+        running: dict = {}  # the call's reference -> (actor, unit, when it was handed out)
         failures = {id(a): 0 for a in self.actors}
         start, decoded = time.perf_counter(), {}
         while queue or running:
@@ -199,10 +205,10 @@ class ClusterRunner:
                 return
             while idle and queue:
                 actor, unit = idle.pop(), queue.popleft()
-                running[actor.run.remote(unit)] = (actor, unit)
+                running[actor.run.remote(unit)] = (actor, unit, time.perf_counter())
             finished, _ = ray.wait(list(running), num_returns=1, timeout=WAIT_S)
             for ref in finished:
-                actor, unit = running.pop(ref)
+                actor, unit, handed_out = running.pop(ref)
                 try:
                     answer = ray.get(ref)
                 except (RayActorError, ActorUnavailableError):
@@ -218,6 +224,7 @@ class ClusterRunner:
                 if "error" in answer:
                     raise DllmError(answer["error"])
                 idle.append(actor)
+                self.unit_seconds.append((time.perf_counter() - handed_out, sum(r["wall_s"] for r in answer["records"])))
                 for record in answer["records"]:
                     decoded[record["worker"]] = decoded.get(record["worker"], 0) + 1
                 elapsed = max(1e-9, time.perf_counter() - start)
