@@ -6,7 +6,7 @@ import math
 
 import plotly.graph_objects as go
 
-from dllm_local.experiments.frontier import policy_curves
+from dllm_local.experiments.frontier import AUP_CUT, policy_curves
 
 from .figure_style import message_figure, styled
 
@@ -131,25 +131,42 @@ def sweep_figure(report: dict) -> go.Figure:
     return styled(fig, title, height=420)
 
 
+PALETTE = ("#2a6fdb", "#e4572e", "#2ca02c", "#9467bd", "#8c564b", "#17becf")  # one colour per policy
+
+
 def aup_figure(report: dict) -> go.Figure:
     """Each policy's curve of accuracy against content tokens per forward (its points that no other
     of its points beats on both), named with its AUP: the area under the curve, accuracy weighted
-    down where it falls below the best (d3LLM's accuracy under parallelism)."""
-    title = "Accuracy under parallelism: accuracy vs content tokens per forward (AUP in the legend)"
+    down where it falls below the best (d3LLM's accuracy under parallelism). Points more than 5
+    below the policy's best are drawn hollow on a dotted line: the AUP does not count them."""
+    title = (f"Accuracy under parallelism (AUP in the legend) · hollow: more than {AUP_CUT:g} points below the "
+             "policy's best, not counted")
     curves = policy_curves(report.get("rows") or [])
     if not curves:
         return message_figure("no sweep points yet", title)
     fig = go.Figure()
-    for policy, curve in curves.items():
-        fig.add_trace(go.Scatter(x=curve["tau_content"], y=[a / 100 for a in curve["accuracy"]], mode="lines+markers",
-                                 name=f"{policy}: AUP {curve['aup']:.1f}", marker={"size": 10},
-                                 hovertemplate="%{x:.2f} content tokens / forward · accuracy %{y:.1%}<extra></extra>"))
+    for k, (policy, curve) in enumerate(curves.items()):
+        colour = PALETTE[k % len(PALETTE)]
+        x, y, counted = curve["tau_content"], [a / 100 for a in curve["accuracy"]], curve["counted"]
+        hover = "%{x:.2f} content tokens / forward · accuracy %{y:.1%}"
+        if counted < len(x):  # drawn first, under the counted part: its first point is the last counted one
+            fig.add_trace(go.Scatter(
+                x=x[counted - 1:], y=y[counted - 1:], mode="lines+markers", legendgroup=policy, showlegend=False,
+                line={"color": colour, "dash": "dot"},
+                marker={"size": 10, "color": "white", "line": {"color": colour, "width": 2}},
+                hovertemplate=hover + "<br>not counted in the AUP<extra></extra>"))
+        fig.add_trace(go.Scatter(x=x[:counted], y=y[:counted], mode="lines+markers", showlegend=True,
+                                 name=f"{policy}: AUP {curve['aup']:.1f}", legendgroup=policy,
+                                 line={"color": colour}, marker={"size": 11, "color": colour},
+                                 hovertemplate=hover + "<extra></extra>"))
     fig.update_xaxes(title="content tokens per forward (end-of-text padding not counted)", rangemode="tozero")
     fig.update_yaxes(title="accuracy", tickformat=".0%")
-    return styled(fig, title, height=360)
+    styled(fig, title, height=380)
+    fig.update_layout(legend={"orientation": "v", "yanchor": "top", "y": 1.0, "xanchor": "left", "x": 1.01})
+    return fig
 
 
-SWEEP_TABLE_HEADERS = ["source", "knobs", "accuracy", "tok/s", "NFE", "pareto"]
+SWEEP_TABLE_HEADERS = ["source", "knobs", "accuracy", "tok/s", "NFE", "content τ", "pareto"]
 
 
 def percent(share: float) -> str:
@@ -161,7 +178,8 @@ def sweep_table(report: dict) -> list[list]:
     """Rows for the sweep table (:data:`SWEEP_TABLE_HEADERS`): one per point, where it came from
     and its knobs first, whatever knobs the sweep or the added report varied."""
     return [[r.get("label") or "sweep", _point_label(r["point"]), percent(r["accuracy"]), round(r["model_tok_s"], 1),
-             round(r["nfe"], 1), "yes" if r["pareto"] else ""] for r in report.get("rows") or []]
+             round(r["nfe"], 1), round(r["tau_content"], 2) if "tau_content" in r else "", "yes" if r["pareto"] else ""]
+            for r in report.get("rows") or []]
 
 
 

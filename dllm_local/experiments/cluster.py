@@ -185,7 +185,14 @@ class ClusterRunner:
             self.actors = []
 
     def _check_ready(self, ray, job: Job) -> None:
-        for info in ray.get([a.ready.remote() for a in self.actors]):
+        from ray.exceptions import RayActorError
+
+        try:
+            ready = ray.get([a.ready.remote() for a in self.actors])
+        except RayActorError as exc:  # the process itself died while loading (out of memory, a crash)
+            raise DllmError(f"a worker's process died while it loaded the model {job.model.name}: "
+                            f"{str(exc).strip().splitlines()[0]}") from None
+        for info in ready:
             if info["error"]:
                 raise DllmError(
                     f"node {info['node']} ({info['host']}) cannot load the model {job.model.name}: {info['error']}. "

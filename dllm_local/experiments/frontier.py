@@ -105,5 +105,7 @@ def policy_curves(rows: list[dict]) -> dict[str, dict]:
         front = sorted((members[i] for i in pareto(members, x=PARALLELISM)), key=lambda r: r[PARALLELISM])
         points = [(r[PARALLELISM], r["accuracy"] * 100) for r in front]
         curves[policy] = {"tau_content": [p[0] for p in points], "accuracy": [p[1] for p in points],
-                          "aup": round(aup(points, y_max=y_max), 2)}
+                          "aup": round(aup(points, y_max=y_max), 2),
+                          # the first points, within AUP_CUT of the first (the best): those the AUP counts
+                          "counted": sum(y >= points[0][1] - AUP_CUT for _, y in points) if points else 0}
     return curves
