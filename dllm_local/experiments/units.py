@@ -94,10 +94,10 @@ class Results:
         self.job, self.path = job, Path(path) if path else None
         self.records: dict[tuple[int, int], dict] = {}
         self._lock = threading.Lock()
-        self._header = None
+        self._header: dict | None = None  # written before the first record of a new file
         if self.path is None:
             return
-        self._header: dict | None = {"format": RESULTS_FORMAT, "job": job.identity()}
+        self._header = {"format": RESULTS_FORMAT, "job": job.identity()}
         if resume:
             self._read(self._header)
             self._header = None
@@ -110,7 +110,14 @@ class Results:
 
     def _read(self, header: dict) -> None:
         try:
-            lines = self.path.read_text(encoding="utf-8").splitlines()
+            data = self.path.read_bytes()
+            # Every record ends with a newline: text after the last one is a record a stopped run
+            # did not finish writing. It goes, so that the next record starts a line of its own.
+            whole = data[: data.rfind(b"\n") + 1]
+            if len(whole) < len(data):
+                with self.path.open("rb+") as f:
+                    f.truncate(len(whole))
+            lines = whole.decode("utf-8").splitlines()
         except (OSError, UnicodeDecodeError) as exc:
             raise DllmError(f"cannot read the results file {self.path}: {getattr(exc, 'strerror', None) or exc}") from exc
         try:
@@ -130,15 +137,9 @@ class Results:
                 record = json.loads(line)
                 key = (int(record["point"]), int(record["problem"]))
             except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                if number == len(lines):  # the last line of a run killed while writing it
-                    continue
                 raise DllmError(f"{self.path} line {number} is not a result record") from None
             if 0 <= key[0] < len(self.job.points) and 0 <= key[1] < self.job.n:
                 self.records.setdefault(key, record)
-        with self.path.open("rb+") as f:  # a cut last line is ended, so that the next record starts a line
-            f.seek(0, os.SEEK_END)
-            if f.tell() and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n":
-                f.write(b"\n")
 
     def _write(self, rows: list[dict], mode: str = "a") -> None:
         with self.path.open(mode, encoding="utf-8") as f:
