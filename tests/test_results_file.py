@@ -51,5 +51,7 @@ def test_a_results_file_that_cannot_be_written_is_told_before_any_work(job, tmp_
         Results(job, tmp_path / "missing.jsonl", resume=True)
     with pytest.raises(DllmError, match="cannot write the results file .*: it is a folder"):
         Results(job, tmp_path)
+    with pytest.raises(DllmError, match="cannot write the results file .*: its folder does not exist"):
+        Results(job, tmp_path / "nowhere" / "r.jsonl")
     assert not (tmp_path / "new.jsonl").exists() and Results(job, tmp_path / "new.jsonl").records == {}
     assert not (tmp_path / "new.jsonl").exists()  # a run that decodes nothing leaves no file

@@ -101,12 +101,13 @@ class Results:
         if resume:
             self._read(self._header)
             self._header = None
+        elif self.path.is_dir() or not os.access(self.path.parent, os.W_OK):
+            why = ("it is a folder" if self.path.is_dir() else "its folder does not exist"
+                   if not self.path.parent.is_dir() else "its folder is not writable")
+            raise DllmError(f"cannot write the results file {self.path}: {why}")
         elif self.path.exists() and self.path.stat().st_size:
             raise DllmError(f"the results file {self.path} already holds results: go on with it with "
                             f"--resume {self.path}, or name a new file")
-        elif self.path.is_dir() or not os.access(self.path.parent, os.W_OK):
-            raise DllmError(f"cannot write the results file {self.path}: it is a folder, or its folder is not "
-                            "writable")
 
     def _read(self, header: dict) -> None:
         try:
