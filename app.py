@@ -50,8 +50,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="local model folders in DIR may be loaded from the page's model box (default: none; "
                          "the page loads only its listed models)")
     ap.add_argument("--policies", default="", metavar="MODULE[,MODULE]", help=POLICIES_HELP)
-    ap.add_argument("--ray", default=None, metavar="auto|local|ADDRESS",
-                    help="run the Tune tab's sweeps on a Ray cluster (the head's HOST:PORT, auto, or local); "
+    ap.add_argument("--ray", nargs="?", const="auto", default=None, metavar="auto|local|ADDRESS",
+                    help="run the Tune tab's sweeps on a Ray cluster: auto (the cluster this machine joined; a bare "
+                         "--ray), local (a Ray instance of the page's own) or the head's HOST:PORT; "
                          "needs pip install -r requirements-cluster.txt (README: When one GPU is not enough)")
     ap.add_argument("--allow-downloads", action="store_true",
                     help="let the page's model box load (and download) any Hugging Face hub id")

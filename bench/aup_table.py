@@ -5,7 +5,8 @@ accuracy of all (d3LLM's y_max). Prints a Markdown table.
 
     python bench/aup_table.py [--n 40] [--ray local] [--resume bench/results/aup.jsonl]
 
-Every finished problem is appended to the results file, so a stopped run goes on with --resume.
+With --results FILE every finished problem is appended to FILE, so a stopped run goes on with
+--resume FILE.
 """
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dllm_local.experiments.costmodel import machine_name  # noqa: E402
 from dllm_local.experiments.frontier import policy_curves  # noqa: E402
 from dllm_local.experiments.sweep import point_row  # noqa: E402
-from dllm_local.experiments.units import Job, LocalRunner, ModelSpec, Results, Worker, plan_units  # noqa: E402
+from dllm_local.experiments.cluster import Cluster, ClusterRunner  # noqa: E402
+from dllm_local.experiments.units import (Job, LocalRunner, ModelSpec, Results, Worker, plan_units,  # noqa: E402
+                                          progress_bar)
 from dllm_local.policies import registry  # noqa: E402
 from dllm_local.settings import Settings  # noqa: E402
 
@@ -62,14 +65,7 @@ def main() -> None:
     job = Job(ModelSpec("tiny", device="cpu"), args.task, args.n, 1000, tuple(points), tuple(settings))
     results = Results(job, args.resume or args.results, resume=bool(args.resume))
     start = time.perf_counter()
-    if args.ray:
-        from dllm_local.experiments.cluster import Cluster, ClusterRunner
-
-        runner = ClusterRunner(Cluster(args.ray))
-    else:
-        runner = LocalRunner(Worker.load(job, "local"))
-    from dllm_local.experiments.units import progress_bar
-
+    runner = ClusterRunner(Cluster(args.ray)) if args.ray else LocalRunner(Worker.load(job, "local"))
     with progress_bar(results, "aup") as on_unit:
         runner.run(job, plan_units(job, results.records), results, on_unit, None)
     rows = [point_row(job, results, p) for p in range(len(points))]

@@ -100,6 +100,8 @@ def add_settings_args(ap: argparse.ArgumentParser) -> None:
 
 def add_cluster_args(ap: argparse.ArgumentParser) -> None:
     """Where a sweep or evaluation runs, and the file that keeps every finished problem."""
+    from .experiments.units import DEFAULT_CHUNK
+
     group = ap.add_argument_group("cluster and resuming", "README: When one GPU is not enough")
     group.add_argument("--ray", nargs="?", const="auto", default=None, metavar="auto|local|ADDRESS",
                        help="run on a Ray cluster: auto (the cluster this machine joined; the default of a bare --ray), "
@@ -109,8 +111,8 @@ def add_cluster_args(ap: argparse.ArgumentParser) -> None:
                        help="with --ray: at most this many workers (default: one per GPU, or per CPU slot)")
     group.add_argument("--worker-cpus", type=_at_least_one, default=1,
                        help="with --ray on a cluster without GPUs: CPUs per worker (default: 1)")
-    group.add_argument("--chunk", type=_at_least_one, default=4,
-                       help="problems per unit of work handed to a worker (default: 4)")
+    group.add_argument("--chunk", type=_at_least_one, default=DEFAULT_CHUNK,
+                       help=f"problems per unit of work handed to a worker (default: {DEFAULT_CHUNK})")
     files = group.add_mutually_exclusive_group()
     files.add_argument("--results", default=None, metavar="FILE",
                        help="append each finished problem to this JSON-lines file (with --ray, default: a new "
@@ -252,8 +254,8 @@ def _eval(args: argparse.Namespace) -> None:
     settings = settings_from_args(args)
     job = eval_job(args.task, args.n, args.seed_data, settings, _model_spec(args), args.batch_size)
     results = _results(args, job, "eval")
-    runner = _runner(args, job, settings)
     try:
+        runner = _runner(args, job, settings)
         report = run_eval(job, runner, results, progress=not (args.json or args.quiet), chunk=args.chunk)
     except KeyboardInterrupt:
         raise _interrupted(results) from None
@@ -373,12 +375,14 @@ def _results(args: argparse.Namespace, job, command: str):
     if path:
         done = f"{len(results.records)} of {job.total} problems already done; " if args.resume else ""
         print(f"results: {path} ({done}each problem is appended as it finishes; after a stop, the same command "
-              f"with --resume {path} goes on from there)", file=sys.stderr)
+              f"with --resume {path} in place of --results goes on from there)", file=sys.stderr)
     return results
 
 
 def _runner(args: argparse.Namespace, job, settings):
     """The cluster's workers (--ray), or this process with the model loaded here."""
+    if not args.ray and (args.workers or args.worker_cpus != 1):
+        raise SettingsError("--workers and --worker-cpus size a Ray cluster's workers: give --ray too")
     if args.ray:
         from .experiments.cluster import Cluster, ClusterRunner
 
@@ -394,7 +398,8 @@ def _runner(args: argparse.Namespace, job, settings):
 
 def _interrupted(results) -> SystemExit:
     where = (f"; the {len(results.records)} of {results.job.total} problems done are in {results.path}: the same "
-             f"command with --resume {results.path} goes on from there") if results.path and results.records else ""
+             f"command with --resume {results.path} in place of --results goes on from there"
+             ) if results.path and results.records else ""
     print(f"\ninterrupted{where}", file=sys.stderr)
     return SystemExit(130)
 
@@ -411,7 +416,6 @@ def _sweep(args: argparse.Namespace) -> None:
     job = sweep_job(base, _sweep_axes(args, base), args.task, args.n, args.seed_data, _model_spec(args))
     _check_out(args.out)
     results = _results(args, job, "sweep")
-    runner = _runner(args, job, base)
 
     def point_done(p) -> None:
         if not args.quiet:
@@ -419,6 +423,7 @@ def _sweep(args: argparse.Namespace) -> None:
                        f"{p.row['model_tok_s']:.1f} tok/s", file=sys.stderr)
 
     try:
+        runner = _runner(args, job, base)
         with progress_bar(results, "sweep", disable=args.quiet) as on_unit:
             report = run_sweep(job, runner, results, on_point=point_done, on_unit=on_unit, chunk=args.chunk)
     except KeyboardInterrupt:

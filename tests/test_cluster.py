@@ -27,13 +27,13 @@ from dllm_local.settings import Settings
 ROOT = Path(__file__).resolve().parents[1]
 BASE = Settings(gen_length=32, block_size=16, cache="dual", unmask="threshold")
 AXES = {"threshold": [0.5, 0.9]}
-N = 6
+N = 8
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    resources = connect(Cluster("local"))  # this process's own Ray instance, as --ray local starts it
-    assert resources["CPU"] >= 2
+    nodes = connect(Cluster("local"))  # this process's own Ray instance, as --ray local starts it
+    assert sum(node["CPU"] for node in nodes) >= 2
     yield Cluster("local", workers=2)
     ray.shutdown()
 
@@ -65,11 +65,25 @@ def lines_of(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()[1:]]
 
 
+def once_all_loaded(runner: ClusterRunner, on_unit):
+    """``on_unit``, after waiting (at the first unit) until every worker has its model: the tiny
+    model's units are so short that one worker could decode them all while the other still loads."""
+    waited = []
+
+    def call(progress) -> None:
+        if not waited:
+            ray.get([actor.ready.remote() for actor in runner.actors])
+            waited.append(True)
+        on_unit(progress)
+    return call
+
+
 def test_a_cluster_sweep_equals_the_local_one_problem_for_problem(cluster, job, local, tmp_path):
     results = Results(job, tmp_path / "sweep.jsonl")
     runner = ClusterRunner(cluster)
     seen = []
-    report = run_sweep(job, runner, results, on_unit=seen.append, chunk=2)
+
+    report = run_sweep(job, runner, results, on_unit=once_all_loaded(runner, seen.append), chunk=2)
     assert answers(results) == answers(local[0]) and len(results.records) == job.total
     assert figures(report) == figures(local[1])
     assert report["policies"] == local[1]["policies"]  # the same AUP
@@ -82,14 +96,13 @@ def test_a_worker_killed_mid_sweep_loses_nothing_and_counts_nothing_twice(cluste
     runner = ClusterRunner(cluster)
     killed = []
 
-    def kill_the_busy_worker(progress) -> None:
-        if not killed:  # the worker that did not just finish is in the middle of a unit
-            busy = next(k for k in range(2) if f"w{k}" != progress.records[0]["worker"])
-            ray.kill(runner.actors[busy], no_restart=False)
-            killed.append(busy)
+    def kill_a_busy_worker(progress) -> None:
+        if not killed and runner.busy:  # a worker in the middle of a unit
+            ray.kill(runner.actors[runner.busy[0]], no_restart=False)
+            killed.append(runner.busy[0])
 
     results = Results(job, tmp_path / "killed.jsonl")
-    run_sweep(job, runner, results, on_unit=kill_the_busy_worker, chunk=2)
+    run_sweep(job, runner, results, on_unit=once_all_loaded(runner, kill_a_busy_worker), chunk=1)
     assert killed and runner.retried >= 1  # its unit ran again
     assert answers(results) == answers(local[0])
     written = [(r["point"], r["problem"]) for r in lines_of(tmp_path / "killed.jsonl")]
@@ -131,23 +144,40 @@ def test_a_node_without_the_weights_is_named_with_the_fix(cluster, job):
         run_sweep(missing, ClusterRunner(cluster))
 
 
-@pytest.mark.parametrize("model, resources, message", [
-    (ModelSpec("tiny", device="cuda"), {"CPU": 8}, "needs a GPU per worker, and the cluster has none"),
-    (ModelSpec("llada-8b-instruct"), {"CPU": 8}, "no GPU .* large model: join GPU nodes"),
-    (ModelSpec("tiny"), {"CPU": 1}, "fewer than --worker-cpus 2"),
+def test_a_worker_restarted_where_the_weights_are_gone_answers_with_the_node_and_the_fix(cluster, job):
+    """Ray runs a restarted worker's ``__init__`` again: if the model cannot load there any more,
+    each unit it is handed is answered with the node's name and the fix (the driver ends the run
+    with that message), never an AttributeError from a worker without a model."""
+    from dllm_local.experiments.cluster import _NodeWorker
+    from dllm_local.experiments.units import Unit
+
+    missing = Job(ModelSpec("/nowhere/llada", device="cpu"), job.task, 2, job.seed_data, job.points, job.settings)
+    worker = ray.remote(_NodeWorker).options(num_cpus=1).remote(missing, "w0")
+    try:
+        answer = ray.get(worker.run.remote(Unit(0, (0, 1))))
+    finally:
+        ray.kill(worker)
+    assert re.fullmatch(r"node \S+ \(.+\) cannot load the model /nowhere/llada: .*does not exist.* put the weights "
+                        r"at the same path on each node .*", answer["error"]), answer
+
+
+@pytest.mark.parametrize("model, nodes, message", [
+    (ModelSpec("tiny", device="cuda"), [{"CPU": 8}], "needs a GPU per worker, and the cluster has none"),
+    (ModelSpec("llada-8b-instruct"), [{"CPU": 8}], "no GPU .* large model: join GPU nodes"),
+    (ModelSpec("tiny"), [{"CPU": 1}, {"CPU": 1}], "no node of the cluster has --worker-cpus 2 CPUs"),
 ])
-def test_a_cluster_without_what_the_model_needs_is_refused(job, model, resources, message):
+def test_a_cluster_without_what_the_model_needs_is_refused(job, model, nodes, message):
     with pytest.raises(DllmError, match=message):
-        worker_plan(Job(model, job.task, 2, job.seed_data, job.points, job.settings), Cluster(worker_cpus=2),
-                    resources)
+        worker_plan(Job(model, job.task, 2, job.seed_data, job.points, job.settings), Cluster(worker_cpus=2), nodes)
 
 
-def test_workers_take_a_gpu_each_where_there_are_gpus(job):
-    planned, count, options = worker_plan(job, Cluster(workers=3), {"CPU": 64, "GPU": 8})
+def test_workers_take_a_gpu_each_where_there_are_gpus_and_fit_on_one_node(job):
+    planned, count, options = worker_plan(job, Cluster(workers=3), [{"CPU": 64, "GPU": 8}])
     assert count == 3 and options["num_gpus"] == 1 and planned.model.device == "cuda"
-    planned, count, options = worker_plan(job, Cluster(worker_cpus=2), {"CPU": 7})
-    assert count == 3 and options == {"num_cpus": 2} and planned.model.threads == 2
+    planned, count, options = worker_plan(job, Cluster(worker_cpus=4), [{"CPU": 6}] * 3)  # 18 CPUs, 3 slots
+    assert count == 3 and options == {"num_cpus": 4} and planned.model.threads == 4
     assert Path(planned.model.name).is_absolute()  # "tiny" as the path every node reads it from
+    assert Path(planned.model.guider).is_absolute()  # and so is the default guider's
 
 
 # ---------------------------------------------------------------- the command line, in fresh processes
@@ -196,7 +226,7 @@ def test_ctrl_c_then_resume_on_the_command_line_gives_the_uninterrupted_table(tm
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and f"--resume {stopped}" in err, err
+    assert proc.returncode == 130 and f"--resume {stopped} in place of --results" in err, err
     kept = len(lines_of(stopped))
     resumed = cli(*args, "--ray", "local", "--resume", str(stopped))
     assert resumed.returncode == 0, resumed.stderr
@@ -223,10 +253,10 @@ def test_a_resume_of_another_runs_file_names_what_differs(tmp_path):
 
 def test_the_page_runs_its_tune_sweeps_on_the_cluster_and_imports_no_ray():
     """`app.py --ray local`: the Tune tab's sweep, called on a real Gradio server, is decoded by
-    two cluster workers (the status names each one's pace) and reports AUP; the page process
-    imported neither Ray nor torch."""
+    the cluster's workers (the status names each one's pace: "w0 12.3/s"; in the engine itself
+    the worker is "local") and reports AUP; the page process imported neither Ray nor torch."""
     code = textwrap.dedent("""
-        import socket, sys
+        import re, socket, sys
         import app
         from gradio_client import Client
         from ui.page import LAUNCH_OPTIONS
@@ -243,7 +273,7 @@ def test_the_page_runs_its_tune_sweeps_on_the_cluster_and_imports_no_ray():
         final = job.result(timeout=300)[-1]
         statuses = [out[-1] for out in job.outputs()]
         print("final:", final)
-        print("paced:", any("w0" in s and "w1" in s for s in statuses))
+        print("paced:", any(re.search(r"Problem \\d+/16 .* w\\d [\\d.]+/s", s) for s in statuses))
         print("imported:", "ray" in sys.modules, "torch" in sys.modules)
         page.close()
         session.close()

@@ -119,13 +119,12 @@ def test_the_readme_has_runnable_examples():
 
 @pytest.fixture
 def leaves_no_files():
-    """Files an example writes in the repository's folder (a results file) go after it: a second
-    run of the example then starts as the first did."""
-    before = set(ROOT.iterdir())
+    """Results files an example writes in the repository's folder go after it: a second run of
+    the example then starts as the first did."""
+    before = set(ROOT.glob("*.jsonl"))
     yield
-    for path in set(ROOT.iterdir()) - before:
-        if path.is_file():
-            path.unlink()
+    for path in set(ROOT.glob("*.jsonl")) - before:
+        path.unlink()
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])

@@ -1,7 +1,7 @@
 """Sweeps and evaluations on a Ray cluster: one actor per GPU (or per ``worker_cpus`` CPUs on a
 cluster without GPUs), each loading the model once and decoding units (``units.py``). An actor
-that is killed or crashes is restarted by Ray, and the unit it held runs again on whichever
-worker is free: the results keep each problem once, so nothing is lost or counted twice.
+that is killed or crashes is restarted by Ray, and the unit it held goes to a worker that is up:
+the results keep each problem once, so nothing is lost or counted twice.
 
 Ray is optional (``pip install -r requirements-cluster.txt``). The driver (this process) loads no
 model: a cluster's head node need not have a GPU, nor the weights.
@@ -22,7 +22,6 @@ from .units import Job, OnUnit, Results, Unit, Worker, report_unit
 INSTALL = "pip install -r requirements-cluster.txt"
 ADDRESS_HELP = ("--ray takes local (a Ray instance of this run's own), auto (the cluster this machine has joined) "
                 "or the head node's address, HOST:PORT or ray://HOST:PORT")
-SMALL_MODELS = ("tiny", "tiny-guider")  # decoded on CPUs at any size of cluster
 WAIT_S = 0.5  # how often the driver looks at Stop while units run
 
 
@@ -57,45 +56,56 @@ def _reachable(address: str) -> None:
                         "port is open from this machine") from None
 
 
-def connect(cluster: Cluster) -> dict:
-    """Join (or, for ``local``, start) the cluster; its resources. The project's code goes with
-    the job, so every node imports the same dllm_local as this process."""
+def connect(cluster: Cluster) -> list[dict]:
+    """Join (or, for ``local``, start) the cluster; each live node's resources. The project's
+    package goes with the job, so the nodes need only its requirements installed."""
     ray = import_ray()
-    if ray.is_initialized():
-        return ray.cluster_resources()
-    package = str(Path(__file__).resolve().parents[1])
-    options = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False,
-               "runtime_env": {"py_modules": [package]}}
-    if cluster.address == "local":
-        ray.init(num_cpus=os.cpu_count(), _node_ip_address="127.0.0.1", **options)
-    elif cluster.address == "auto":
-        try:
-            ray.init(address="auto", **options)
-        except ConnectionError:
-            raise DllmError("no Ray cluster runs on this machine: start one with `ray start --head` (and join "
-                            "the other nodes with `ray start --address=HEAD:6379`), or use --ray local for a Ray "
-                            "instance of this run's own") from None
-    else:
-        _reachable(cluster.address)
-        try:
-            ray.init(address=cluster.address, **options)
-        except (ConnectionError, RuntimeError) as exc:
-            raise DllmError(f"could not join the Ray cluster at {cluster.address}: {exc}") from None
-    return ray.cluster_resources()
+    if not ray.is_initialized():
+        package = str(Path(__file__).resolve().parents[1])
+        options = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False,
+                   "runtime_env": {"py_modules": [package]}}
+        if cluster.address == "local":
+            ray.init(num_cpus=os.cpu_count(), _node_ip_address="127.0.0.1", **options)
+        else:
+            if cluster.address != "auto":
+                _reachable(cluster.address)
+            try:
+                ray.init(address=cluster.address, **options)
+            except ConnectionError:
+                if cluster.address != "auto":
+                    raise DllmError(f"could not join the Ray cluster at {cluster.address}: is Ray's head "
+                                    "there (`ray status` on it)?") from None
+                raise DllmError("no Ray cluster runs on this machine: start one with `ray start --head` (and join "
+                                "the other nodes with `ray start --address=HEAD:6379`), or use --ray local for a "
+                                "Ray instance of this run's own") from None
+            except Exception as exc:  # noqa: BLE001 - authentication, a version mismatch: Ray's words, no traceback
+                raise DllmError(f"could not join the Ray cluster at {cluster.address}: {type(exc).__name__}: "
+                                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''} (a cluster with "
+                                "token authentication needs its token here too, and every node the same Ray "
+                                "and Python versions)") from None
+    return [node["Resources"] for node in ray.nodes() if node.get("Alive")]
 
 
-def worker_plan(job: Job, cluster: Cluster, resources: dict) -> tuple[Job, int, dict]:
-    """The job as the workers load it (device and threads of their slot, the model's path
-    absolute), how many workers, and each one's Ray resources."""
+def worker_plan(job: Job, cluster: Cluster, nodes: list[dict]) -> tuple[Job, int, dict]:
+    """The job as the workers load it (device and threads of their slot, model paths absolute),
+    how many workers the nodes hold (a worker lives on one node), and each one's Ray resources."""
     from ..models.loader import ALIASES
 
-    gpus, cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 0))
+    gpus = sum(int(node.get("GPU", 0)) for node in nodes)
+    cpus = sum(int(node.get("CPU", 0)) for node in nodes)
     spec = job.model
+
+    def where(name: str) -> str:
+        # Aliases and local folders as absolute paths: the workers' code is a copy elsewhere.
+        name = ALIASES.get(name, name)
+        return str(Path(name).expanduser().resolve()) if Path(name).expanduser().exists() else name
+
+    model_path = where(spec.name)
     wants_gpu = spec.device.startswith("cuda") or (spec.device == "auto" and gpus > 0)
     if wants_gpu and not gpus:
         raise DllmError(f"--device {spec.device} needs a GPU per worker, and the cluster has none ({cpus} CPUs): "
                         "start GPU nodes with `ray start --address=HEAD:6379 --num-gpus=N`, or pass --device cpu")
-    if not wants_gpu and spec.name not in SMALL_MODELS and spec.device != "cpu":
+    if not wants_gpu and model_path != where("tiny") and spec.device != "cpu":
         raise DllmError(f"the cluster has no GPU ({cpus} CPUs), and {spec.name} is a large model: join GPU nodes "
                         "(`ray start --address=HEAD:6379 --num-gpus=N`), or pass --device cpu to decode it on "
                         "CPUs anyway (slow)")
@@ -103,42 +113,45 @@ def worker_plan(job: Job, cluster: Cluster, resources: dict) -> tuple[Job, int, 
         slots, options = gpus, {"num_gpus": 1, "num_cpus": 1}
         device, threads = "cuda", spec.threads
     else:
-        slots, options = cpus // cluster.worker_cpus, {"num_cpus": cluster.worker_cpus}
+        slots = sum(int(node.get("CPU", 0)) // cluster.worker_cpus for node in nodes)
+        options = {"num_cpus": cluster.worker_cpus}
         device, threads = "cpu", spec.threads or cluster.worker_cpus
     if slots < 1:
-        raise DllmError(f"the cluster has {cpus} CPUs, fewer than --worker-cpus {cluster.worker_cpus}")
-
-    def where(name: str | None) -> str | None:
-        # Aliases and local folders as absolute paths: the workers' code is a copy elsewhere.
-        if name is None:
-            return None
-        name = ALIASES.get(name, name)
-        return str(Path(name).expanduser().resolve()) if Path(name).expanduser().exists() else name
-
-    model = replace(spec, name=where(spec.name), guider=where(spec.guider), device=device, threads=threads)
+        raise DllmError(f"no node of the cluster has --worker-cpus {cluster.worker_cpus} CPUs (it has {cpus} in all)")
+    model = replace(spec, name=model_path, guider=where(spec.guider or "tiny-guider"), device=device, threads=threads)
     return replace(job, model=model), min(slots, cluster.workers or slots), options
 
 
+def _cannot_load(info: dict, model: str) -> str:
+    return (f"node {info['node']} ({info['host']}) cannot load the model {model}: {info['error']}. Every node loads "
+            "the model from its own disk: put the weights at the same path on each node (or the same hub cache, "
+            "HF_HOME), then run again")
+
+
 class _NodeWorker:
-    """A Ray actor: one model on one node. A model that cannot load here is reported by
-    ``ready`` with the node's name, never raised: a restart would fail the same way."""
+    """A Ray actor: one model on one node. A model that cannot load here is reported with the
+    node's name (by ``ready``, or by ``run`` after a restart), never raised: a restart would fail
+    the same way."""
 
     def __init__(self, job: Job, name: str) -> None:
         import ray
 
-        self.node, self.host, self.name = ray.util.get_node_ip_address(), socket.gethostname(), name
-        self.worker, self.error = None, None
+        self.model, self.name = job.model.name, name
+        self.info = {"node": ray.util.get_node_ip_address(), "host": socket.gethostname(), "error": None}
+        self.worker = None
         try:
             self.worker = Worker.load(job, name)
         except DllmError as exc:
-            self.error = str(exc)
+            self.info["error"] = str(exc)
         except Exception as exc:  # noqa: BLE001 - whatever the loader raised, the driver names the node
-            self.error = f"{type(exc).__name__}: {exc}"
+            self.info["error"] = f"{type(exc).__name__}: {exc}"
 
     def ready(self) -> dict:
-        return {"node": self.node, "host": self.host, "error": self.error}
+        return self.info
 
     def run(self, unit: Unit) -> dict:
+        if self.worker is None:
+            return {"error": _cannot_load(self.info, self.model)}
         try:
             return {"records": self.worker.run(unit)}
         except DllmError as exc:  # the settings' own error: the same on every worker, so not retried
@@ -146,21 +159,28 @@ class _NodeWorker:
 
 
 class ClusterRunner:
-    """Units spread over the cluster's workers, one unit in flight per worker."""
+    """Units spread over the cluster's workers, one unit in flight per worker, each handed out as
+    soon as a worker has loaded its model or finished its last unit."""
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
-        self.actors: list = []  # the live workers, "w0", "w1"... in order
+        self.actors: list = []  # the workers, "w0", "w1"... in order
         self.retried = 0  # units run again after their worker was lost
         # What the cluster costs (bench/cluster_sweep.py): seconds until every worker had its model,
         # and per unit, the seconds from handing it out to its answer against the worker's decoding time.
         self.ready_s = 0.0
         self.unit_seconds: list[tuple[float, float]] = []
         self._plan: tuple[Job, int, dict] | None = None
+        self._running: dict = {}
+
+    @property
+    def busy(self) -> list[int]:
+        """The workers (indices into ``actors``) with a unit in flight."""
+        return sorted({self.actors.index(actor) for actor, _, _ in self._running.values()})
 
     def prepare(self, job: Job) -> None:
         """Join the cluster and size the workers: a wrong address, a missing Ray or a cluster
-        without the GPUs the model needs is told here, before any results file is written."""
+        without the GPUs the model needs is told here, before any work."""
         self._plan = worker_plan(job, self.cluster, connect(self.cluster))
 
     def run(self, job: Job, units: list[Unit], results: Results, on_unit: OnUnit,
@@ -173,61 +193,70 @@ class ClusterRunner:
         job, count, options = self._plan
         remote = ray.remote(_NodeWorker).options(max_restarts=self.cluster.max_restarts, max_task_retries=0,
                                                  **options)
-        start = time.perf_counter()
         self.actors = [remote.remote(job, f"w{k}") for k in range(min(count, len(units)))]
         try:
-            self._check_ready(ray, job)
-            self.ready_s = time.perf_counter() - start
-            self._spread(ray, units, results, on_unit, cancel)
+            self._spread(ray, job, units, results, on_unit, cancel)
         finally:
             for actor in self.actors:
                 ray.kill(actor, no_restart=True)
             self.actors = []
 
-    def _check_ready(self, ray, job: Job) -> None:
-        from ray.exceptions import RayActorError
-
-        try:
-            ready = ray.get([a.ready.remote() for a in self.actors])
-        except RayActorError as exc:  # the process itself died while loading (out of memory, a crash)
-            raise DllmError(f"a worker's process died while it loaded the model {job.model.name}: "
-                            f"{str(exc).strip().splitlines()[0]}") from None
-        for info in ready:
-            if info["error"]:
-                raise DllmError(
-                    f"node {info['node']} ({info['host']}) cannot load the model {job.model.name}: {info['error']}. "
-                    "Every node loads the model from its own disk: put the weights at the same path on each node "
-                    "(or the same hub cache, HF_HOME), then run again")
-
-    def _spread(self, ray, units: list[Unit], results: Results, on_unit: OnUnit,
+    def _spread(self, ray, job: Job, units: list[Unit], results: Results, on_unit: OnUnit,
                 cancel: threading.Event | None) -> None:
-        from ray.exceptions import ActorUnavailableError, RayActorError
+        from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
-        queue, idle = deque(units), list(self.actors)
-        running: dict = {}  # the call's reference -> (actor, unit, when it was handed out)
-        failures = {id(a): 0 for a in self.actors}
-        start, decoded = time.perf_counter(), {}
+        start = time.perf_counter()
+        queue, idle = deque(units), deque()  # idle: handed out from the right; a restarting worker waits left
+        loading = {actor.ready.remote(): actor for actor in self.actors}
+        running = self._running = {}  # the call's reference -> (worker, unit, when it was handed out)
+        gone: list[str] = []  # why workers died for good
+        lost: dict[Unit, int] = {}  # how often each unit's worker was lost under it
+        decoded: dict[str, int] = {}
         while queue or running:
             if cancel is not None and cancel.is_set():
                 return
             while idle and queue:
                 actor, unit = idle.pop(), queue.popleft()
                 running[actor.run.remote(unit)] = (actor, unit, time.perf_counter())
-            finished, _ = ray.wait(list(running), num_returns=1, timeout=WAIT_S)
+            if not (loading or running or idle):
+                raise DllmError(f"every worker is gone ({'; '.join(dict.fromkeys(gone))}); the problems done are in "
+                                "the results file: resume it once the cluster is healthy")
+            finished, _ = ray.wait([*loading, *running], num_returns=1, timeout=WAIT_S)
             for ref in finished:
+                if ref in loading:
+                    actor = loading.pop(ref)
+                    try:
+                        info = ray.get(ref)
+                    except ActorUnavailableError:  # restarting while it loaded: ask again
+                        loading[actor.ready.remote()] = actor
+                        continue
+                    except RayActorError as exc:  # its process died for good while loading (memory, a crash)
+                        gone.append(f"one died while it loaded the model: {str(exc).strip().splitlines()[0]}")
+                        continue
+                    if info["error"]:
+                        raise DllmError(_cannot_load(info, job.model.name))
+                    idle.append(actor)
+                    self.ready_s = time.perf_counter() - start
+                    continue
                 actor, unit, handed_out = running.pop(ref)
                 try:
                     answer = ray.get(ref)
-                except (RayActorError, ActorUnavailableError):
-                    queue.appendleft(unit)  # the unit runs again; a restarted worker takes units again
+                except RayActorError as exc:
+                    lost[unit] = lost.get(unit, 0) + 1
+                    if lost[unit] > self.cluster.max_restarts:
+                        raise DllmError(f"point {job.points[unit.point]}, problems {unit.problems[0]} to "
+                                        f"{unit.problems[-1]}, ended {lost[unit]} workers; the problems done are in "
+                                        "the results file") from None
+                    queue.appendleft(unit)  # to a worker that is up; a restarting one takes units when back
                     self.retried += 1
-                    failures[id(actor)] += 1
-                    if failures[id(actor)] <= self.cluster.max_restarts:
-                        idle.append(actor)
-                    elif not idle and not running:
-                        raise DllmError("every worker died more often than it may restart; the problems done are "
-                                        "kept in the results file: resume it once the cluster is healthy") from None
+                    if isinstance(exc, ActorUnavailableError):  # it is restarting (a died one is gone for good)
+                        idle.appendleft(actor)
+                    else:
+                        gone.append("each died more often than it may restart")
                     continue
+                except RayTaskError as exc:
+                    raise DllmError(f"a worker failed on point {job.points[unit.point]}: "
+                                    f"{type(exc.cause).__name__}: {exc.cause}") from None
                 if "error" in answer:
                     raise DllmError(answer["error"])
                 idle.append(actor)

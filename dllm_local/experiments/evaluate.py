@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import time
 
-
 from ..models.loader import GuiderHandle, ModelHandle
 from ..settings import Settings
 from ..tiny.tasks import make_problems, score

@@ -95,7 +95,8 @@ def policy_curves(rows: list[dict]) -> dict[str, dict]:
     point of that policy beats on both, least parallel first: on such a curve the first point is
     the most accurate, so d3LLM's cut keeps the points within 5 of the policy's best) and its AUP,
     every policy's accuracy weighted against the best accuracy of all the rows."""
-    rows = [r for r in rows if isinstance(r.get(PARALLELISM), Real) and isinstance(r.get("accuracy"), Real)]
+    rows = [r for r in rows if isinstance(r.get(PARALLELISM), Real) and r[PARALLELISM] > 0
+            and isinstance(r.get("accuracy"), Real)]
     by_policy: dict[str, list[dict]] = {}
     for row in rows:
         by_policy.setdefault(policy_of(row), []).append(row)

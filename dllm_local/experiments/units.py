@@ -13,9 +13,9 @@ import os
 import statistics
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Protocol
 
 from tqdm import tqdm
@@ -74,8 +74,8 @@ class Unit:
 
 def plan_units(job: Job, done: Iterable[tuple[int, int]] = (), chunk: int = DEFAULT_CHUNK) -> list[Unit]:
     """The units still to decode: each point's problems not in ``done``, ``chunk`` at a time
-    (never fewer than a batch), points in order."""
-    size = max(int(chunk), job.batch_size, 1)
+    (rounded up to whole batches), points in order."""
+    size = -(-max(int(chunk), 1) // job.batch_size) * job.batch_size
     done = set(done)
     units = []
     for point in range(len(job.points)):
@@ -93,7 +93,6 @@ class Results:
     def __init__(self, job: Job, path: str | Path | None = None, resume: bool = False) -> None:
         self.job, self.path = job, Path(path) if path else None
         self.records: dict[tuple[int, int], dict] = {}
-        self._lock = threading.Lock()
         self._header: dict | None = None  # written before the first record of a new file
         if self.path is None:
             return
@@ -102,8 +101,12 @@ class Results:
             self._read(self._header)
             self._header = None
         elif self.path.is_dir() or not os.access(self.path.parent, os.W_OK):
-            why = ("it is a folder" if self.path.is_dir() else "its folder does not exist"
-                   if not self.path.parent.is_dir() else "its folder is not writable")
+            if self.path.is_dir():
+                why = "it is a folder"
+            elif not self.path.parent.is_dir():
+                why = "its folder does not exist"
+            else:
+                why = "its folder is not writable"
             raise DllmError(f"cannot write the results file {self.path}: {why}")
         elif self.path.exists() and self.path.stat().st_size:
             raise DllmError(f"the results file {self.path} already holds results: go on with it with "
@@ -112,18 +115,15 @@ class Results:
     def _read(self, header: dict) -> None:
         try:
             data = self.path.read_bytes()
-            # Every record ends with a newline: text after the last one is a record a stopped run
-            # did not finish writing. It goes, so that the next record starts a line of its own.
-            whole = data[: data.rfind(b"\n") + 1]
-            if len(whole) < len(data):
-                with self.path.open("rb+") as f:
-                    f.truncate(len(whole))
-            lines = whole.decode("utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise DllmError(f"cannot read the results file {self.path}: {getattr(exc, 'strerror', None) or exc}") from exc
+        except OSError as exc:
+            raise DllmError(f"cannot read the results file {self.path}: {exc.strerror or exc}") from exc
+        # Every record ends with a newline: text after the last one is a record a stopped run did
+        # not finish writing. It is left out, and cut from the file once the file is known to be ours.
+        whole = data[: data.rfind(b"\n") + 1]
         try:
+            lines = whole.decode("utf-8").splitlines()
             first = json.loads(lines[0]) if lines else None
-        except json.JSONDecodeError:
+        except (UnicodeDecodeError, json.JSONDecodeError):
             first = None
         if not isinstance(first, dict) or first.get("format") != RESULTS_FORMAT:
             raise DllmError(f"{self.path} is not a results file of dllm-local (its first line names none)")
@@ -141,21 +141,27 @@ class Results:
                 raise DllmError(f"{self.path} line {number} is not a result record") from None
             if 0 <= key[0] < len(self.job.points) and 0 <= key[1] < self.job.n:
                 self.records.setdefault(key, record)
+        if len(whole) < len(data):
+            with self.path.open("rb+") as f:
+                f.truncate(len(whole))
 
     def _write(self, rows: list[dict], mode: str = "a") -> None:
         with self.path.open(mode, encoding="utf-8") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)
 
     def add(self, records: list[dict]) -> list[dict]:
-        """Keep the records not seen yet (and append them to the file); return those."""
-        with self._lock:
-            new = [r for r in records if (r["point"], r["problem"]) not in self.records]
-            for r in new:
-                self.records[(r["point"], r["problem"])] = r
-            if new and self.path is not None:
-                # The file starts with the first record: a run that fails before any leaves no file.
+        """Keep the records not seen yet (appended to the file first); return those."""
+        new = [r for r in records if (r["point"], r["problem"]) not in self.records]
+        if new and self.path is not None:
+            # The file starts with the first record: a run that fails before any leaves no file.
+            try:
                 self._write(([self._header] if self._header else []) + new, "w" if self._header else "a")
-                self._header = None
+            except OSError as exc:
+                raise DllmError(f"cannot append to the results file {self.path} ({exc.strerror or exc}); the "
+                                f"{len(self.records)} problems before these are in it") from None
+            self._header = None
+        for r in new:
+            self.records[(r["point"], r["problem"])] = r
         return new
 
     def of_point(self, point: int) -> list[dict]:
@@ -200,11 +206,12 @@ class Worker:
     @classmethod
     def load(cls, job: Job, name: str) -> "Worker":
         from ..models.loader import apply_threads, load, load_guider
+        from ..settings import Settings
 
         spec = job.model
         handle = load(spec.name, device=spec.device, quantization=spec.quantization)
         apply_threads(spec.threads, handle, batched=job.batch_size > 1)
-        needs_guider = any(s.unmask_spec.needs_guider for s in map(_settings, job.settings))
+        needs_guider = any(Settings.from_dict(s).unmask_spec.needs_guider for s in job.settings)
         guider = load_guider(spec.guider or "tiny-guider", device=handle.device) if needs_guider else None
         return cls(job, handle, guider, name)
 
@@ -223,12 +230,6 @@ class Worker:
         stop_ids = set(self.handle.stop_ids)
         return [_record(unit.point, i, self.problems[i], r, wall, stop_ids, self.name)
                 for i, r in zip(unit.problems, results)]
-
-
-def _settings(data: dict):
-    from ..settings import Settings
-
-    return Settings.from_dict(data)
 
 
 def _record(point: int, problem: int, ex: Problem, result, wall_s: float, stop_ids: set[int], worker: str) -> dict:

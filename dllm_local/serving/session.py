@@ -30,14 +30,15 @@ class Session:
     model) and talks to it. ``threads``: torch threads for a CPU model, 0 = all cores but one.
     ``memory_fraction``: the share of the GPU's memory the engine may use (None: all of it), for a
     GPU shared with other programs. ``ray``: the Ray cluster the engine runs sweeps on (None: the
-    engine itself; the page process never imports Ray). ``lazy``: return at once and wait for the model (and raise its
-    error) on first use."""
+    engine itself; the page process never imports Ray). ``lazy``: return at once and wait for the
+    model (and raise its error) on first use."""
 
     def __init__(self, model: str = "tiny", device: str = "auto", quantization: str | None = None,
                  guider: str | None = "tiny-guider", threads: int = 0, lazy: bool = False,
                  memory_fraction: float | None = None, ray: str | None = None) -> None:
-        self._spec = {"model": model, "device": device, "quantization": quantization, "guider": guider, "ray": ray,
-                      "threads": threads, "memory_fraction": memory_fraction, "policies": registry.load_plugins()}
+        self._spec = {"model": model, "device": device, "quantization": quantization, "guider": guider,
+                      "ray": ray, "threads": threads, "memory_fraction": memory_fraction,
+                      "policies": registry.load_plugins()}
         self._lock = threading.Lock()
         self._owner: str | None = None  # the run_id of the request in progress
         self._start()
@@ -170,7 +171,7 @@ class Session:
         return fold(self._request("run", run_id=run_id, prompt=prompt, settings=settings))  # validation errors raise here
 
     def stop(self, run_id: str | None = None) -> bool:
-        """Stop the run or sweep in progress (within one step / one grid point) if it was started
+        """Stop the run or sweep in progress (within one step / one unit of problems) if it was started
         with ``run_id``; False, and nothing stopped, when nothing or another id's run is going.
         ``run_id=None`` stops whatever is going (for a program that owns the session alone)."""
         if not self._lock.locked() or (run_id is not None and run_id != self._owner):
@@ -180,7 +181,8 @@ class Session:
 
     def sweep(self, task: str, n: int, base: dict, axes: dict[str, list], seed: int = 1000,
               run_id: str | None = None) -> Iterator[dict]:
-        """Stream a sweep: ``{"progress": {done, total, point, row}}`` per grid point, then ``{"report": ...}``."""
+        """Stream a sweep: ``{"units": {done, total, throughput}}`` as problems finish, ``{"progress":
+        {done, total, point, row}}`` per grid point, then ``{"report": ...}``."""
         return self._request("sweep", run_id=run_id, task=task, n=n, base=base, axes=axes, seed=seed)
 
     def waiting(self) -> int:
