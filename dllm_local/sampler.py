@@ -112,7 +112,8 @@ class Run:
         if state.step >= self._max_forwards:
             raise DecodingError(
                 f"decoding did not finish within {self._max_forwards} forwards (gen_length + blocks): "
-                f"the {s.unmask} policy stopped committing tokens; this is a bug, please report it with the settings")
+                f"the {s.unmask} policy stopped committing tokens with these settings ({s.to_json()}); try the "
+                f"fixed schedule, or another unmasking policy")
         return True
 
     @torch.inference_mode()

@@ -41,13 +41,22 @@ def entropy(logits: torch.Tensor) -> torch.Tensor:
 def draft_tokens(logits: torch.Tensor, temperature: float, rng: torch.Generator) -> torch.Tensor:
     """Each row's draft: the argmax, with LLaDA's Gumbel-style noise when temperature > 0. The
     noise is float64, as LLaDA draws it (float32 noise changes which low-probability tokens win),
-    a few rows at a time so that a long block never holds several float64 copies of its logits."""
+    a few rows at a time so that a long block never holds several float64 copies of its logits.
+
+    LLaDA's form, exp(logits) / (-log u)^T, overflows for large T (at T = 400 the noise is inf
+    or 0, and the argmax of 0/0 is a banned id). Where it does, the same argmax is taken in log
+    space, logits / T - log(-log u), which is finite for any finite T > 0; elsewhere LLaDA's form
+    is kept, so the tokens stay LLaDA's to the last bit."""
     if temperature == 0 or logits.numel() == 0:
         return logits.argmax(-1)
 
     def noisy_argmax(rows: torch.Tensor) -> torch.Tensor:
         rows = rows.double()
-        noise = torch.rand(rows.shape, generator=rng, device=rows.device, dtype=torch.float64)
-        return (rows.exp() / (-torch.log(noise)) ** temperature).argmax(-1)
+        gumbel = -torch.log(torch.rand(rows.shape, generator=rng, device=rows.device, dtype=torch.float64))
+        scores = rows.exp() / gumbel**temperature
+        overflowed = ~torch.isfinite(scores).all(-1) | ~(scores > 0).any(-1)
+        if overflowed.any():
+            scores[overflowed] = rows[overflowed] / temperature - torch.log(gumbel[overflowed])
+        return scores.argmax(-1)
 
     return torch.cat([noisy_argmax(rows) for (rows,) in row_chunks(logits)])

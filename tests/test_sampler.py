@@ -354,3 +354,26 @@ def test_summary_drift_is_the_mean_and_min_of_the_full_levels_cosines(tiny, cach
                 if cosines:
                     assert got == pytest.approx(want, abs=2e-5)
     assert replaced_somewhere and summary.trace.steps[0].kv["0"]["k_mean"] is None  # step 0 replaces nothing
+
+
+@pytest.mark.parametrize("temperature", [1e-6, 1.0, 400.0, 1e308])
+@pytest.mark.parametrize("unmask", ["fixed", "threshold"])
+def test_any_finite_temperature_decodes_to_real_tokens(tiny, temperature, unmask):
+    """LLaDA's noise, exp(logits) / (-log u)^T, is 0/0 from about T = 400: the draft was then a
+    banned id and decoding never ended. Every finite temperature decodes, reproducibly."""
+    s = Settings(gen_length=32, block_size=16, temperature=temperature, seed=3, unmask=unmask)
+    prompt = problems("arithmetic", 1, 1000)[0].prompt
+    first, again = dllm_local.generate(tiny, prompt, s), dllm_local.generate(tiny, prompt, s)
+    assert first.token_ids == again.token_ids
+    assert tiny.mask_id not in first.token_ids and max(first.token_ids) < len(tiny.tokenizer)
+    assert first.stats.nfe <= 32
+
+
+def test_at_a_tiny_temperature_the_noise_leaves_the_greedy_draft(tiny):
+    logits = torch.tensor([[2.0, 1.0, -1.0], [0.0, 3.0, 1.0]])
+    rng = torch.Generator().manual_seed(0)
+    assert dllm_local.softmax.draft_tokens(logits, 1e-6, rng).tolist() == [0, 1]
+    # At an enormous temperature the logits no longer matter: the noise alone picks, and never a banned id.
+    banned = torch.tensor([[0.0, float("-inf"), 0.0]] * 200)
+    picks = dllm_local.softmax.draft_tokens(banned, 1e308, torch.Generator().manual_seed(1))
+    assert 1 not in picks.tolist() and set(picks.tolist()) == {0, 2}
