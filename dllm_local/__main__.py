@@ -295,37 +295,64 @@ def _bench(args: argparse.Namespace) -> None:
         report = run_bench(handle, problems, strategies, base, guider, args.repeats, progress=not args.quiet,
                            batch_size=args.batch_size)
         print(format_table(report))
+    _write_out(args.out, report, "bench")
     if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=2))
         print(f"wrote {args.out}")
 
 
 def _lm_eval(args: argparse.Namespace) -> None:
-    from pathlib import Path
-
     settings = settings_from_args(args)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not tasks:
         raise SettingsError("--tasks is empty: name one or more harness tasks, such as gsm8k or tiny_arithmetic")
+    _check_out(args.out)
     from .experiments.harness import format_harness, run_harness
 
-    _check_out(args.out)
     handle = _load(args)
     warn_past_trained_length(settings, handle)
     report = run_harness(handle, settings, tasks, args.limit, guider_for(args, handle, settings), args.num_fewshot,
                          args.include_path, progress=not args.quiet)
     print(format_harness(report))
+    _write_out(args.out, report, "lm-eval")
     if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=2))
         print(f"wrote {args.out} (the Tune tab's \"Add results\" shows it beside a sweep)")
 
 
 def _check_out(out: str | None) -> None:
-    """--out is written after the whole run: a folder that is not there would lose the results."""
+    """--out is written after the whole run: a path that cannot take the report is told before it."""
+    import os
     from pathlib import Path
 
-    if out and not Path(out).parent.is_dir():
-        raise DllmError(f"--out {out}: the folder {Path(out).parent} does not exist")
+    if not out:
+        return
+    path = Path(out)
+    if path.is_dir():
+        raise DllmError(f"--out {out} is a folder: name a file in it, such as {path / 'report.json'}")
+    if not path.parent.is_dir():
+        raise DllmError(f"--out {out}: the folder {path.parent} does not exist")
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
+        raise DllmError(f"--out {out}: {'the file' if path.exists() else 'its folder'} is not writable")
+
+
+def _write_out(out: str | None, report: dict, command: str) -> None:
+    """The report to --out; if that write fails after all, to a file in the temporary folder, named
+    in the error, so a finished run is never lost."""
+    import os
+    import tempfile
+    import time
+    from pathlib import Path
+
+    if not out:
+        return
+    text = json.dumps(report, indent=2)
+    try:
+        Path(out).write_text(text)
+        return
+    except OSError as exc:
+        failure = exc.strerror or str(exc)
+    fallback = Path(tempfile.gettempdir()) / f"dllm-{command}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.json"
+    fallback.write_text(text)
+    raise DllmError(f"could not write --out {out} ({failure}); the report is in {fallback}")
 
 
 def _number_list(text: str, flag: str) -> list:
@@ -405,8 +432,6 @@ def _interrupted(results) -> SystemExit:
 
 
 def _sweep(args: argparse.Namespace) -> None:
-    from pathlib import Path
-
     from tqdm import tqdm
 
     from .experiments.sweep import format_sweep, run_sweep, sweep_job
@@ -429,8 +454,7 @@ def _sweep(args: argparse.Namespace) -> None:
     except KeyboardInterrupt:
         raise _interrupted(results) from None
     print(format_sweep(report))
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=2))
+    _write_out(args.out, report, "sweep")
 
 
 EXAMPLES = {

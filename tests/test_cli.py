@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -133,3 +135,29 @@ def test_a_parameter_named_after_its_policy_chooses_it():
     assert _settings("--threshold", "0.8").unmask == "threshold" and _settings("--factor", "2").unmask == "factor"
     assert _settings("--remasking", "random").unmask == "fixed"
     assert _settings("--unmask", "self_verify", "--threshold", "0.8").unmask_params["threshold"] == 0.8
+
+
+@pytest.mark.parametrize("command", [["sweep", "--thresholds", "0.9", "--block-sizes", "32", "--gen-length", "32"],
+                                     ["bench", "--set", "headline", "--gen-length", "32"],
+                                     ["lm-eval", "--tasks", "tiny_arithmetic", "--gen-length", "32"]])
+@pytest.mark.parametrize("out, message", [
+    (".", r"--out \. is a folder: name a file in it"),
+    ("/nowhere/report.json", "the folder /nowhere does not exist"),
+])
+def test_an_output_path_that_cannot_take_the_report_is_refused_before_the_work(command, out, message, capsys):
+    start = time.perf_counter()
+    assert cli_main([*command, "--n" if command[0] != "lm-eval" else "--limit", "1", "--out", out]) == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert time.perf_counter() - start < 5  # no model was loaded, nothing decoded
+
+
+def test_a_report_whose_write_fails_at_the_end_is_kept_in_a_file_the_error_names(capsys):
+    """/dev/full takes the open and refuses the write (no space): the report goes elsewhere."""
+    assert cli_main(["sweep", "--n", "2", "--thresholds", "0.9", "--block-sizes", "32", "--gen-length", "32", "--quiet",
+                     "--out", "/dev/full"]) == 2
+    err = capsys.readouterr().err
+    found = re.search(r"could not write --out /dev/full \(No space left on device\); the report is in (\S+\.json)", err)
+    assert found, err
+    kept = json.loads(Path(found.group(1)).read_text())
+    assert [row["point"] for row in kept["rows"]] == [{"threshold": 0.9, "block_size": 32}]
+    Path(found.group(1)).unlink()
