@@ -8,6 +8,7 @@ from .errors import SettingsError
 from .models.loader import ModelHandle
 
 Prompt = str | list[dict]
+ROLES = ("system", "user", "assistant")
 
 
 def encode_prompt(handle: ModelHandle, prompt: Prompt) -> list[int]:
@@ -39,12 +40,18 @@ def _messages(prompt: object) -> list[dict]:
     for n, message in enumerate(messages, 1):
         if not isinstance(message, dict):
             raise SettingsError(f"message {n} must be a dict with 'role' and 'content', not {type(message).__name__}")
-        if not isinstance(message.get("role"), str) or not message["role"]:
-            raise SettingsError(f"message {n} needs a 'role' (user, assistant or system) as text")
+        # A fixed set: a role is template text, so any other (one with special-token text) forges turns.
+        if message.get("role") not in ROLES:
+            raise SettingsError(f"message {n}'s 'role' must be one of {', '.join(ROLES)}, not {message.get('role')!r:.60}")
         content = message.get("content")
         if not isinstance(content, str):
             given = "none" if content is None else type(content).__name__
             raise SettingsError(f"message {n} needs a 'content' as text, not {given}")
+        try:
+            content.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise SettingsError(f"message {n} is not valid Unicode text (character {exc.start + 1} is a lone "
+                                "surrogate, half of a character): paste it again from its source") from None
     if not any(m["content"].strip() for m in messages):
         raise SettingsError("prompt is empty: type a question or message")
     return messages
