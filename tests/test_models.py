@@ -5,6 +5,7 @@ import copy
 import json
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -426,3 +427,59 @@ def test_guider_needing_remote_code_is_a_load_error(tmp_path):
     _edit_json("config.json", lambda d: {**d, "model_type": "fancy", "auto_map": {"AutoModelForCausalLM": "m.M"}})(path)
     with pytest.raises(dllm_local.ModelLoadError, match="guider model_type 'fancy'.*this app runs no remote code"):
         dllm_local.load_guider(str(path))
+
+
+# ---------------------------------------------------------------- every checkpoint file inside its folder
+
+def _point_index_at(path: Path, name: str) -> None:
+    index = path / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    data["weight_map"] = {k: name for k in data["weight_map"]}
+    index.write_text(json.dumps(data))
+
+
+def test_an_index_entry_outside_the_folder_is_refused_without_opening_it(tmp_path):
+    path = build_llada(tmp_path / "m", shard_size="60KB", n_layers=2)
+    _point_index_at(path, "/etc/passwd")
+    with pytest.raises(dllm_local.ModelLoadError, match="weight file '/etc/passwd' .* leads outside the model's folder") as err:
+        dllm_local.load(str(path))
+    assert "bytes" not in str(err.value)  # nothing of /etc/passwd, not even its size
+    other = build_llada(tmp_path / "elsewhere", n_layers=2, shard_size="10MB")  # a valid file, but another folder's
+    _point_index_at(path, "../elsewhere/model.safetensors")
+    with pytest.raises(dllm_local.ModelLoadError, match="'../elsewhere/model.safetensors' .* leads outside"):
+        dllm_local.load(str(path))
+    assert (other / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("name, target", [("tokenizer.json", "/etc/passwd"), ("config.json", "/dev/zero"),
+                                          ("model.safetensors", "../elsewhere/model.safetensors")])
+def test_a_link_out_of_the_folder_is_refused(tmp_path, name, target):
+    path = build_llada(tmp_path / "m", n_layers=2, shard_size="10MB")
+    build_llada(tmp_path / "elsewhere", n_layers=2, shard_size="10MB")
+    (path / name).unlink()
+    (path / name).symlink_to(target)
+    with pytest.raises(dllm_local.ModelLoadError, match=f"file '{name}' in .* leads outside the model's folder"):
+        dllm_local.load(str(path))
+
+
+def test_a_snapshot_of_the_hub_cache_links_to_its_blobs_and_loads(tmp_path):
+    """The Hugging Face cache keeps files in models--org--name/blobs and links them from
+    snapshots/REVISION: those links stay inside the repository's cache folder."""
+    built = build_llada(tmp_path / "built", n_layers=2, shard_size="10MB")
+    repo = tmp_path / "models--org--tiny"
+    (repo / "blobs").mkdir(parents=True)
+    snapshot = repo / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    for f in built.iterdir():
+        blob = repo / "blobs" / f"blob-{f.name}"
+        f.rename(blob)
+        (snapshot / f.name).symlink_to(Path("../../blobs") / blob.name)
+    assert dllm_local.load(str(snapshot)).family == "llada"
+
+
+def test_a_config_that_is_not_a_regular_file_or_too_large_is_refused(tmp_path):
+    path = build_llada(tmp_path / "m", n_layers=2, shard_size="10MB")
+    config = path / "config.json"
+    config.write_text(json.dumps(json.loads(config.read_text())) + " " * (65 * 2**20))
+    with pytest.raises(dllm_local.ModelLoadError, match="config.json is not readable JSON .*more than a checkpoint"):
+        dllm_local.load(str(path))

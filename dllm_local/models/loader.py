@@ -108,6 +108,38 @@ def _offline_message(repo_id: str) -> str:
     )
 
 
+JSON_MAX_BYTES = 64 * 2**20  # config, index and tokenizer JSON: kilobytes to a few MB (a tokenizer)
+
+
+def checkpoint_root(path: Path) -> Path:
+    """The folder a checkpoint's files must resolve under: the model folder, or for a snapshot of
+    the Hugging Face cache (whose files link to ../../blobs) the repository's cache folder."""
+    path = path.resolve()
+    return path.parent.parent if path.parent.name == "snapshots" else path
+
+
+def inside(path: Path, name: str, what: str) -> Path:
+    """``path / name`` when it (links followed) is a regular file under the checkpoint's folder:
+    an index entry, a link or a tokenizer file may not open anything elsewhere (``/etc/passwd``,
+    ``../other/x.safetensors``, ``/dev/zero``)."""
+    f = path / name
+    resolved = f.resolve()
+    if not resolved.is_relative_to(checkpoint_root(path)):
+        raise ModelLoadError(f"{what} {name!r} in {path} leads outside the model's folder: a checkpoint's files stay "
+                             "in its folder")
+    if f.exists() and not resolved.is_file():
+        raise ModelLoadError(f"{what} {name!r} in {path} is not a regular file")
+    return f
+
+
+def check_folder(path: Path) -> None:
+    """Every file of the model folder (config, tokenizer files, weights; links followed) is a
+    regular file under it, before transformers opens any of them."""
+    for entry in path.iterdir():
+        if entry.is_symlink() or entry.is_file():
+            inside(path, entry.name, "file")
+
+
 def check_weights(path: Path) -> list[Path]:
     """The safetensors files of a checkpoint, each checked to be present and complete."""
     index = path / "model.safetensors.index.json"
@@ -122,7 +154,7 @@ def check_weights(path: Path) -> list[Path]:
         raise ModelLoadError(f"{path} has no weights: expected model.safetensors or model.safetensors.index.json")
     files = []
     for name in names:
-        f = path / name
+        f = inside(path, name, "weight file")
         if not f.exists():
             raise ModelLoadError(f"weight file {name} named in the index is missing from {path}")
         _check_safetensors_complete(f)
@@ -219,6 +251,8 @@ def auto_cuda_dtype(capability: tuple[int, int]) -> torch.dtype:
 def read_json_object(file: Path) -> dict:
     """The JSON object in ``file``; unreadable JSON or another JSON type is a ModelLoadError."""
     try:
+        if file.stat().st_size > JSON_MAX_BYTES:
+            raise ValueError(f"{file.stat().st_size} bytes, more than a checkpoint's JSON holds")
         data = json.loads(file.read_text())
     except (OSError, ValueError) as exc:  # ValueError: bad JSON or bad UTF-8
         raise ModelLoadError(f"{file} is not readable JSON ({exc}); download the checkpoint again or fix the file") from exc
@@ -298,6 +332,7 @@ def load(
     """Load a LLaDA or Dream checkpoint (a hub id, a local folder, or ``"tiny"``)."""
     _quiet_bitsandbytes()
     path = resolve_path(name_or_path)
+    check_folder(path)
     config_file = path / "config.json"
     if not config_file.exists():
         raise ModelLoadError(f"{path} has no config.json; is it a model folder?")
@@ -354,6 +389,7 @@ def load_guider(name_or_path: str, device: str | torch.device = "auto", dtype: s
     from transformers import CONFIG_MAPPING, AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_path(name_or_path)
+    check_folder(path)
     config_file = path / "config.json"
     if not config_file.exists():
         raise ModelLoadError(f"{path} has no config.json; is it a model folder?")
