@@ -313,3 +313,22 @@ def test_added_results_join_the_sweep_chart_and_a_bad_file_is_a_message(served, 
     bad.write_text(json.dumps({"hello": 1}))
     *_, status = client.predict(handle_file(str(bad)), api_name="/add_results")
     assert status.startswith("⚠ could not add that file") and "no \"rows\"" in status
+
+
+def test_an_upload_over_the_largest_file_the_page_takes_is_refused_and_not_kept(served, tmp_path):
+    """The trace import's 64 MB is the page's upload limit: Gradio refuses a larger file itself,
+    and nothing of it stays in its temporary folder."""
+    import httpx
+
+    from dllm_local.trace import MAX_TRACE_BYTES
+
+    url, page, _, _ = served
+    big = tmp_path / "big.json"
+    with big.open("wb") as f:
+        f.truncate(MAX_TRACE_BYTES + 2**20)
+    with big.open("rb") as f:
+        answer = httpx.post(f"{url.rstrip('/')}/gradio_api/upload", files={"files": ("big.json", f)}, timeout=120)
+    assert answer.status_code == 413, answer.text[:300]
+    from gradio.utils import get_upload_folder
+
+    assert not list(Path(get_upload_folder()).rglob("big.json"))

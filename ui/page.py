@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import gradio as gr
 
+from dllm_local.trace import MAX_TRACE_BYTES
+
 from .compare_tab import CompareTab
 from .engine_queue import EngineQueue
 from .exports import ExportFolder
@@ -52,7 +54,9 @@ JS = """
   }).observe(document.body, {subtree: true, childList: true, characterData: true});
 }
 """
-LAUNCH_OPTIONS = {"css": CSS, "js": JS, "footer_links": []}
+# The largest file the page takes is a trace to import: Gradio refuses a larger upload before it
+# lands in its temporary folder.
+LAUNCH_OPTIONS = {"css": CSS, "js": JS, "footer_links": [], "max_file_size": MAX_TRACE_BYTES}
 
 
 def build(session, presets: dict, preset_problems: list[str], default_preset: str | None = None,
