@@ -17,6 +17,12 @@ def port_number(text: str) -> int:
     return int(text)
 
 
+def threads_count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a whole number of threads >= 0 (0: all cores but one), not {text!r}")
+    return int(text)
+
+
 def memory_fraction(text: str) -> float:
     try:
         value = float(text)
@@ -43,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--port", type=port_number, default=7860)
     ap.add_argument("--share", action="store_true", help="opt in to a public Gradio share link")
     ap.add_argument("--preset", default="Fast-dLLM DualCache (paper default)")
-    ap.add_argument("--threads", type=int, default=0,
+    ap.add_argument("--threads", type=threads_count, default=0,
                     help="torch threads of the engine process for a model on the CPU "
                          "(default: all cores but one, left to the page and browser)")
     ap.add_argument("--models-dir", default=None, metavar="DIR",

@@ -217,3 +217,12 @@ def test_app_on_a_taken_port_says_so_and_exits_2():
     assert run.returncode == 2
     assert f"error: port {port} is already in use" in run.stderr and "--port" in run.stderr
     assert "serving on" not in output and "Traceback" not in output
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--threads", "-1"], "argument --threads: must be a whole number of threads >= 0"),
+    (["--threads", "two"], "argument --threads: must be a whole number of threads >= 0"),
+])
+def test_app_flags_out_of_range_are_told_before_anything_starts(flags, message):
+    run = subprocess.run([sys.executable, "app.py", *flags], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stdout + run.stderr

@@ -1,8 +1,10 @@
 """The `drift_refresh` cache policy: DualCache that refreshes when the block's attention drifts."""
 from __future__ import annotations
 
+import pytest
+
 import dllm_local
-from dllm_local import Settings
+from dllm_local import Settings, SettingsError
 from dllm_local.tiny.tasks import make_problems
 from ui.presets import load_presets
 
@@ -56,3 +58,13 @@ def test_the_kv_panel_marks_each_decision_next_to_its_drift(tiny):
     for i in decided:  # a refresh decision is followed by a full-refresh row
         assert trace["steps"][i + 1]["full_refresh"]
         assert "the next step refreshes" in probe.hovertext[[j for j, _, _ in measured].index(i)]
+
+
+def test_a_probe_layer_past_the_model_is_refused_not_clamped(tiny):
+    """A probe layer of 999 was clamped to the last layer while the trace recorded 999."""
+    with pytest.raises(SettingsError, match=r"probe_layer 999 is past this model's \d+ layers"):
+        dllm_local.generate(tiny, PROMPT, Settings(gen_length=32, block_size=16, cache="drift_refresh",
+                                                   cache_params={"probe_layer": 999}))
+    first = dllm_local.generate(tiny, PROMPT, Settings(gen_length=32, block_size=16, cache="drift_refresh",
+                                                       cache_params={"probe_layer": 0}))
+    assert first.trace.settings["cache_params"] == {"probe_layer": 0}

@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import SettingsError
 from .cache import CachePolicy, Plan, _full
 
 
 class DriftRefresh(CachePolicy):
     def reset(self, state, cache, model):
         layers = len(cache.k)
-        cache.probe_layer = layers // 2 if self.probe_layer is None else min(self.probe_layer, layers - 1)
+        if self.probe_layer is not None and self.probe_layer >= layers:
+            # Refused, not clamped: the trace records the setting, and it would name a layer never probed.
+            raise SettingsError(f"probe_layer {self.probe_layer} is past this model's {layers} layers "
+                                f"(0 to {layers - 1}); leave it empty for the middle one")
+        cache.probe_layer = layers // 2 if self.probe_layer is None else self.probe_layer
         self._reference: torch.Tensor | None = None
         self._refresh_next = False
         self._full = False
