@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from checkpoints import REFERENCE, build_llada, dream_config, llada_config, reference_weight_names
+from checkpoints import REFERENCE, build_dream, build_llada, dream_config, llada_config, reference_weight_names
 from transformers import AutoConfig, AutoModel
 
 import dllm_local
@@ -483,3 +483,33 @@ def test_a_config_that_is_not_a_regular_file_or_too_large_is_refused(tmp_path):
     config.write_text(json.dumps(json.loads(config.read_text())) + " " * (65 * 2**20))
     with pytest.raises(dllm_local.ModelLoadError, match="config.json is not readable JSON .*more than a checkpoint"):
         dllm_local.load(str(path))
+
+
+# ---------------------------------------------------------------- weights against the config, before a model is built
+
+def test_integer_weights_are_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    path = build_llada(tmp_path / "m", n_layers=2, shard_size="10MB")
+    weights = load_file(path / "model.safetensors")
+    save_file({k: v.to(torch.int32) for k, v in weights.items()}, path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(dllm_local.ModelLoadError, match=r"hold I32 tensors .*: a checkpoint's weights are floating point"):
+        dllm_local.load(str(path))
+
+
+def test_a_config_of_another_family_or_other_sizes_is_refused_before_a_model_is_built(tmp_path):
+    llada = build_llada(tmp_path / "llada", n_layers=2, shard_size="10MB")
+    dream = build_dream(tmp_path / "dream")
+    config = llada / "config.json"
+    own = config.read_text()
+    config.write_text((dream / "config.json").read_text())  # model_type Dream over LLaDA's weights
+    with pytest.raises(dllm_local.ModelLoadError, match="not a Dream checkpoint's but a llada one's: config.json's "
+                                                        "model_type is wrong"):
+        dllm_local.load(str(llada))
+    raw = json.loads(own)
+    config.write_text(json.dumps({**raw, "d_model": raw["d_model"] * 2}))
+    with pytest.raises(dllm_local.ModelLoadError, match=r"makes the embedding \[\d+, \d+\] .* the weights' is"):
+        dllm_local.load(str(llada))
+    config.write_text(json.dumps({**raw, "n_layers": 3}))
+    with pytest.raises(dllm_local.ModelLoadError, match="says 3 layers, the weights have 2"):
+        dllm_local.load(str(llada))

@@ -140,8 +140,9 @@ def check_folder(path: Path) -> None:
             inside(path, entry.name, "file")
 
 
-def check_weights(path: Path) -> list[Path]:
-    """The safetensors files of a checkpoint, each checked to be present and complete."""
+def check_weights(path: Path) -> dict[str, dict]:
+    """The tensors of a checkpoint (name -> its safetensors header entry: dtype, shape), from
+    its safetensors files, each checked to be present and complete."""
     index = path / "model.safetensors.index.json"
     if index.exists():
         weight_map = read_json_object(index).get("weight_map")
@@ -152,17 +153,18 @@ def check_weights(path: Path) -> list[Path]:
         names = ["model.safetensors"]
     else:
         raise ModelLoadError(f"{path} has no weights: expected model.safetensors or model.safetensors.index.json")
-    files = []
+    tensors: dict[str, dict] = {}
     for name in names:
         f = inside(path, name, "weight file")
         if not f.exists():
             raise ModelLoadError(f"weight file {name} named in the index is missing from {path}")
-        _check_safetensors_complete(f)
-        files.append(f)
-    return files
+        tensors.update({k: v for k, v in _check_safetensors_complete(f).items() if k != "__metadata__"})
+    return tensors
 
 
-def _check_safetensors_complete(f: Path) -> None:
+def _check_safetensors_complete(f: Path) -> dict:
+    """The file's header (tensor name -> dtype, shape, offsets), once the file is known to hold
+    every byte the header names."""
     size = f.stat().st_size
     try:
         with f.open("rb") as fh:
@@ -177,6 +179,41 @@ def _check_safetensors_complete(f: Path) -> None:
     expected = 8 + header_len + end
     if size < expected:
         raise ModelLoadError(f"weight file {f.name} is truncated: {size} bytes, expected {expected}; download it again")
+    return header
+
+
+# Each family's input embedding and block names in its weights, and the config sizes they must have.
+_LAYOUT = {
+    "llada": ("model.transformer.wte.weight", re.compile(r"model\.transformer\.blocks\.(\d+)\."),
+              lambda c: ([c.embedding_size or c.vocab_size, c.d_model], c.n_layers)),
+    "Dream": ("model.embed_tokens.weight", re.compile(r"model\.layers\.(\d+)\."),
+              lambda c: ([c.vocab_size, c.hidden_size], c.num_hidden_layers)),
+}
+FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
+
+
+def check_tensors(family: str, config: Any, tensors: dict[str, dict], path: Path) -> None:
+    """The weights against the config before a model is built: floating point, of this family
+    (its embedding's name), with the embedding's shape and the number of blocks the config says.
+    A checkpoint of another family, or a config of other sizes, would otherwise allocate a model
+    of the config's size and fail (or load garbage) inside transformers."""
+    ints = sorted(k for k, v in tensors.items() if v.get("dtype") not in FLOAT_DTYPES)
+    if ints:
+        raise ModelLoadError(f"the weights in {path} hold {tensors[ints[0]].get('dtype')} tensors ({ints[0]} and "
+                             f"{len(ints) - 1} more): a checkpoint's weights are floating point (BF16, F16 or F32)")
+    embedding, block, sizes = _LAYOUT[family]
+    if embedding not in tensors:
+        others = [f for f, (name, _, _) in _LAYOUT.items() if f != family and name in tensors]
+        raise ModelLoadError(f"the weights in {path} have no {embedding}: they are not a {family} checkpoint's"
+                             + (f" but a {others[0]} one's: config.json's model_type is wrong" if others else ""))
+    shape, layers = sizes(config)
+    if list(tensors[embedding].get("shape") or []) != shape:
+        raise ModelLoadError(f"config.json in {path} makes the embedding {shape} (vocabulary x width), the weights' is "
+                             f"{tensors[embedding].get('shape')}: the config and the weights are of different models")
+    found = {int(m.group(1)) for m in map(block.match, tensors) if m}
+    if found != set(range(layers)):
+        raise ModelLoadError(f"config.json in {path} says {layers} layers, the weights have {len(found)}: the config "
+                             "and the weights are of different models")
 
 
 def _quantization_config(quantization: str | None, dtype: torch.dtype):
@@ -340,7 +377,7 @@ def load(
     family = _family(raw, config_file)
     config = _config(raw, family, config_file)
     mask_id = _mask_id(raw, config, config_file)
-    check_weights(path)
+    check_tensors(family, config, check_weights(path), path)
     dev = pick_device(device)
     dtype = pick_dtype(dtype, dev, quantization)
     qconfig = _quantization_config(quantization, dtype)
