@@ -226,3 +226,15 @@ def test_app_on_a_taken_port_says_so_and_exits_2():
 def test_app_flags_out_of_range_are_told_before_anything_starts(flags, message):
     run = subprocess.run([sys.executable, "app.py", *flags], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("argv", [
+    ["eval", "--autoregressive", "--model", "tiny", "--n", "1"],
+    ["generate", "--prompt", "hi", "--unmask", "guided", "--guider", "tiny", "--gen-length", "32"],
+])
+def test_a_diffusion_model_where_an_autoregressive_one_is_needed_is_a_message(argv, capsys):
+    from dllm_local.__main__ import main as cli_main
+
+    assert cli_main(argv) == 2
+    assert "tiny is a diffusion model (llada); a guider, or --autoregressive, takes an autoregressive" in \
+        capsys.readouterr().err

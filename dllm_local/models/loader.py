@@ -432,6 +432,9 @@ def load_guider(name_or_path: str, device: str | torch.device = "auto", dtype: s
         raise ModelLoadError(f"{path} has no config.json; is it a model folder?")
     raw = read_json_object(config_file)
     model_type = raw.get("model_type")
+    if model_type in FAMILIES:
+        raise ModelLoadError(f"{name_or_path} is a diffusion model ({model_type}); a guider, or --autoregressive, "
+                             "takes an autoregressive (causal) LM such as Llama or Qwen2, like tiny-guider")
     if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
         raise ModelLoadError(f"guider model_type {model_type!r} in {config_file} is not built into "
                              f"transformers{_remote_code_note(raw)}; use a causal LM such as Llama or Qwen2")
