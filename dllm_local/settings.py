@@ -7,6 +7,7 @@ from typing import Any
 
 from .errors import SettingsError
 from .policies import registry
+from .policies.registry import MAX_POSITIONS
 from .values import check_value
 
 TRACE_LEVELS = ("off", "summary", "full")
@@ -33,7 +34,7 @@ class Settings:
         def typed(knob: str, kind: type, rule: str, ok=lambda v: True) -> None:
             object.__setattr__(self, knob, check_value(getattr(self, knob), kind, knob, rule, ok))
 
-        typed("gen_length", int, "a positive integer", lambda v: v >= 1)
+        typed("gen_length", int, f"an integer from 1 to {MAX_POSITIONS}", lambda v: 1 <= v <= MAX_POSITIONS)
         typed("block_size", int, "a positive integer", lambda v: v >= 1)
         if self.gen_length % self.block_size:
             raise SettingsError(

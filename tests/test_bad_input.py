@@ -238,3 +238,28 @@ def test_a_diffusion_model_where_an_autoregressive_one_is_needed_is_a_message(ar
     assert cli_main(argv) == 2
     assert "tiny is a diffusion model (llada); a guider, or --autoregressive, takes an autoregressive" in \
         capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- one bound per number
+
+def test_every_number_parameter_of_a_policy_has_both_bounds():
+    """The registry refuses a number parameter without a range, so every value from outside
+    (a slider, Compare's changes box, an API call, a sweep axis) meets both ends."""
+    from dllm_local.policies import registry
+
+    with pytest.raises(SettingsError, match="parameter 'steps': a number parameter needs both bounds"):
+        registry.Param("steps", int, 1, "Steps", "how many", low=1)
+    for spec in [*registry.CACHE.values(), *registry.UNMASK.values()]:
+        for param in spec.params:
+            assert param.type not in (int, float) or (param.low is not None and param.high is not None), param
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"unmask": "revise", "unmask_params": {"max_revisions": 100000}}, r"revise: max_revisions must be in \[0, 16\]"),
+    ({"gen_length": 10**6, "block_size": 8}, "gen_length must be an integer from 1 to 4096"),
+    ({"cache": "dual", "cache_params": {"refresh_every": 10**9}}, r"refresh_every must be in \[0, 4096\]"),
+    ({"unmask": "factor", "unmask_params": {"factor": 1e308}}, r"factor must be in \(0, 100\]"),
+])
+def test_a_value_past_a_bound_is_refused_with_the_rule(changes, message):
+    with pytest.raises(SettingsError, match=message):
+        Settings.from_dict({"gen_length": 32, "block_size": 16, **changes})

@@ -17,6 +17,8 @@ from ..devices import DEVICES
 from ..errors import SettingsError
 from ..values import TYPE_WORDS, check_value
 
+MAX_POSITIONS = 4096  # a count of positions or steps: no generation is longer (the trace's MAX_GEN_LENGTH)
+
 @dataclass(frozen=True)
 class Param:
     name: str
@@ -32,6 +34,12 @@ class Param:
     optional: bool = False  # None is allowed (``help`` says what it means)
     slider: tuple[float, float, float] | None = None  # the page's range and step, within low..high
     headline: bool = False  # shown in a strategy's name ("threshold 0.9")
+
+    def __post_init__(self) -> None:
+        # The registry's one bound: a number from outside (a slider, Compare's changes box, an API
+        # call, a sweep axis) is checked against both ends, so no value can hold the engine forever.
+        if self.type in (int, float) and not self.choices and (self.low is None or self.high is None):
+            raise SettingsError(f"parameter {self.name!r}: a number parameter needs both bounds, low and high")
 
     def rule(self) -> str:
         if self.choices:
@@ -184,7 +192,7 @@ def load_plugins(modules: Iterable[str] = ()) -> list[str]:
 
 # ---------------------------------------------------------------- the built-in policies
 def _refresh_every(help_: str = "also refresh every N steps inside a block (0: only at block starts)") -> Param:
-    return Param("refresh_every", int, 0, "Refresh every N steps", help_, low=0, slider=(0, 32, 1))
+    return Param("refresh_every", int, 0, "Refresh every N steps", help_, low=0, high=MAX_POSITIONS, slider=(0, 32, 1))
 
 
 _CACHE_IMPL = "dllm_local.policies.cache"
@@ -211,14 +219,17 @@ register(PolicySpec(
     "a budget evicts the least confident positions.",
     f"{_CACHE_IMPL}:AdaptiveCache",
     (
-        Param("alpha", float, 0.7, "Certainty weight (alpha)", "weight of 1 - H/H_max in the cache confidence", low=0),
-        Param("beta", float, 0.3, "Recency weight (beta)", "weight of exp(-lambda * age) in the cache confidence", low=0),
-        Param("lam", float, None, "Decay per step (lambda)", "None: 3 / the generation's step budget", low=0, optional=True),
+        Param("alpha", float, 0.7, "Certainty weight (alpha)", "weight of 1 - H/H_max in the cache confidence", low=0,
+              high=100),
+        Param("beta", float, 0.3, "Recency weight (beta)", "weight of exp(-lambda * age) in the cache confidence", low=0,
+              high=100),
+        Param("lam", float, None, "Decay per step (lambda)", "None: 3 / the generation's step budget", low=0, high=100,
+              optional=True),
         Param("floor", float, 0.5, "Confidence floor", "positions at or under it are recomputed", low=0, high=1,
               slider=(0.0, 1.0, 0.05)),
         Param("budget", float, None, "Cache budget (positions)",
               "at most this many positions cached (a fraction < 1 of the sequence); None: no limit",
-              low=0, low_open=True, optional=True, slider=(0, 512, 8)),
+              low=0, high=65536, low_open=True, optional=True, slider=(0, 512, 8)),
         _refresh_every(),
         Param("device_profile", str, "auto", "Device profile", "the I/O cost model's device: measured, or a named GPU",
               choices=("auto", *DEVICES)),
@@ -244,7 +255,7 @@ register(PolicySpec(
     "unmask", "factor", "Factor rule (Fast-dLLM)",
     "Commit the n most confident positions, n the largest with (n + 1)(1 - c_n) < f.",
     f"{_UNMASK_IMPL}:Factor",
-    (Param("factor", float, 1.0, "Factor (f)", "larger commits more per step", low=0, low_open=True,
+    (Param("factor", float, 1.0, "Factor (f)", "larger commits more per step", low=0, high=100, low_open=True,
            slider=(0.1, 4.0, 0.1), headline=True),)))
 register(PolicySpec(
     "unmask", "guided", "Guided diffusion (FlashDLM)",
@@ -253,7 +264,8 @@ register(PolicySpec(
     (
         Param("rule", str, "exact", "Guider rule", "exact: its argmax; topk: in its top-k; relative: top-k and "
               "p >= ratio * p_top1", choices=("exact", "topk", "relative"), headline=True),
-        Param("top_k", int, 5, "Guider top-k", "for the topk and relative rules", low=1, slider=(1, 20, 1)),
+        Param("top_k", int, 5, "Guider top-k", "for the topk and relative rules", low=1, high=1000,
+              slider=(1, 20, 1)),
         Param("ratio", float, 0.5, "Guider ratio", "for the relative rule", low=0, high=1, low_open=True,
               slider=(0.05, 1.0, 0.05)),
     ),
@@ -266,11 +278,14 @@ register(PolicySpec(
     (
         _THRESHOLD,
         Param("rho", float, 0.5, "Conflict cut-off (rho)", "P(b | others) / P(b) under rho sends b back to mask",
-              low=0, low_open=True, slider=(0.05, 1.0, 0.05)),
+              low=0, high=100, low_open=True, slider=(0.05, 1.0, 0.05)),
         Param("window", int, 4, "Conflict window", "candidates closer than this are verified together", low=1,
+              high=MAX_POSITIONS,
               slider=(1, 8, 1)),
-        Param("cap_max", int, 16, "Tokens per step, empty block", "the cap when the block is empty", low=1),
-        Param("cap_min", int, 2, "Tokens per step, full block", "the cap as the block fills", low=1),
+        Param("cap_max", int, 16, "Tokens per step, empty block", "the cap when the block is empty", low=1,
+              high=MAX_POSITIONS),
+        Param("cap_min", int, 2, "Tokens per step, full block", "the cap as the block fills", low=1,
+              high=MAX_POSITIONS),
     ),
     check=lambda p: None if p["cap_min"] <= p["cap_max"] else f"cap_min ({p['cap_min']}) must be <= cap_max ({p['cap_max']})"))
 register(PolicySpec(
@@ -285,7 +300,7 @@ register(PolicySpec(
               "a committed token whose probability falls under it goes back to mask (0: never)",
               low=0, high=1, slider=(0.0, 1.0, 0.05), headline=True),
         Param("max_revisions", int, 1, "Revisions per position", "how often one position may be taken back",
-              low=0, slider=(0, 4, 1)),
+              low=0, high=16, slider=(0, 4, 1)),
     )))
 register(PolicySpec(
     "cache", "drift_refresh", "Drift-triggered refresh (Elastic-Cache)",
@@ -297,7 +312,8 @@ register(PolicySpec(
               "refresh when the attention cosine falls under it (1: every step; 0: only at block starts)",
               low=0, high=1, slider=(0.0, 1.0, 0.01), headline=True),
         Param("probe_layer", int, None, "Probe layer", "the layer whose attention is watched; None: the middle one",
-              low=0, optional=True),
+              low=0, high=1023, optional=True),
         Param("top_k", int, 8, "Most-attended positions", "how many positions the drift is measured over", low=1,
+              high=MAX_POSITIONS,
               slider=(1, 64, 1)),
     )))
