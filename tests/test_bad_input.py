@@ -263,3 +263,24 @@ def test_every_number_parameter_of_a_policy_has_both_bounds():
 def test_a_value_past_a_bound_is_refused_with_the_rule(changes, message):
     with pytest.raises(SettingsError, match=message):
         Settings.from_dict({"gen_length": 32, "block_size": 16, **changes})
+
+
+# ---------------------------------------------------------------- text from outside, read in linear time
+
+@pytest.mark.parametrize("prompt_text, expected", [
+    ("<|start_header_id|>user<|end_header_id|>" + " " * 200_000, None),  # a turn never ended
+    ("<|start_header_id|>user<|end_header_id|>\n\n What? <|eot_id|>" * 2000, "What?"),
+    ("<|im_start|>user\n" + "\t" * 200_000 + "<|im_end|>", ""),
+])
+def test_the_prompt_of_a_crafted_trace_is_read_in_linear_time(prompt_text, expected):
+    """A backtracking regex over a long run of spaces held the page process (and its GIL) for
+    17 s on an 18 kB trace; these inputs are ten times longer."""
+    import time
+
+    from ui.replay import prompt_of
+
+    trace = {"vocab": {"0": prompt_text}, "prompt_ids": [0]}
+    start = time.perf_counter()
+    found = prompt_of(trace)
+    assert time.perf_counter() - start < 2.0
+    assert found == expected or (expected is None and found is None)

@@ -284,8 +284,21 @@ def compare(trace_a: Trace, trace_b: Trace, repeats_a: Sequence[Trace] = (), rep
 
 # ----------------------------------------------------------------------------- the prompt
 
-_TURNS = (re.compile(r"<\|start_header_id\|>user<\|end_header_id\|>\s*(.*?)<\|eot_id\|>", re.DOTALL),  # LLaDA
-          re.compile(r"<\|im_start\|>user\s*(.*?)<\|im_end\|>", re.DOTALL))  # Dream (Qwen)
+# A user turn's start and end markers: LLaDA's, Dream's (Qwen's).
+_TURNS = (("<|start_header_id|>user<|end_header_id|>", "<|eot_id|>"), ("<|im_start|>user", "<|im_end|>"))
+
+
+def _last_turn(text: str, start_mark: str, end_mark: str) -> str | None:
+    """The text of the last complete turn, found with ``str.find``: linear in the text, where a
+    regex (marker, whitespace, lazy text, marker) backtracked quadratically over a long run of
+    spaces (an 18 kB imported trace held the page for 17 s)."""
+    found, at = None, 0
+    while (start := text.find(start_mark, at)) >= 0:
+        end = text.find(end_mark, start + len(start_mark))
+        if end < 0:
+            break
+        found, at = text[start + len(start_mark) : end], end + len(end_mark)
+    return found
 
 
 def prompt_of(trace: Trace) -> str | None:
@@ -298,8 +311,8 @@ def prompt_of(trace: Trace) -> str | None:
         text = "".join(vocab[str(i)] for i in trace.get("prompt_ids") or [])
     except (KeyError, TypeError):
         return None
-    for turn in _TURNS:
-        found = turn.findall(text)
-        if found:
-            return found[-1].strip()
+    for start_mark, end_mark in _TURNS:
+        found = _last_turn(text, start_mark, end_mark)
+        if found is not None:
+            return found.strip()
     return None if "<|" in text or not text.strip() else text.strip()
