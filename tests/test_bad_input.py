@@ -198,7 +198,7 @@ def test_cli_jsonl_without_problems(capsys, tmp_path):
 
 
 def test_library_refuses_empty_problem_sets():
-    with pytest.raises(SettingsError, match="n must be an integer >= 1, not 0"):
+    with pytest.raises(SettingsError, match="n must be an integer from 1 to 100000, not 0"):
         task_problems("arithmetic", 0, 1000)
     with pytest.raises(SettingsError, match="unknown task 'chess'; choose one of arithmetic"):
         task_problems("chess", 1, 1000)
@@ -284,3 +284,24 @@ def test_the_prompt_of_a_crafted_trace_is_read_in_linear_time(prompt_text, expec
     found = prompt_of(trace)
     assert time.perf_counter() - start < 2.0
     assert found == expected or (expected is None and found is None)
+
+
+def test_sizes_a_user_sets_are_bounded_before_anything_is_built():
+    """A Tune run of 10^9 problems built them all up front; a grid of a million points, or an
+    added report of 20,000 rows (the front is quadratic), likewise held the engine or the page."""
+    import time
+
+    from dllm_local.errors import DllmError
+    from dllm_local.experiments.frontier import add_points
+    from dllm_local.experiments.sweep import plan
+    from dllm_local.tiny.tasks import make_problems
+
+    start = time.perf_counter()
+    with pytest.raises(SettingsError, match="the number of problems n must be an integer from 1 to 100000"):
+        make_problems("arithmetic", 10**9, 0)
+    with pytest.raises(SettingsError, match="the sweep's grid has 1000000 points; at most 1000"):
+        plan(Settings(cache="dual", unmask="threshold"), {"threshold": [0.5] * 1000, "block_size": [32] * 1000})
+    rows = [{"point": {}, "accuracy": 0.5, "model_tok_s": float(i), "nfe": 1} for i in range(20_000)]
+    with pytest.raises(DllmError, match="has 20000 points and the chart 0: a chart holds at most 1000"):
+        add_points({}, {"rows": rows}, "big.json")
+    assert time.perf_counter() - start < 5

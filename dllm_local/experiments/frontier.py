@@ -7,6 +7,8 @@ from numbers import Real
 
 from ..errors import DllmError
 
+MAX_POINTS = 1000  # points on one chart: a sweep's grid, or a sweep with the results added to it
+
 
 def pareto(points: list[dict], x: str = "model_tok_s", y: str = "accuracy") -> list[int]:
     """Indices of points no other point beats on both ``x`` and ``y`` (higher is better)."""
@@ -37,6 +39,10 @@ def add_points(current: dict, added: dict, source: str) -> dict:
     """``current`` (a sweep report, possibly empty) with ``added``'s points appended, each labelled
     with where it came from and keeping its own number of problems; the frontier recomputed."""
     new_rows = _checked_rows(added, source)
+    held = len(current.get("rows") or [])
+    if held + len(new_rows) > MAX_POINTS:
+        raise DllmError(f"{source} has {len(new_rows)} points and the chart {held}: a chart holds at most "
+                        f"{MAX_POINTS} (the front of each is computed over all of them)")
     n_added = added.get("problems") or added.get("limit") or 0
     rows = [dict(r, n=r.get("n", current.get("problems") or 0)) for r in current.get("rows") or []]
     rows += [dict(r, n=r.get("n") or n_added, label=r.get("label") or source, pareto=False) for r in new_rows]

@@ -5,11 +5,12 @@
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 from dataclasses import dataclass
 from typing import Callable
 
-from .frontier import AUP_ALPHA, AUP_CUT, pareto, policy_curves
+from .frontier import AUP_ALPHA, AUP_CUT, MAX_POINTS, pareto, policy_curves
 from .units import DEFAULT_CHUNK, Job, ModelSpec, OnUnit, Results, Runner, UnitDone, plan_units, row_of
 from ..errors import SettingsError
 from ..policies import registry
@@ -56,6 +57,9 @@ def plan(base: Settings, axes: dict[str, list]) -> list[tuple[dict, Settings]]:
     for knob, values in axes.items():
         if not values:
             raise SettingsError(f"sweep axis {knob!r} has no values")
+    size = math.prod(len(values) for values in axes.values())
+    if size > MAX_POINTS:
+        raise SettingsError(f"the sweep's grid has {size} points; at most {MAX_POINTS}: try fewer values per axis")
     return [(point, apply(base, point)) for point in grid(axes)]
 
 

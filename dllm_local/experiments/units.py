@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Protocol
 from tqdm import tqdm
 
 from ..errors import DllmError
+from ..tiny.tasks import check_task
 
 if TYPE_CHECKING:
     from ..models.loader import GuiderHandle, ModelHandle
@@ -53,6 +54,10 @@ class Job:
     settings: tuple[dict, ...]
     batch_size: int = 1
     base: dict = field(default_factory=dict)  # the settings the points vary (a sweep's report names them)
+
+    def __post_init__(self) -> None:
+        # Checked where the job is made: a worker that found a bad task would be told as a node failing.
+        check_task(self.task, self.n)
 
     def identity(self) -> dict:
         """What a results file must match to be resumed: the same model, problems and settings

@@ -118,12 +118,21 @@ def _records(rng: random.Random) -> Example:
 _GENERATORS = {"arithmetic": _arithmetic, "poker": _poker, "sums": _sums, "records": _records}
 
 
-def make_problems(task: str, n: int, seed: int) -> list[Example]:
-    """``n`` examples of ``task``, the same for the same seed."""
+MAX_PROBLEMS = 100_000  # a task set's size: GSM8K's test set is 1,319
+
+
+def check_task(task: str, n: int) -> int:
+    """``n`` when ``task`` is one of ours and ``n`` a size a set may have; raises naming the rule."""
     if task not in _GENERATORS:
         raise SettingsError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
-    # Scores are shares of n: an empty set has none.
-    n = check_value(n, int, "the number of problems n", "an integer >= 1", lambda v: v >= 1)
+    # Scores are shares of n: an empty set has none. The set is built whole, so its size is bounded.
+    return check_value(n, int, "the number of problems n", f"an integer from 1 to {MAX_PROBLEMS}",
+                       lambda v: 1 <= v <= MAX_PROBLEMS)
+
+
+def make_problems(task: str, n: int, seed: int) -> list[Example]:
+    """``n`` examples of ``task``, the same for the same seed."""
+    n = check_task(task, n)
     rng = random.Random(f"{task}:{seed}")
     return [_GENERATORS[task](rng) for _ in range(n)]
 
