@@ -404,3 +404,32 @@ def test_tune_values_typed_stay_when_the_knob_menu_is_left_unchanged_and_follow_
     other = next(label for label in labels if label != knob)
     page.get_by_role("option", name=other, exact=True).click()
     page.wait_for_function("() => document.querySelector('#tune-values textarea').value !== '0.5, 0.9'")
+
+
+@pytest.mark.parametrize("content, message", [
+    ({"name": "x", "settings": {}}, "description: Field required"),
+    ({"name": "x", "description": "d", "settings": {"gen_length": 0}},
+     "settings: Value error, gen_length must be an integer from 1 to 4096"),
+    ({"name": "x", "description": "d", "settings": {}, "colour": "red"}, "colour: Extra inputs are not permitted"),
+    ({"name": "x", "description": "d", "settings": {}, "view": {"layer": 3}}, "view.layer: Input should be a valid string"),
+    ({"name": "x", "description": "d", "settings": {}, "view": {"kv_view": "x"}},
+     "view.kv_view: Value error, must be one of"),
+    ({"name": "", "description": "d", "settings": {}}, "name: String should have at least 1 character"),
+    ([[[[]]]], "Input should be a valid dictionary"),
+])
+def test_a_preset_is_read_through_its_schema_and_a_failure_names_the_field(tmp_path, content, message):
+    (tmp_path / "p.json").write_text(json.dumps(content))
+    presets, problems = load_presets(tmp_path)
+    assert presets == {} and len(problems) == 1 and message in problems[0], problems
+
+
+def test_presets_that_are_not_files_or_are_nested_without_end_are_skipped(tmp_path):
+    (tmp_path / "folder.json").mkdir()
+    (tmp_path / "deep.json").write_text("[" * 20_000 + "]" * 20_000)
+    (tmp_path / "big.json").write_text(json.dumps({"name": "big", "description": "x" * 100_000, "settings": {}}))
+    (tmp_path / "ok.json").write_text(json.dumps({"name": "ok", "description": "fine", "settings": {"cache": "dual"}}))
+    presets, problems = load_presets(tmp_path)
+    assert list(presets) == ["ok"]
+    assert [p.split(":")[0] for p in problems] == ["preset big.json was skipped", "preset deep.json was skipped",
+                                                   "preset folder.json was skipped"]
+    assert "it is not a file" in problems[2] and "over 64 kB" in problems[0] and "not JSON" in problems[1]

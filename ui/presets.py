@@ -1,15 +1,77 @@
-"""The page's presets: ``presets/*.json`` beside this package, each validated on load."""
+"""The page's presets: ``presets/*.json`` beside this package, each read through one schema
+(pydantic): every field's type, size and range, and the settings through ``Settings`` itself.
+A file that fails is skipped with a message naming the field and the rule; the others load."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from dllm_local.errors import DllmError
 from dllm_local.settings import Settings
 from dllm_local.trace import KV_VIEWS
 
 PRESETS_DIR = Path(__file__).resolve().parents[1] / "presets"
-_VIEW_KEYS = {"layer": None, "which": ("k", "v"), "kv_view": KV_VIEWS}
+PRESET_MAX_BYTES = 64 * 2**10  # a preset is a few kB of text
+
+
+class View(BaseModel):
+    """The KV panel a preset opens on."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    layer: str | None = Field(None, pattern=r"^(mean|\d{1,4})$", description='a layer number, or "mean", as text')
+    which: Literal["k", "v"] | None = None
+    kv_view: str | None = None
+
+    @field_validator("kv_view")
+    @classmethod
+    def _known_view(cls, value: str | None) -> str | None:
+        if value is not None and value not in KV_VIEWS:
+            raise ValueError(f"must be one of {', '.join(KV_VIEWS)}")
+        return value
+
+
+class Preset(BaseModel):
+    """One preset file."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: str = Field(min_length=1, max_length=120)
+    description: str = Field(max_length=4000)
+    prompt: str | None = Field(None, min_length=1, max_length=20_000)
+    settings: dict
+    view: View = View()
+
+    @field_validator("settings")
+    @classmethod
+    def _valid_settings(cls, value: dict) -> dict:
+        try:
+            Settings.from_dict(value)
+        except DllmError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+
+def schema_message(exc: ValidationError) -> str:
+    """Each failure as "field.path: rule"."""
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'the file'}: {e['msg']}" for e in exc.errors()[:5])
+
+
+def read_preset(path: Path) -> dict:
+    """The preset in ``path`` as a plain dict, once the schema has passed it; raises ValueError."""
+    if not path.is_file():
+        raise ValueError("it is not a file")
+    if path.stat().st_size > PRESET_MAX_BYTES:
+        raise ValueError(f"it is over {PRESET_MAX_BYTES // 2**10} kB; a preset is a few kB")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"it is not JSON text ({type(exc).__name__})") from None
+    try:
+        return Preset.model_validate(data).model_dump(exclude_unset=True)
+    except ValidationError as exc:
+        raise ValueError(schema_message(exc)) from None
 
 
 def load_presets(directory: Path = PRESETS_DIR) -> tuple[dict[str, dict], list[str]]:
@@ -17,23 +79,9 @@ def load_presets(directory: Path = PRESETS_DIR) -> tuple[dict[str, dict], list[s
     presets, problems = {}, []
     for path in sorted(Path(directory).glob("*.json")):
         try:
-            data = json.loads(path.read_text())
-            if not isinstance(data, dict) or "name" not in data or "settings" not in data:
-                raise ValueError("needs 'name' and 'settings'")
-            Settings.from_dict(data["settings"])
-            _check_view(data.get("view", {}))
-            presets[data["name"]] = data
-        except (ValueError, DllmError, TypeError) as exc:
+            preset = read_preset(path)
+        except (ValueError, OSError) as exc:
             problems.append(f"preset {path.name} was skipped: {exc}")
+            continue
+        presets[preset["name"]] = preset
     return presets, problems
-
-
-def _check_view(view: object) -> None:
-    """A preset's "view": the KV panel it opens on (layer: a layer number or "mean" as text)."""
-    if not isinstance(view, dict) or set(view) - set(_VIEW_KEYS):
-        raise ValueError(f"'view' takes only {', '.join(_VIEW_KEYS)}")
-    for key, allowed in _VIEW_KEYS.items():
-        value = view.get(key)
-        ok = value is None or (value in allowed if allowed else isinstance(value, str) and (value == "mean" or value.isdigit()))
-        if not ok:
-            raise ValueError(f"'view' {key} {value!r} is not one of {allowed or 'mean, 0, 1, ...'}")
