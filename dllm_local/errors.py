@@ -35,3 +35,8 @@ class DecodingError(DllmError):
 
 class TraceError(DllmError, ValueError):
     """An imported trace is not one this build can show; the message names the first bad field."""
+
+
+def schema_message(exc) -> str:
+    """A schema's failures (a pydantic ``ValidationError``) as "field.path: rule", the first five."""
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'the file'}: {e['msg']}" for e in exc.errors()[:5])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -292,7 +293,7 @@ def test_sizes_a_user_sets_are_bounded_before_anything_is_built():
     import time
 
     from dllm_local.errors import DllmError
-    from dllm_local.experiments.frontier import add_points
+    from dllm_local.experiments.reports import add_points
     from dllm_local.experiments.sweep import plan
     from dllm_local.tiny.tasks import make_problems
 
@@ -302,6 +303,29 @@ def test_sizes_a_user_sets_are_bounded_before_anything_is_built():
     with pytest.raises(SettingsError, match="the sweep's grid has 1000000 points; at most 1000"):
         plan(Settings(cache="dual", unmask="threshold"), {"threshold": [0.5] * 1000, "block_size": [32] * 1000})
     rows = [{"point": {}, "accuracy": 0.5, "model_tok_s": float(i), "nfe": 1} for i in range(20_000)]
-    with pytest.raises(DllmError, match="has 20000 points and the chart 0: a chart holds at most 1000"):
+    with pytest.raises(DllmError, match="big.json: rows: List should have at most 1000 items"):
         add_points({}, {"rows": rows}, "big.json")
     assert time.perf_counter() - start < 5
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"accuracy": -0.1}, "x.json: rows.0.accuracy: Input should be greater than or equal to 0"),
+    ({"accuracy": 1.5}, "rows.0.accuracy: Input should be less than or equal to 1"),
+    ({"label": {"a": 1}}, "rows.0.label: Input should be a valid string"),
+    ({"model_tok_s": float("nan")}, "rows.0.model_tok_s: Input should be a finite number"),
+    ({"nfe": 1e400}, "rows.0.nfe: Input should be a finite number"),
+    ({"point": "t=1"}, "rows.0.point: Input should be a valid dictionary"),
+    ({"settings": {"block_size": 24, "gen_length": 64}}, "rows.0.settings: Value error, block_size 24 does not divide"),
+    ({"n": -3}, "rows.0.n: Input should be greater than or equal to 0"),
+])
+def test_an_added_report_is_read_through_its_schema_and_a_failure_names_the_field(row, message):
+    """"Add results" used fields the check did not look at: a negative accuracy or a dict label
+    ended in a traceback, a row's bad settings in a failure when the row was clicked."""
+    from dllm_local.errors import DllmError
+    from dllm_local.experiments.reports import add_points
+
+    good = {"point": {"threshold": 0.9}, "accuracy": 0.5, "model_tok_s": 10.0, "nfe": 4}
+    with pytest.raises(DllmError, match=re.escape(message)):
+        add_points({}, {"rows": [{**good, **row}]}, "x.json")
+    merged = add_points({}, {"rows": [good], "problems": 20}, "x.json")
+    assert merged["rows"][0]["n"] == 20 and merged["rows"][0]["label"] == "x.json"

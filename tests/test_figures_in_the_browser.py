@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dllm_local.experiments.frontier import add_points  # noqa: E402
+from dllm_local.experiments.reports import add_points  # noqa: E402
 from ui import run_figures, tune_figures  # noqa: E402
 
 WIDTH = 1240  # a full-width plot on the page at 1280 × 720

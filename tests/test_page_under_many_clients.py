@@ -313,6 +313,15 @@ def test_added_results_join_the_sweep_chart_and_a_bad_file_is_a_message(served, 
     bad.write_text(json.dumps({"hello": 1}))
     *_, status = client.predict(handle_file(str(bad)), api_name="/add_results")
     assert status.startswith("⚠ could not add that file") and "no \"rows\"" in status
+    # Through the schema on the real server: a field named with its rule, nesting without end refused.
+    negative = tmp_path / "negative.json"
+    negative.write_text(json.dumps({"rows": [{"point": {}, "accuracy": -1, "model_tok_s": 1, "nfe": 1}]}))
+    *_, status = client.predict(handle_file(str(negative)), api_name="/add_results")
+    assert "negative.json: rows.0.accuracy: Input should be greater than or equal to 0" in status
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 50_000 + "]" * 50_000)
+    *_, status = client.predict(handle_file(str(deep)), api_name="/add_results")
+    assert status.startswith("⚠ could not add that file: it is not JSON (RecursionError")
 
 
 def test_an_upload_over_the_largest_file_the_page_takes_is_refused_and_not_kept(served, tmp_path):

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from dllm_local.errors import DllmError
+from dllm_local.errors import DllmError, schema_message
 from dllm_local.settings import Settings
 from dllm_local.trace import KV_VIEWS
 
@@ -51,11 +51,6 @@ class Preset(BaseModel):
         except DllmError as exc:
             raise ValueError(str(exc)) from None
         return value
-
-
-def schema_message(exc: ValidationError) -> str:
-    """Each failure as "field.path: rule"."""
-    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'the file'}: {e['msg']}" for e in exc.errors()[:5])
 
 
 def read_preset(path: Path) -> dict:

@@ -18,7 +18,7 @@ from dllm_local.experiments.costmodel import (
     concurrency_crossovers,
     concurrency_curve,
 )
-from dllm_local.experiments.frontier import add_points
+from dllm_local.experiments.reports import add_points
 from dllm_local.tiny.tasks import TASKS
 
 from . import tune_figures
@@ -261,8 +261,8 @@ class TuneTab:
                 raise DllmError(f"it is over {RESULTS_MAX_BYTES // 2**20} MB; a results report is a few kB")
             try:
                 added = json.loads(path.read_text())
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise DllmError(f"it is not JSON ({exc})") from exc
+            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+                raise DllmError(f"it is not JSON ({type(exc).__name__}: {str(exc)[:120]})") from None
             report = add_points(report or {}, added, path.name)
         except DllmError as exc:
             return {self.status: f"⚠ could not add that file: {exc}"}
