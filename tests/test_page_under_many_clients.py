@@ -341,3 +341,22 @@ def test_an_upload_over_the_largest_file_the_page_takes_is_refused_and_not_kept(
     from gradio.utils import get_upload_folder
 
     assert not list(Path(get_upload_folder()).rglob("big.json"))
+
+
+def test_a_stop_between_two_runs_of_a_compare_ends_it_and_is_not_kept_for_the_next_request(served):
+    """Compare runs the engine ten times: a Stop pressed between two runs reached no run, and the
+    comparison went on to "Done" over the partial table. Now it is kept for the request, and only
+    for it."""
+    from types import SimpleNamespace
+
+    from ui.engine_queue import EngineQueue
+
+    _, page, session, _ = served
+    queue, tab = EngineQueue(session, page), SimpleNamespace(session_hash="tab-between-runs")
+    with queue.several_runs(tab.session_hash) as stop_asked:
+        assert not stop_asked() and session.owner() is None  # between two runs: none is going
+        assert queue.stop(tab).startswith("Stopping")
+        assert stop_asked()
+    assert queue.stop(tab) == "Nothing is running."
+    with queue.several_runs(tab.session_hash) as stop_asked:
+        assert not stop_asked()  # the next comparison starts without the last one's Stop

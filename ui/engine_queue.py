@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 
 import gradio as gr
 
@@ -28,6 +29,21 @@ class EngineQueue:
     def __init__(self, session, page: gr.Blocks) -> None:
         self.session, self.page = session, page
         self.cancelled: set[str] = set()  # clients whose queued request was cancelled by Stop
+        # Clients whose request runs the engine several times (Compare), and those of them that
+        # pressed Stop: a Stop between two runs reaches no run, and must still end the request.
+        self.multi_run: set[str] = set()
+        self.stop_asked: set[str] = set()
+
+    @contextmanager
+    def several_runs(self, client: str) -> Iterator[Callable[[], bool]]:
+        """For a request that runs the engine several times: yields "has Stop been pressed?"."""
+        self.multi_run.add(client)
+        self.stop_asked.discard(client)
+        try:
+            yield lambda: client in self.stop_asked
+        finally:
+            self.multi_run.discard(client)
+            self.stop_asked.discard(client)
 
     def take_cancel(self, client: str) -> bool:
         """Whether this client's request, just started, was cancelled by Stop while it waited."""
@@ -48,7 +64,9 @@ class EngineQueue:
     def stop(self, request: gr.Request) -> str:
         """Stop this client's own run or sweep; never another's."""
         client = client_of(request)
-        if self.session.stop(client):
+        if client in self.multi_run:
+            self.stop_asked.add(client)
+        if self.session.stop(client) or client in self.multi_run:
             return "Stopping after the current step…"
         if self._queued(client):  # it ends unrun when its turn comes (see take_cancel)
             self.cancelled.add(client)
