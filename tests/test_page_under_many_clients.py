@@ -14,6 +14,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 from dllm_local.errors import ModelLoadError
 from dllm_local.serving.session import MODEL_CHOICES
+from ui.engine_queue import CANCELLED
 
 ARITHMETIC = "Ben has 9 coins, finds 8 more, then gives away 9. How many now?"
 SLOW = {"cache": "none", "unmask": "fixed", "gen_length": 256, "steps": 256, "block_size": 32}  # 256 forwards
@@ -360,3 +361,20 @@ def test_a_stop_between_two_runs_of_a_compare_ends_it_and_is_not_kept_for_the_ne
     assert queue.stop(tab) == "Nothing is running."
     with queue.several_runs(tab.session_hash) as stop_asked:
         assert not stop_asked()  # the next comparison starts without the last one's Stop
+
+
+def test_stop_on_a_queued_model_load_cancels_it_and_the_next_run_runs(served):
+    """Stop said "cancelled" to a model load waiting in the queue, yet the load ran when its turn
+    came, and the tab's next Run was the one cancelled, without a word."""
+    url, _, session, _ = served
+    a, b = _client(url), _client(url)
+    job = a.submit(ARITHMETIC, api_name="/run", **SLOW)
+    _wait_running(job, session)
+    load = b.submit("tiny", "none", api_name="/load_model")
+    end = time.monotonic() + 30
+    while not b.predict(api_name="/stop").startswith(CANCELLED[:20]):  # once the load waits in the queue
+        assert time.monotonic() < end
+        time.sleep(0.2)
+    assert load.result(timeout=300)[1] == CANCELLED  # model line, status, layer menu
+    _final(job)
+    assert _final(b.submit(ARITHMETIC, api_name="/run")).startswith("Done")

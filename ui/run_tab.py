@@ -546,6 +546,8 @@ class RunTab:
 
     def load_model(self, request: gr.Request, name: str, quantization: str, progress=gr.Progress()) -> dict:
         client = client_of(request)
+        if self.engine.take_cancel(client):  # Stop pressed while it waited: it ends unrun, as Stop said
+            return {self.status: CANCELLED}
         try:
             target = self.models.check(name)  # only the models the page was started to allow
             progress((0, None), desc=f"loading {name}", unit="s")
