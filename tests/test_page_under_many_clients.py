@@ -223,6 +223,7 @@ def test_the_model_box_loads_only_what_the_page_was_started_to_allow(served, tmp
     url, _, session, _ = served
     client = _client(url)
     for name, words in (("/etc", "does not load"), ("someone/some-model", "--allow-downloads"),
+                        ("llada-8b-instruct", "is not on this machine, and the page downloads a model only when"),
                         (str(tmp_path), "does not load"), ("../../etc", "does not load")):
         _, status, _ = client.predict(name, "none", api_name="/load_model")
         print(f"\nmodel box {name!r}: {status!r}")
@@ -239,7 +240,13 @@ def test_model_access_rules(tmp_path):
 
     (tmp_path / "m").mkdir()
     closed = ModelAccess()
-    assert all(closed.check(name) == name for name in MODEL_CHOICES)
+    assert closed.check("tiny") == "tiny"
+    # A listed hub model not on this machine is a download of many GB: only with --allow-downloads.
+    for name in MODEL_CHOICES[1:]:
+        with pytest.raises(ModelLoadError, match=rf"{name} \(.+\) is not on this machine.*--allow-downloads "
+                                                 r"\(it is about 1\d(\.\d)? GB\); or download it first: hf download"):
+            closed.check(name)
+    assert all(ModelAccess(allow_downloads=True).check(name) == name for name in MODEL_CHOICES)
     for name in (str(tmp_path / "m"), "org/model", "", "m"):
         with pytest.raises(ModelLoadError):
             closed.check(name)

@@ -6,13 +6,14 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from dllm_local.errors import ModelLoadError
+from dllm_local.hub import HUB_MODELS, on_disk
 from dllm_local.serving.session import MODEL_CHOICES
 
 
 class ModelAccess:
-    """Which models the page's model box may load: the listed short names, folders under
-    ``models_dir`` (a folder name there, or a path inside it), and hub ids only when
-    ``allow_downloads``. The command line's ``--model`` is not limited by this."""
+    """Which models the page's model box may load: the listed short names (a listed hub model
+    that is not on this machine only when ``allow_downloads``), folders under ``models_dir`` (a
+    folder name there, or a path inside it), and hub ids only when ``allow_downloads``. The command line's ``--model`` is not limited by this."""
 
     HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -26,6 +27,12 @@ class ModelAccess:
         """What to hand the engine for ``name`` (a listed name, a folder path or a hub id); raise
         ModelLoadError saying what is allowed otherwise."""
         name = (name or "").strip()
+        if name in HUB_MODELS and name in self.listed and not self.allow_downloads:
+            repo, gigabytes = HUB_MODELS[name]
+            if not on_disk(repo):  # a download of many GB never starts from a click without consent
+                raise ModelLoadError(f"{name} ({repo}) is not on this machine, and the page downloads a model only "
+                                     f"when started with --allow-downloads (it is about {gigabytes:g} GB); or "
+                                     f"download it first: hf download {repo}")
         if name in self.listed:
             return name
         if name and self.models_dir is not None:

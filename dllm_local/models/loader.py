@@ -22,6 +22,7 @@ from huggingface_hub.errors import StrictDataclassError
 
 from ..errors import ModelLoadError
 from . import FAMILIES
+from ..hub import HUB_MODELS
 from .footprint import logical_parameters, weight_read_bytes
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
@@ -29,13 +30,8 @@ TINY_MODEL = ASSETS / "models" / "tiny-llada"
 TINY_GUIDER = ASSETS / "models" / "tiny-guider"
 
 # Short names the page and the CLI accept.
-ALIASES = {
-    "tiny": str(TINY_MODEL),
-    "tiny-guider": str(TINY_GUIDER),
-    "llada-8b-instruct": "GSAI-ML/LLaDA-8B-Instruct",
-    "llada-1.5": "GSAI-ML/LLaDA-1.5",
-    "dream-7b": "Dream-org/Dream-v0-Instruct-7B",
-}
+ALIASES = {"tiny": str(TINY_MODEL), "tiny-guider": str(TINY_GUIDER),
+           **{name: repo for name, (repo, _) in HUB_MODELS.items()}}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _STOP_TOKENS = ("<|eot_id|>", "<|im_end|>", "<|endoftext|>")
 

@@ -17,11 +17,12 @@ import time
 from typing import Callable, Iterator
 
 from ..errors import BusyError, EngineError
+from ..hub import HUB_MODELS
 from ..policies import registry
 from ..settings import Settings
 from ..trace import fold
 
-MODEL_CHOICES = ["tiny", "llada-8b-instruct", "llada-1.5", "dream-7b"]
+MODEL_CHOICES = ["tiny", *HUB_MODELS]
 _ENDS = {"end", "result", "error", "dead"}
 
 
