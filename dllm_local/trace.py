@@ -139,6 +139,7 @@ def fold(events: Iterable[dict]) -> Iterator[dict]:
 
 MAX_GEN_LENGTH = 4096  # the largest answer region an imported trace may claim
 MAX_TRACE_BYTES = 64 * 2**20
+MAX_TRACE_CELLS = 4 * 10**7  # steps x positions: 320 MB per float64 array a view builds from them
 
 
 def load_trace_file(path: str | Path, max_bytes: int = MAX_TRACE_BYTES) -> Trace:
@@ -165,8 +166,8 @@ def validate_trace(data: Any) -> None:
     _required(data, ("schema_version", "settings", "model", "prompt_ids", "gen_length", "mask_id", "steps"), "the trace")
     if data["schema_version"] != SCHEMA_VERSION:
         _fail("schema_version", f"is {_show(data['schema_version'])}; this build reads version {SCHEMA_VERSION}")
-    _typed(data["settings"], dict, "settings", "an object")
-    _typed(data["model"], dict, "model", "an object")
+    _settings(data["settings"])
+    _model(data["model"])
     gen_length = _int(data["gen_length"], "gen_length", 1, MAX_GEN_LENGTH)
     prompt_len = len(_ints(data["prompt_ids"], "prompt_ids"))
     _int(data["mask_id"], "mask_id")
@@ -179,7 +180,13 @@ def validate_trace(data: Any) -> None:
     _stats(data.get("stats", {}))
     _typed(data.get("text", ""), str, "text", "text")
     answer = range(prompt_len, prompt_len + gen_length)
-    for i, step in enumerate(_typed(data["steps"], list, "steps", "a list")):
+    steps = _typed(data["steps"], list, "steps", "a list")
+    # The views build steps x sequence arrays of float64: bounded before anything is drawn.
+    cells = len(steps) * (prompt_len + gen_length)
+    if cells > MAX_TRACE_CELLS:
+        _fail("steps", f"has {len(steps)} steps over {prompt_len + gen_length} positions ({cells:,} cells); "
+                       f"the page draws at most {MAX_TRACE_CELLS:,}")
+    for i, step in enumerate(steps):
         _step(step, f"steps[{i}]", answer)
 
 
@@ -226,7 +233,61 @@ def _step(step: Any, where: str, answer: range) -> None:
         _kv(step["kv"], f"{where}.kv")
     if step.get("exact") is not None:
         _exact(step["exact"], f"{where}.exact")
-    _typed(step.get("policy", {}), dict, f"{where}.policy", "an object")
+    _policy(_typed(step.get("policy", {}), dict, f"{where}.policy", "an object"), f"{where}.policy", answer)
+    for j, entry in enumerate(_typed(step.get("revoked", []), list, f"{where}.revoked", "a list")):
+        at = f"{where}.revoked[{j}]"
+        if type(entry) is not list or len(entry) != 4:
+            _fail(at, f"must be [position, token, confidence then, confidence now], not {_show(entry)}")
+        _position(entry[0], f"{at}[0]", answer)
+        _int(entry[1], f"{at}[1]")
+        _number(entry[2], f"{at}[2]")
+        _number(entry[3], f"{at}[3]")
+
+
+def _policy(info: dict, where: str, answer: range) -> None:
+    """What a policy adds to a step: the fields the views read typed, any other a plain value."""
+    for name, value in info.items():
+        at = f"{where}.{name}"
+        if name == "rejected_at":
+            for j, entry in enumerate(_typed(value, list, at, "a list")):
+                if type(entry) is not list or len(entry) != 3:
+                    _fail(f"{at}[{j}]", f"must be [position, token, score], not {_show(entry)}")
+                _position(entry[0], f"{at}[{j}][0]", answer)
+                _int(entry[1], f"{at}[{j}][1]")
+                _number(entry[2], f"{at}[{j}][2]")
+        elif name == "guider_accepted":
+            _int(value, at, 0, MAX_GEN_LENGTH)
+        elif name == "refresh_next":
+            _typed(value, bool, at, "true or false")
+        elif name == "drift":
+            if value is not None:
+                _number(value, at)
+        elif isinstance(value, (list, dict)):
+            _fail(at, f"must be a number, text, true, false or null, not {_show(value)}")
+
+
+def _settings(settings: Any) -> None:
+    """The trace's settings, as ``Settings`` takes them: a saved setting that does not load (an
+    unknown policy parameter, a value out of its range) is told here, not when a view reads it."""
+    from .errors import DllmError
+    from .settings import Settings
+
+    _typed(settings, dict, "settings", "an object")
+    try:
+        Settings.from_dict(settings)
+    except DllmError as exc:
+        _fail("settings", f"do not load: {exc}")
+
+
+def _model(model: Any) -> None:
+    _typed(model, dict, "model", "an object")
+    if "name" in model:
+        _typed(model["name"], str, "model.name", "text")
+    if "stop_ids" in model:
+        _ints(model["stop_ids"], "model.stop_ids")
+    for name, value in model.items():
+        if name not in ("name", "stop_ids") and isinstance(value, (list, dict)):
+            _fail(f"model.{name}", f"must be a number, text, true, false or null, not {_show(value)}")
 
 
 def _kv(kv: Any, where: str) -> None:

@@ -125,6 +125,21 @@ CORRUPTIONS = {
     "confidence infinite": (_set(("steps", 0, "committed", 0, 2), float("inf")), r"committed\[0\]\[2\] must be a finite number"),
     "settings a list": (_set(("settings",), []), r"settings must be an object, not a list"),
     "steps an object": (_set(("steps",), {}), r"steps must be a list, not an object"),
+    # The fields the views read that the check once let through:
+    "revoked short": (_set(("steps", 3, "revoked"), [[40, 2]]),
+                      r"steps\[3\]\.revoked\[0\] must be \[position, token, confidence then, confidence now\]"),
+    "rejected_at text": (_set(("steps", 0, "policy", "rejected_at"), "x"), r"steps\[0\]\.policy\.rejected_at must be a list"),
+    "rejected_at entry": (_set(("steps", 0, "policy", "rejected_at"), [[1, 2]]),
+                          r"steps\[0\]\.policy\.rejected_at\[0\] must be \[position, token, score\]"),
+    "drift text": (_set(("steps", 0, "policy", "drift"), "high"), r"steps\[0\]\.policy\.drift must be a finite number"),
+    "guider_accepted": (_set(("steps", 0, "policy", "guider_accepted"), -2), r"policy\.guider_accepted must be an integer"),
+    "policy nested": (_set(("steps", 0, "policy", "deep"), {"a": [1]}), r"steps\[0\]\.policy\.deep must be a number"),
+    "stop_ids text": (_set(("model", "stop_ids"), "1"), r"model\.stop_ids must be a list of integers"),
+    "model nested": (_set(("model", "name"), ["x"]), r"model\.name must be text"),
+    "unmask_params out of range": (_set(("settings", "unmask_params"), {"remasking": "sideways"}),
+                                   r"settings do not load: fixed: remasking must be one of low_confidence, random"),
+    "too many cells": (lambda t: t["steps"].extend([t["steps"][-1]] * 2_000_000),
+                       r"steps has \d+ steps over \d+ positions .* the page draws at most 40,000,000"),
 }
 
 
