@@ -54,6 +54,7 @@ class Settings:
             typed(kind, str, "a policy name")
             spec = registry.get(kind, getattr(self, kind))
             given = getattr(self, f"{kind}_params")
+            given = {} if given is None else given  # null in a saved file: no parameters given
             valid = spec.validate(given)
             # Keep only the parameters given (typed), so a saved setting stays as written.
             object.__setattr__(self, f"{kind}_params", {k: valid[k] for k in given})

@@ -344,3 +344,8 @@ def test_an_added_report_is_read_through_its_schema_and_a_failure_names_the_fiel
         add_points({}, {"rows": [{**good, **row}]}, "x.json")
     merged = add_points({}, {"rows": [good], "problems": 20}, "x.json")
     assert merged["rows"][0]["n"] == 20 and merged["rows"][0]["label"] == "x.json"
+
+
+def test_null_policy_parameters_in_saved_settings_are_none_given():
+    """Found by tests/test_fuzzing.py: {"cache_params": null} ended in a TypeError."""
+    assert Settings.from_dict({"cache": "dual", "cache_params": None}).cache_params == {}
