@@ -152,3 +152,16 @@ def test_impossible_g_or_tau_is_refused(g, tau):
         concurrency_crossovers(TEACHING_MODEL, H100, g, tau)
     with pytest.raises(ValueError, match="G|τ"):
         concurrency_curve(TEACHING_MODEL, H100, g, tau, [1])
+
+
+@pytest.mark.parametrize("g, tau, message", [
+    (1e308, 4.0, "G (positions recomputed per forward) must be from 1 to 1,000,000, not 1e+308"),
+    (32.0, 1e308, "τ (tokens committed per forward) must be above 0 and at most 10,000, not 1e+308"),
+    (float("nan"), 4.0, "G (positions recomputed per forward) must be from 1 to 1,000,000, not nan"),
+])
+def test_the_concurrency_view_answers_any_number_with_a_message(g, tau, message):
+    """Called directly (an API client), G = 1e308 passed the check and ended in a math domain error."""
+    from ui.tune_tab import show_concurrency
+
+    plot, line = show_concurrency("H100", "LLaDA-8B-Instruct", g, tau)
+    assert line == f"⚠ {message}"

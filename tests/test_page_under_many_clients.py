@@ -385,3 +385,23 @@ def test_stop_on_a_queued_model_load_cancels_it_and_the_next_run_runs(served):
     assert load.result(timeout=300)[1] == CANCELLED  # model line, status, layer menu
     _final(job)
     assert _final(b.submit(ARITHMETIC, api_name="/run")).startswith("Done")
+
+
+def test_endpoints_called_directly_with_odd_values_answer_with_a_message(served):
+    """An API client is not held to the sliders: out-of-range and mistyped values end in a message
+    that names the box or the rule, on the real server, and the page stays up."""
+    from gradio_client.exceptions import AppError
+
+    url, _, _, _ = served
+    client = _client(url)
+    *_, status = client.predict("Fast-dLLM DualCache (paper default)", "arithmetic", None, "unmask.threshold", "0.9",
+                                "32", 32, api_name="/sweep")
+    assert status == "⚠ the number of problems n must be an integer from 1 to 100000, not None"
+    plot, line = client.predict("H100", "LLaDA-8B-Instruct", 1e308, 4.0, api_name="/concurrency")
+    assert line.startswith("⚠ G (positions recomputed per forward) must be from 1 to 1,000,000")
+    with pytest.raises(AppError, match="Value 1e\\+308 is greater than maximum value"):
+        client.predict(1e308, api_name="/length_notice")
+    with pytest.raises(AppError, match="Could not preprocess input component at index 0 \\(a `slider` component\\)"):
+        client.predict("many", api_name="/length_notice")
+    assert "/load_point" not in client.view_api(return_format="dict", print_info=False)["named_endpoints"]
+    assert client.predict(ARITHMETIC, api_name="/run")  # and the page still runs

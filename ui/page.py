@@ -56,7 +56,7 @@ JS = """
 """
 # The largest file the page takes is a trace to import: Gradio refuses a larger upload before it
 # lands in its temporary folder.
-LAUNCH_OPTIONS = {"css": CSS, "js": JS, "footer_links": [], "max_file_size": MAX_TRACE_BYTES}
+LAUNCH_OPTIONS = {"css": CSS, "js": JS, "footer_links": [], "max_file_size": MAX_TRACE_BYTES, "show_error": True}
 
 
 def build(session, presets: dict, preset_problems: list[str], default_preset: str | None = None,

@@ -19,7 +19,7 @@ from dllm_local.experiments.costmodel import (
     concurrency_curve,
 )
 from dllm_local.experiments.reports import add_points
-from dllm_local.tiny.tasks import TASKS
+from dllm_local.tiny.tasks import TASKS, check_task
 
 from . import tune_figures
 from .controls import KINDS, Specs, sweep_knobs
@@ -203,8 +203,9 @@ class TuneTab:
         self.add.upload(self.add_results, [self.add, self.report],
                         [self.report, self.plot, self.aup_plot, self.table, self.status],
                         api_name="add_results", concurrency_limit=2, concurrency_id="import")
+        # A click on a row only: without the click's data an API call has nothing to load.
         self.table.select(self.load_point, [self.report], [self.tabs, *self.run_tab.controls.values(),
-                                                           self.run_tab.preset], queue=False)
+                                                           self.run_tab.preset], queue=False, api_visibility="private")
         self.concurrency.wire()
 
     def show_knobs(self, preset_name: str, knob: str | None) -> dict:
@@ -226,10 +227,11 @@ class TuneTab:
             yield {self.status: CANCELLED}
             return
         try:
+            n = check_task(task, n)  # a count typed by an API client is checked before any work
             base = dict(self.presets[preset_name]["settings"], gen_length=gen, trace="off", exact_drift=False)
             axes = sweep_axes(self.specs, base, knob, values, blocks)
-            report: dict = {"axes": axes, "rows": [], "problems": int(n)}
-            for event in self.session.sweep(task, int(n), base, axes, run_id=client):  # the points checked there
+            report: dict = {"axes": axes, "rows": [], "problems": n}
+            for event in self.session.sweep(task, n, base, axes, run_id=client):  # the points checked there
                 if "units" in event:  # problems done, and each worker's pace (several on a cluster)
                     u = event["units"]
                     progress(u["done"] / u["total"], desc=f"problem {u['done']}/{u['total']}")

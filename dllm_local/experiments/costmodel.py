@@ -113,11 +113,15 @@ TEACHING_EXAMPLE = TeachingExample(TEACHING_MODEL, "H100", 32.0, 4.0)
 CONCURRENCY_MODELS = {TEACHING_MODEL.name: TEACHING_MODEL, **TARGET_MODELS}
 
 
+MAX_G = 10**6  # positions a forward recomputes: far past any sequence a model here takes
+MAX_TAU = 10**4  # tokens a forward commits
+
+
 def _check_g_tau(g: float, tau: float) -> None:
-    if not (math.isfinite(g) and g >= 1):
-        raise ValueError(f"G (positions recomputed per forward) must be at least 1, not {g}")
-    if not (math.isfinite(tau) and tau > 0):
-        raise ValueError(f"τ (tokens committed per forward) must be above 0, not {tau}")
+    if not (math.isfinite(g) and 1 <= g <= MAX_G):
+        raise ValueError(f"G (positions recomputed per forward) must be from 1 to {MAX_G:,}, not {g:g}")
+    if not (math.isfinite(tau) and 0 < tau <= MAX_TAU):
+        raise ValueError(f"τ (tokens committed per forward) must be above 0 and at most {MAX_TAU:,}, not {tau:g}")
 
 
 def concurrency_curve(model: TargetModel, device: DeviceProfile, g: float, tau: float,
