@@ -153,8 +153,8 @@ def load_trace_file(path: str | Path, max_bytes: int = MAX_TRACE_BYTES) -> Trace
         data = json.loads(path.read_bytes())
     except OSError as exc:
         raise TraceError(f"trace file {path} could not be read ({exc.strerror or exc})") from exc
-    except ValueError as exc:  # bad JSON or bad UTF-8
-        raise TraceError(f"trace file {path.name} is not valid JSON ({exc})") from exc
+    except (ValueError, RecursionError) as exc:  # bad JSON, bad UTF-8, or nesting without end
+        raise TraceError(f"trace file {path.name} is not valid JSON ({type(exc).__name__}: {str(exc)[:120]})") from None
     validate_trace(data)
     return Trace.from_dict(data)
 

@@ -167,6 +167,10 @@ def test_trace_file_too_large_or_not_json(tmp_path):
     bad.write_text('{"steps": [')
     with pytest.raises(TraceError, match="bad.json is not valid JSON"):
         load_trace_file(bad)
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)  # nesting without end: Python's parser gives up
+    with pytest.raises(TraceError, match="deep.json is not valid JSON \\(RecursionError"):
+        load_trace_file(deep)
     with pytest.raises(TraceError, match="could not be read"):
         load_trace_file(tmp_path / "absent.json")
 

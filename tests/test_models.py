@@ -513,3 +513,18 @@ def test_a_config_of_another_family_or_other_sizes_is_refused_before_a_model_is_
     config.write_text(json.dumps({**raw, "n_layers": 3}))
     with pytest.raises(dllm_local.ModelLoadError, match="says 3 layers, the weights have 2"):
         dllm_local.load(str(llada))
+
+
+def test_the_memory_a_model_needs_is_known_from_its_headers_and_checked_before_loading(tiny, tmp_path):
+    """The bytes the weights take once loaded, from the safetensors headers alone, equal what the
+    loaded model holds; a model that needs more than is free is refused before anything is allocated."""
+    from dllm_local.models.loader import check_memory, check_weights, needed_bytes, resolve_path
+
+    tensors = check_weights(resolve_path("tiny"))
+    assert needed_bytes(tensors, torch.float32, None) == tiny.memory_bytes
+    assert needed_bytes(tensors, torch.bfloat16, None) == tiny.memory_bytes // 2
+    assert needed_bytes(tensors, torch.float32, "4bit") < tiny.memory_bytes / 2
+    with pytest.raises(dllm_local.ModelLoadError, match=r"need about 16\.0 GB on cuda, and 8\.0 GB is free: try "
+                                                        r"--quantize 4bit"):
+        check_memory(tmp_path, 16 * 2**30, 8 * 2**30, torch.device("cuda"))
+    check_memory(tmp_path, 2**30, None, torch.device("cpu"))  # unknown free memory: not refused

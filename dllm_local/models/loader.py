@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import math
 import os
 import re
 import struct
@@ -186,6 +187,38 @@ _LAYOUT = {
               lambda c: ([c.vocab_size, c.hidden_size], c.num_hidden_layers)),
 }
 FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
+
+
+def needed_bytes(tensors: dict[str, dict], dtype: torch.dtype, quantization: str | None) -> int:
+    """The bytes the weights take once loaded in ``dtype`` (4-bit and 8-bit: their two-dimensional
+    weights at half a byte or one byte a value), from the headers alone."""
+    per_value = {"4bit": 0.5, "8bit": 1.0}.get(quantization or "none")
+    total = 0.0
+    for entry in tensors.values():
+        values = math.prod(entry.get("shape") or [1])
+        size = per_value if per_value is not None and len(entry.get("shape") or []) == 2 else dtype.itemsize
+        total += values * size
+    return int(total)
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """Memory free for the model where it goes: the GPU's, or the machine's (None: unknown)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return psutil.virtual_memory().available
+
+
+def check_memory(path: Path, needed: int, free: int | None, device: torch.device) -> None:
+    """Refuse a model that cannot fit before any of it is allocated (a config of the wrong sizes
+    once allocated a default-size 7B model and took the machine down)."""
+    if free is not None and needed > free:
+        raise ModelLoadError(f"the weights in {path} need about {needed / 2**30:.1f} GB on {device.type}, and "
+                             f"{free / 2**30:.1f} GB is free: try --quantize 4bit, another device, or close other "
+                             "programs")
 
 
 def check_tensors(family: str, config: Any, tensors: dict[str, dict], path: Path) -> None:
@@ -373,9 +406,11 @@ def load(
     family = _family(raw, config_file)
     config = _config(raw, family, config_file)
     mask_id = _mask_id(raw, config, config_file)
-    check_tensors(family, config, check_weights(path), path)
+    tensors = check_weights(path)
+    check_tensors(family, config, tensors, path)
     dev = pick_device(device)
     dtype = pick_dtype(dtype, dev, quantization)
+    check_memory(path, needed_bytes(tensors, dtype, quantization), free_bytes(dev), dev)
     qconfig = _quantization_config(quantization, dtype)
     _, model_cls = FAMILIES[family]
     kwargs: dict[str, Any] = {"config": config, "dtype": dtype}
