@@ -528,3 +528,10 @@ def test_the_memory_a_model_needs_is_known_from_its_headers_and_checked_before_l
                                                         r"--quantize 4bit"):
         check_memory(tmp_path, 16 * 2**30, 8 * 2**30, torch.device("cuda"))
     check_memory(tmp_path, 2**30, None, torch.device("cpu"))  # unknown free memory: not refused
+
+
+def test_a_chat_template_that_does_not_render_is_told_at_load(tmp_path):
+    path = build_llada(tmp_path / "m", n_layers=2, shard_size="10MB")
+    (path / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content | no_such_filter }}{% endfor %}")
+    with pytest.raises(dllm_local.ModelLoadError, match="the chat template in .* does not render .*no_such_filter"):
+        dllm_local.load(str(path))

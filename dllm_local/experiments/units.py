@@ -128,7 +128,7 @@ class Results:
         try:
             lines = whole.decode("utf-8").splitlines()
             first = json.loads(lines[0]) if lines else None
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
             first = None
         if not isinstance(first, dict) or first.get("format") != RESULTS_FORMAT:
             raise DllmError(f"{self.path} is not a results file of dllm-local (its first line names none)")
@@ -142,7 +142,7 @@ class Results:
             try:
                 record = json.loads(line)
                 key = (int(record["point"]), int(record["problem"]))
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError, RecursionError):
                 raise DllmError(f"{self.path} line {number} is not a result record") from None
             if 0 <= key[0] < len(self.job.points) and 0 <= key[1] < self.job.n:
                 self.records.setdefault(key, record)

@@ -388,6 +388,19 @@ def load_tokenizer(path: Path, family: str):
                              f"{path} does not load as {native.__name__} either ({str(exc).splitlines()[0]}); check its tokenizer files") from exc
 
 
+def check_chat_template(tokenizer, path: Path) -> None:
+    """The chat template rendered once, before the weights load: a template that does not render
+    is told here, not at the first prompt."""
+    if not tokenizer.chat_template:
+        return
+    try:
+        tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=False)
+    except Exception as exc:  # noqa: BLE001 - jinja raises many classes; the message is the point
+        raise ModelLoadError(f"the chat template in {path} does not render ({type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0] if str(exc) else ''}); fix it (chat_template.jinja, or "
+                             "chat_template in tokenizer_config.json)") from None
+
+
 def load(
     name_or_path: str,
     device: str | torch.device = "auto",
@@ -408,6 +421,8 @@ def load(
     mask_id = _mask_id(raw, config, config_file)
     tensors = check_weights(path)
     check_tensors(family, config, tensors, path)
+    tokenizer = load_tokenizer(path, family)
+    check_chat_template(tokenizer, path)
     dev = pick_device(device)
     dtype = pick_dtype(dtype, dev, quantization)
     check_memory(path, needed_bytes(tensors, dtype, quantization), free_bytes(dev), dev)
@@ -426,7 +441,6 @@ def load(
     if qconfig is None and device_map is None:
         model = model.to(dev)
     model.eval()
-    tokenizer = load_tokenizer(path, family)
     eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else config.eos_token_id
     if type(eos_id) is not int:
         raise ModelLoadError(f"{path} names no end-of-text token: set eos_token_id in {config_file}")
