@@ -202,13 +202,7 @@ def _step(step: Any, where: str, answer: range) -> None:
     _typed(step["full_refresh"], bool, f"{where}.full_refresh", "true or false")
     for name in ("model_ms", "other_ms", "exact_ms"):
         _number(step.get(name, 0.0), f"{where}.{name}")
-    for j, entry in enumerate(_typed(step["committed"], list, f"{where}.committed", "a list")):
-        at = f"{where}.committed[{j}]"
-        if type(entry) is not list or len(entry) != 3:
-            _fail(at, f"must be [position, token, confidence], not {_show(entry)}")
-        _position(entry[0], f"{at}[0]", answer)
-        _int(entry[1], f"{at}[1]")
-        _number(entry[2], f"{at}[2]")
+    _token_entries(step["committed"], f"{where}.committed", answer, ["confidence"])
     positions = _typed(step.get("masked_positions", []), list, f"{where}.masked_positions", "a list")
     for j, position in enumerate(positions):
         _position(position, f"{where}.masked_positions[{j}]", answer)
@@ -234,14 +228,20 @@ def _step(step: Any, where: str, answer: range) -> None:
     if step.get("exact") is not None:
         _exact(step["exact"], f"{where}.exact")
     _policy(_typed(step.get("policy", {}), dict, f"{where}.policy", "an object"), f"{where}.policy", answer)
-    for j, entry in enumerate(_typed(step.get("revoked", []), list, f"{where}.revoked", "a list")):
-        at = f"{where}.revoked[{j}]"
-        if type(entry) is not list or len(entry) != 4:
-            _fail(at, f"must be [position, token, confidence then, confidence now], not {_show(entry)}")
+    _token_entries(step.get("revoked", []), f"{where}.revoked", answer, ["confidence then", "confidence now"])
+
+
+def _token_entries(entries: Any, where: str, answer: range, numbers: list[str]) -> None:
+    """A list of [position, token, number...] entries (commits, take-backs, rejections)."""
+    shape = f"[position, token, {', '.join(numbers)}]"
+    for j, entry in enumerate(_typed(entries, list, where, "a list")):
+        at = f"{where}[{j}]"
+        if type(entry) is not list or len(entry) != 2 + len(numbers):
+            _fail(at, f"must be {shape}, not {_show(entry)}")
         _position(entry[0], f"{at}[0]", answer)
         _int(entry[1], f"{at}[1]")
-        _number(entry[2], f"{at}[2]")
-        _number(entry[3], f"{at}[3]")
+        for k in range(2, len(entry)):
+            _number(entry[k], f"{at}[{k}]")
 
 
 def _policy(info: dict, where: str, answer: range) -> None:
@@ -249,12 +249,7 @@ def _policy(info: dict, where: str, answer: range) -> None:
     for name, value in info.items():
         at = f"{where}.{name}"
         if name == "rejected_at":
-            for j, entry in enumerate(_typed(value, list, at, "a list")):
-                if type(entry) is not list or len(entry) != 3:
-                    _fail(f"{at}[{j}]", f"must be [position, token, score], not {_show(entry)}")
-                _position(entry[0], f"{at}[{j}][0]", answer)
-                _int(entry[1], f"{at}[{j}][1]")
-                _number(entry[2], f"{at}[{j}][2]")
+            _token_entries(value, at, answer, ["score"])
         elif name == "guider_accepted":
             _int(value, at, 0, MAX_GEN_LENGTH)
         elif name == "refresh_next":
