@@ -296,8 +296,6 @@ def _bench(args: argparse.Namespace) -> None:
                            batch_size=args.batch_size)
         print(format_table(report))
     _write_out(args.out, report, "bench")
-    if args.out:
-        print(f"wrote {args.out}")
 
 
 def _lm_eval(args: argparse.Namespace) -> None:
@@ -313,9 +311,7 @@ def _lm_eval(args: argparse.Namespace) -> None:
     report = run_harness(handle, settings, tasks, args.limit, guider_for(args, handle, settings), args.num_fewshot,
                          args.include_path, progress=not args.quiet)
     print(format_harness(report))
-    _write_out(args.out, report, "lm-eval")
-    if args.out:
-        print(f"wrote {args.out} (the Tune tab's \"Add results\" shows it beside a sweep)")
+    _write_out(args.out, report, "lm-eval", " (the Tune tab's \"Add results\" shows it beside a sweep)")
 
 
 def _check_out(out: str | None) -> None:
@@ -334,7 +330,7 @@ def _check_out(out: str | None) -> None:
         raise DllmError(f"--out {out}: {'the file' if path.exists() else 'its folder'} is not writable")
 
 
-def _write_out(out: str | None, report: dict, command: str) -> None:
+def _write_out(out: str | None, report: dict, command: str, note: str = "") -> None:
     """The report to --out; if that write fails after all, to a file in the temporary folder, named
     in the error, so a finished run is never lost."""
     import os
@@ -347,11 +343,15 @@ def _write_out(out: str | None, report: dict, command: str) -> None:
     text = json.dumps(report, indent=2)
     try:
         Path(out).write_text(text)
+        print(f"wrote {out}{note}")
         return
     except OSError as exc:
         failure = exc.strerror or str(exc)
     fallback = Path(tempfile.gettempdir()) / f"dllm-{command}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.json"
-    fallback.write_text(text)
+    try:
+        fallback.write_text(text)
+    except OSError as exc:  # the report is still printed above; say where nothing could be written
+        raise DllmError(f"could not write --out {out} ({failure}), nor {fallback} ({exc.strerror or exc})") from None
     raise DllmError(f"could not write --out {out} ({failure}); the report is in {fallback}")
 
 

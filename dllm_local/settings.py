@@ -111,3 +111,13 @@ def length_notice(gen_length: int, trained_length: int | None) -> str:
         return ""
     return (f"Generation length {gen_length} is past the longest this model was trained for ({trained_length}): "
             f"it may not end cleanly or answer at all there.")
+
+
+def loadable(value: dict) -> dict:
+    """A settings mapping as a schema field takes it (a pydantic validator): kept as given, once
+    ``Settings`` loads it; a ValueError naming the knob otherwise."""
+    try:
+        Settings.from_dict(value)
+    except SettingsError as exc:
+        raise ValueError(str(exc)) from None
+    return value

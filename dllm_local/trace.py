@@ -262,12 +262,15 @@ def _policy(info: dict, where: str, answer: range) -> None:
 
 
 def _settings(settings: Any) -> None:
-    """The trace's settings, as ``Settings`` takes them: a saved setting that does not load (an
-    unknown policy parameter, a value out of its range) is told here, not when a view reads it."""
+    """The trace's settings, as ``Settings`` takes them: a saved setting of known policies that does
+    not load (an unknown parameter, a value out of its range) is told here, not when a view reads it."""
     from .errors import DllmError
+    from .policies import registry
     from .settings import Settings
 
     _typed(settings, dict, "settings", "an object")
+    if settings.get("cache") not in registry.CACHE or settings.get("unmask") not in registry.UNMASK:
+        return  # policies this build lacks (a plugin's): the page replays such a trace without its settings
     try:
         Settings.from_dict(settings)
     except DllmError as exc:

@@ -481,7 +481,7 @@ def test_a_config_that_is_not_a_regular_file_or_too_large_is_refused(tmp_path):
     path = build_llada(tmp_path / "m", n_layers=2, shard_size="10MB")
     config = path / "config.json"
     config.write_text(json.dumps(json.loads(config.read_text())) + " " * (65 * 2**20))
-    with pytest.raises(dllm_local.ModelLoadError, match="config.json is not readable JSON .*more than a checkpoint"):
+    with pytest.raises(dllm_local.ModelLoadError, match="config.json is 65 MB, more than a checkpoint's JSON holds"):
         dllm_local.load(str(path))
 
 
@@ -525,8 +525,10 @@ def test_the_memory_a_model_needs_is_known_from_its_headers_and_checked_before_l
     assert needed_bytes(tensors, torch.bfloat16, None) == tiny.memory_bytes // 2
     assert needed_bytes(tensors, torch.float32, "4bit") < tiny.memory_bytes / 2
     with pytest.raises(dllm_local.ModelLoadError, match=r"need about 16\.0 GB on cuda, and 8\.0 GB is free: try "
-                                                        r"--quantize 4bit"):
+                                                        r"4-bit quantization, another device"):
         check_memory(tmp_path, 16 * 2**30, 8 * 2**30, torch.device("cuda"))
+    with pytest.raises(dllm_local.ModelLoadError, match=r"is free: try another device"):  # already 4-bit
+        check_memory(tmp_path, 16 * 2**30, 8 * 2**30, torch.device("cuda"), "4bit")
     check_memory(tmp_path, 2**30, None, torch.device("cpu"))  # unknown free memory: not refused
 
 

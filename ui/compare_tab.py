@@ -131,26 +131,31 @@ class CompareTab:
         try:
             with self.engine.several_runs(client) as stop_asked:
                 for key, settings in sides.items():  # the warm-ups, drawn live: their time is not counted
+                    if stop_asked():
+                        yield shown(f"Stopped before the warm-up of {key.upper()}: nothing was timed.")
+                        return
                     for live, _ in throttled(self.session.run(prompt, settings, run_id=client)):
                         grids[key] = drawn(key, live)
                         yield shown(f"Warm-up of {labels[key]} (not timed)…")
-                    if live["stats"].get("stopped") or stop_asked():
+                    if live["stats"].get("stopped"):
                         yield shown(f"Stopped during the warm-up of {key.upper()}: nothing was timed.")
                         return
                 for repeat in range(1, REPEATS + 1):
                     for key, settings in sides.items():
+                        if stop_asked():  # pressed between two runs, when no run was going
+                            yield self._ended(grids, timed, f"Stopped before {key.upper()}'s repeat {repeat} of "
+                                                            f"{REPEATS}")
+                            return
                         # Started before the status is sent, so a Stop pressed meanwhile reaches this run;
                         # not drawn, so the page's drawing stays out of the engine's time.
                         events = self.session.run(prompt, settings, run_id=client)
                         yield {self.status: f"Timing: repeat {repeat} of {REPEATS}, {labels[key]}…"}
                         trace = deque(events, maxlen=1)[0]["trace"]
-                        if not trace["stats"].get("stopped"):
-                            timed[key].append(trace)
-                        # A Stop between two runs reaches no run: it is read here, after the one that followed.
-                        if trace["stats"].get("stopped") or stop_asked():
+                        if trace["stats"].get("stopped"):
                             yield self._ended(grids, timed,
                                               f"Stopped during {key.upper()}'s repeat {repeat} of {REPEATS}")
                             return
+                        timed[key].append(trace)
         except Exception as exc:  # noqa: BLE001
             yield shown(f"⚠ {error_text(exc)}")
             return

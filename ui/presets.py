@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from dllm_local.errors import DllmError, schema_message
-from dllm_local.settings import Settings
+from dllm_local.errors import schema_message
+from dllm_local.settings import loadable
 from dllm_local.trace import KV_VIEWS
 
 PRESETS_DIR = Path(__file__).resolve().parents[1] / "presets"
@@ -40,17 +40,8 @@ class Preset(BaseModel):
     name: str = Field(min_length=1, max_length=120)
     description: str = Field(max_length=4000)
     prompt: str | None = Field(None, min_length=1, max_length=20_000)
-    settings: dict
+    settings: Annotated[dict, AfterValidator(loadable)]
     view: View = View()
-
-    @field_validator("settings")
-    @classmethod
-    def _valid_settings(cls, value: dict) -> dict:
-        try:
-            Settings.from_dict(value)
-        except DllmError as exc:
-            raise ValueError(str(exc)) from None
-        return value
 
 
 def read_preset(path: Path) -> dict:

@@ -109,7 +109,7 @@ def show_concurrency(device: str, model: str, g: float | None, tau: float | None
     target, gpu = CONCURRENCY_MODELS[model], DEVICES[device]
     try:
         crossovers = concurrency_crossovers(target, gpu, float(g), float(tau))
-    except ValueError as exc:
+    except (TypeError, ValueError) as exc:  # TypeError: a value that is no number (an API client's)
         return gr.update(), f"⚠ {exc}"
     rows = concurrency_curve(target, gpu, float(g), float(tau), concurrency_levels(crossovers))
     title = f"{target.name} on {gpu.name}: G = {float(g):g}, τ = {float(tau):g}"

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import DllmError, schema_message
-from ..settings import Settings
+from ..settings import loadable
 from ..tiny.tasks import MAX_PROBLEMS
 from .frontier import MAX_POINTS, pareto, policy_curves
 
-Finite = Annotated[float, Field(allow_inf_nan=False, ge=0)]
+NonNegative = Annotated[float, Field(allow_inf_nan=False, ge=0)]
 
 
 class ResultRow(BaseModel):
@@ -22,23 +22,13 @@ class ResultRow(BaseModel):
 
     point: dict[str, float | int | str | None] = Field(max_length=32)
     accuracy: Annotated[float, Field(allow_inf_nan=False, ge=0, le=1)]
-    model_tok_s: Finite
-    nfe: Finite
-    tau: Finite | None = None
-    tau_content: Finite | None = None
+    model_tok_s: NonNegative
+    nfe: NonNegative
+    tau: NonNegative | None = None
+    tau_content: NonNegative | None = None
     label: str | None = Field(None, max_length=200)
     n: int | None = Field(None, ge=0, le=MAX_PROBLEMS)
-    settings: dict | None = None
-
-    @field_validator("settings")
-    @classmethod
-    def _valid_settings(cls, value: dict | None) -> dict | None:
-        if value is not None:
-            try:
-                Settings.from_dict(value)
-            except DllmError as exc:
-                raise ValueError(str(exc)) from None
-        return value
+    settings: Annotated[dict, AfterValidator(loadable)] | None = None
 
 
 class ResultsReport(BaseModel):

@@ -105,7 +105,7 @@ def _offline_message(repo_id: str) -> str:
     )
 
 
-JSON_MAX_BYTES = 64 * 2**20  # config, index and tokenizer JSON: kilobytes to a few MB (a tokenizer)
+JSON_MAX_BYTES = 64 * 2**20  # a checkpoint's JSON (config, index, tokenizer): kilobytes to some MB
 
 
 def checkpoint_root(path: Path) -> Path:
@@ -116,12 +116,16 @@ def checkpoint_root(path: Path) -> Path:
 
 
 def inside(path: Path, name: str, what: str) -> Path:
-    """``path / name`` when it (links followed) is a regular file under the checkpoint's folder:
-    an index entry, a link or a tokenizer file may not open anything elsewhere (``/etc/passwd``,
-    ``../other/x.safetensors``, ``/dev/zero``)."""
+    """``path / name`` when it (links followed) is a regular file under the checkpoint's folder or
+    the hub cache: an index entry, a link or a tokenizer file may not open anything elsewhere
+    (``/etc/passwd``, ``../other/x.safetensors``, ``/dev/zero``)."""
     f = path / name
     resolved = f.resolve()
-    if not resolved.is_relative_to(checkpoint_root(path)):
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    # A folder made by `hf download --local-dir` (older versions) links its files into the hub cache.
+    roots = (checkpoint_root(path), Path(HF_HUB_CACHE).resolve())
+    if not any(resolved.is_relative_to(root) for root in roots):
         raise ModelLoadError(f"{what} {name!r} in {path} leads outside the model's folder: a checkpoint's files stay "
                              "in its folder")
     if f.exists() and not resolved.is_file():
@@ -129,12 +133,18 @@ def inside(path: Path, name: str, what: str) -> Path:
     return f
 
 
+# The files of a model folder the loader, the tokenizer or transformers may open.
+OPENED_SUFFIXES = (".json", ".safetensors", ".jinja", ".txt", ".model", ".tiktoken")
+
+
 def check_folder(path: Path) -> None:
-    """Every file of the model folder (config, tokenizer files, weights; links followed) is a
-    regular file under it, before transformers opens any of them."""
+    """Every file of the model folder that gets opened (config, tokenizer files, weights; links
+    followed) is a regular file under it, or in the hub cache, before any of them is opened."""
     for entry in path.iterdir():
-        if entry.is_symlink() or entry.is_file():
-            inside(path, entry.name, "file")
+        if entry.name.endswith(OPENED_SUFFIXES) and (entry.is_symlink() or entry.is_file()):
+            f = inside(path, entry.name, "file")
+            if f.name.endswith(".json") and f.exists() and f.stat().st_size > JSON_MAX_BYTES:
+                raise ModelLoadError(f"{f} is {f.stat().st_size / 2**20:.0f} MB, more than a checkpoint's JSON holds")
 
 
 def check_weights(path: Path) -> dict[str, dict]:
@@ -170,6 +180,9 @@ def _check_safetensors_complete(f: Path) -> dict:
                 raise ValueError
             header = json.loads(fh.read(header_len))
         end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+        if not all(type(v.get("shape")) is list and all(type(d) is int and d >= 0 for d in v["shape"])
+                   for k, v in header.items() if k != "__metadata__"):
+            raise ValueError("a tensor's shape is not a list of sizes")
     except (struct.error, ValueError, AttributeError, KeyError, IndexError, TypeError) as exc:
         # A short file, a header that is not JSON, or JSON that is not a tensor table.
         raise ModelLoadError(f"weight file {f.name} is not a readable safetensors file ({size} bytes)") from exc
@@ -189,15 +202,20 @@ _LAYOUT = {
 FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
 
 
+# Tensors a quantized load keeps in full precision: the families' input embeddings and output heads.
+FULL_PRECISION = {"model.transformer.wte.weight", "model.transformer.ff_out.weight", "model.embed_tokens.weight",
+                  "lm_head.weight"}
+
+
 def needed_bytes(tensors: dict[str, dict], dtype: torch.dtype, quantization: str | None) -> int:
     """The bytes the weights take once loaded in ``dtype`` (4-bit and 8-bit: their two-dimensional
-    weights at half a byte or one byte a value), from the headers alone."""
+    weights, but the embedding and the head, at half a byte or one byte a value), from the headers."""
     per_value = {"4bit": 0.5, "8bit": 1.0}.get(quantization or "none")
     total = 0.0
-    for entry in tensors.values():
-        values = math.prod(entry.get("shape") or [1])
-        size = per_value if per_value is not None and len(entry.get("shape") or []) == 2 else dtype.itemsize
-        total += values * size
+    for name, entry in tensors.items():
+        shape = entry["shape"]
+        quantized = per_value is not None and len(shape) == 2 and name not in FULL_PRECISION
+        total += math.prod(shape) * (per_value if quantized else dtype.itemsize)
     return int(total)
 
 
@@ -212,13 +230,14 @@ def free_bytes(device: torch.device) -> int | None:
     return psutil.virtual_memory().available
 
 
-def check_memory(path: Path, needed: int, free: int | None, device: torch.device) -> None:
+def check_memory(path: Path, needed: int, free: int | None, device: torch.device,
+                 quantization: str | None = None) -> None:
     """Refuse a model that cannot fit before any of it is allocated (a config of the wrong sizes
     once allocated a default-size 7B model and took the machine down)."""
     if free is not None and needed > free:
+        smaller = "" if quantization == "4bit" else "4-bit quantization, "
         raise ModelLoadError(f"the weights in {path} need about {needed / 2**30:.1f} GB on {device.type}, and "
-                             f"{free / 2**30:.1f} GB is free: try --quantize 4bit, another device, or close other "
-                             "programs")
+                             f"{free / 2**30:.1f} GB is free: try {smaller}another device, or close other programs")
 
 
 def check_tensors(family: str, config: Any, tensors: dict[str, dict], path: Path) -> None:
@@ -425,7 +444,8 @@ def load(
     check_chat_template(tokenizer, path)
     dev = pick_device(device)
     dtype = pick_dtype(dtype, dev, quantization)
-    check_memory(path, needed_bytes(tensors, dtype, quantization), free_bytes(dev), dev)
+    if device_map is None:  # one device: spread over several, the placement is transformers' own
+        check_memory(path, needed_bytes(tensors, dtype, quantization), free_bytes(dev), dev, quantization)
     qconfig = _quantization_config(quantization, dtype)
     _, model_cls = FAMILIES[family]
     kwargs: dict[str, Any] = {"config": config, "dtype": dtype}
@@ -477,7 +497,7 @@ def load_guider(name_or_path: str, device: str | torch.device = "auto", dtype: s
         raise ModelLoadError(f"{path} has no config.json; is it a model folder?")
     raw = read_json_object(config_file)
     model_type = raw.get("model_type")
-    if model_type in FAMILIES:
+    if isinstance(model_type, str) and model_type in FAMILIES:
         raise ModelLoadError(f"{name_or_path} is a diffusion model ({model_type}); a guider, or --autoregressive, "
                              "takes an autoregressive (causal) LM such as Llama or Qwen2, like tiny-guider")
     if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:

@@ -15,9 +15,11 @@ from typing import Any, Callable, Iterable
 
 from ..devices import DEVICES
 from ..errors import SettingsError
+from ..trace import MAX_GEN_LENGTH
 from ..values import TYPE_WORDS, check_value
 
-MAX_POSITIONS = 4096  # a count of positions or steps: no generation is longer (the trace's MAX_GEN_LENGTH)
+# A count of positions or steps: no generation is longer than an imported trace may be.
+MAX_POSITIONS = MAX_GEN_LENGTH
 
 @dataclass(frozen=True)
 class Param:
@@ -229,7 +231,7 @@ register(PolicySpec(
               slider=(0.0, 1.0, 0.05)),
         Param("budget", float, None, "Cache budget (positions)",
               "at most this many positions cached (a fraction < 1 of the sequence); None: no limit",
-              low=0, high=65536, low_open=True, optional=True, slider=(0, 512, 8)),
+              low=0, high=65536, low_open=True, optional=True, slider=(0, 512, 8)),  # past any sequence
         _refresh_every(),
         Param("device_profile", str, "auto", "Device profile", "the I/O cost model's device: measured, or a named GPU",
               choices=("auto", *DEVICES)),
@@ -264,6 +266,7 @@ register(PolicySpec(
     (
         Param("rule", str, "exact", "Guider rule", "exact: its argmax; topk: in its top-k; relative: top-k and "
               "p >= ratio * p_top1", choices=("exact", "topk", "relative"), headline=True),
+        # A top-k far past any guider's useful k is still bounded.
         Param("top_k", int, 5, "Guider top-k", "for the topk and relative rules", low=1, high=1000,
               slider=(1, 20, 1)),
         Param("ratio", float, 0.5, "Guider ratio", "for the relative rule", low=0, high=1, low_open=True,
@@ -312,7 +315,7 @@ register(PolicySpec(
               "refresh when the attention cosine falls under it (1: every step; 0: only at block starts)",
               low=0, high=1, slider=(0.0, 1.0, 0.01), headline=True),
         Param("probe_layer", int, None, "Probe layer", "the layer whose attention is watched; None: the middle one",
-              low=0, high=1023, optional=True),
+              low=0, high=1023, optional=True),  # past the model's own layers: refused when a run starts
         Param("top_k", int, 8, "Most-attended positions", "how many positions the drift is measured over", low=1,
               high=MAX_POSITIONS,
               slider=(1, 64, 1)),
