@@ -671,4 +671,4 @@ def test_changing_tau_in_the_concurrency_view_changes_the_stated_crossover():
     assert line == "Diffusion saturates at ≈ 9 (9.2) concurrent requests; AR overtakes at ≈ 74 (73.8)."
     assert any("AR overtakes ≈ 74" in a["text"] for a in json.loads(figure["plot"])["layout"]["annotations"])
     assert "AR overtakes at ≈ 18 (18.4)" in event(2)[1]
-    assert event(4, g=0)[1].startswith("⚠ G (positions recomputed per forward) must be at least 1")
+    assert event(4, g=0)[1].startswith("⚠ G (positions recomputed per forward) must be from 1 to 1,000,000, not 0")
