@@ -18,7 +18,7 @@ from dllm_local.experiments.reports import add_points
 from dllm_local.experiments.sweep import sweep_job
 from dllm_local.experiments.units import Results
 from dllm_local.prompts import encode_prompt
-from dllm_local.trace import validate_trace
+from dllm_local.trace import parse_trace
 from ui.presets import read_preset
 
 BOUNDED = settings(max_examples=150, derandomize=True, deadline=None, database=None,
@@ -85,7 +85,7 @@ def test_a_trace_with_any_field_replaced_is_read_or_refused_by_name(real_trace, 
         node = node[key]
     node[path[-1]] = data.draw(JSON)
     try:
-        validate_trace(trace)
+        parse_trace(trace)
     except DllmError as exc:
         assert str(exc).startswith("not a valid trace: ")
 

@@ -162,7 +162,7 @@ def test_trace_json_round_trips_exactly(tiny):
     text = r.trace.to_json()
     again = dllm_local.Trace.from_json(text)
     assert again == r.trace and again.to_json() == text
-    with pytest.raises(ValueError, match="schema version"):
+    with pytest.raises(ValueError, match="its schema_version is 99; this build reads version 1"):
         dllm_local.Trace.from_dict({**r.trace.to_dict(), "schema_version": 99})
 
 

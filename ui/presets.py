@@ -57,7 +57,7 @@ def read_preset(path: Path) -> dict:
     try:
         return Preset.model_validate(data).model_dump(exclude_unset=True)
     except ValidationError as exc:
-        raise ValueError(schema_message(exc)) from None
+        raise ValueError(schema_message(exc, data, subject="the preset")) from None
 
 
 def load_presets(directory: Path = PRESETS_DIR) -> tuple[dict[str, dict], list[str]]:

@@ -48,7 +48,7 @@ def _checked_report(report: object, source: str) -> dict:
     try:
         return ResultsReport.model_validate(report).model_dump(exclude_none=True)
     except ValidationError as exc:
-        raise DllmError(f"{source}: {schema_message(exc)}") from None
+        raise DllmError(f"{source}: {schema_message(exc, report, subject='the report')}") from None
 
 
 def add_points(current: dict, added: dict, source: str) -> dict:
