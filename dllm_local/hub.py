@@ -1,17 +1,142 @@
-"""The hub models this project lists by short name, and whether one is on this machine already.
-Torch-free: the page decides before the engine downloads anything."""
+"""The hub models this project lists by short name, whether one is on this machine already, and
+downloads the page starts only once a user has confirmed them: sized first, fetched by a child
+process whose progress is read from the cache folder, cancellable. Torch-free: the page decides
+before the engine loads anything.
+
+Run as ``python -m dllm_local.hub REPO_ID`` it downloads REPO_ID's files into the Hugging Face
+cache (what ``Download`` starts)."""
 from __future__ import annotations
 
-# Short name -> (hub id, gigabytes of bf16 weights a download brings).
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from .errors import ModelLoadError
+
+# Short name -> (hub id, gigabytes of bf16 weights a download brings: said when downloads are off,
+# so the page names a size without asking the hub).
 HUB_MODELS = {
     "llada-8b-instruct": ("GSAI-ML/LLaDA-8B-Instruct", 16.0),
     "llada-1.5": ("GSAI-ML/LLaDA-1.5", 16.0),
     "dream-7b": ("Dream-org/Dream-v0-Instruct-7B", 15.2),
 }
+# The files of a model folder the loader, the tokenizer or transformers may open: all a download
+# fetches (a repository's other weight formats are left on the hub).
+OPENED_SUFFIXES = (".json", ".safetensors", ".jinja", ".txt", ".model", ".tiktoken")
+DOWNLOADED = tuple(f"*{suffix}" for suffix in OPENED_SUFFIXES)
+
+
+def cache_dir() -> Path:
+    """The Hugging Face hub cache, as the environment says now (``HF_HUB_CACHE``, ``HF_HOME``)."""
+    from huggingface_hub import constants
+
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]) / "hub"
+    return Path(constants.HF_HUB_CACHE)
+
+
+def _endpoint() -> str | None:
+    return os.environ.get("HF_ENDPOINT") or None
 
 
 def on_disk(repo_id: str) -> bool:
-    """Whether the local Hugging Face cache holds ``repo_id`` (its config, at least)."""
+    """Whether the local Hugging Face cache holds all of ``repo_id``'s weights (every shard its
+    index names), not just the small files a cancelled download fetched first."""
     from huggingface_hub import try_to_load_from_cache
 
-    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    def cached(name: str) -> str | None:
+        found = try_to_load_from_cache(repo_id, name, cache_dir=cache_dir())
+        return found if isinstance(found, str) else None
+
+    if cached("config.json") is None:
+        return False
+    index = cached("model.safetensors.index.json")
+    if index is None:
+        return cached("model.safetensors") is not None
+    try:
+        shards = set(json.loads(Path(index).read_text())["weight_map"].values())
+    except (OSError, ValueError, KeyError, AttributeError, TypeError):
+        return False
+    return all(cached(shard) is not None for shard in shards)
+
+
+def download_size(repo_id: str) -> int:
+    """Bytes a download of ``repo_id`` still has to fetch (its files the loader reads, less those in
+    the cache), as the hub lists them; ModelLoadError when the hub cannot be asked."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        files = snapshot_download(repo_id, allow_patterns=list(DOWNLOADED), dry_run=True, endpoint=_endpoint(),
+                                  cache_dir=cache_dir())
+    except Exception as exc:  # noqa: BLE001 - offline, unknown repository, gated: the message is the same
+        raise ModelLoadError(f"could not ask the hub how large {repo_id} is ({type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0][:200] if str(exc) else ''})") from None
+    return sum(f.file_size or 0 for f in files if f.will_download)
+
+
+class Download:
+    """``repo_id`` fetched into the hub cache by a child process. Its progress is the bytes in the
+    repository's cache folder; ``cancel`` ends the child. What it fetched stays in the cache, and
+    the next download of the repository resumes from it."""
+
+    def __init__(self, repo_id: str) -> None:
+        from huggingface_hub.file_download import repo_folder_name
+
+        self.repo_id = repo_id
+        self.blobs = cache_dir() / repo_folder_name(repo_id=repo_id, repo_type="model") / "blobs"
+        self.at_start = self.bytes_on_disk()
+        self.cancelled = False
+        # The child's messages go to a file: a pipe nobody reads while it runs could fill and stall it.
+        self._log = tempfile.TemporaryFile(mode="w+")
+        env = {**os.environ, "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+        self.process = subprocess.Popen([sys.executable, "-m", "dllm_local.hub", repo_id], env=env,
+                                        cwd=Path(__file__).resolve().parents[1], stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.DEVNULL, stderr=self._log)
+
+    def bytes_on_disk(self) -> int:
+        """Bytes in the repository's cache folder, the files being written included."""
+        try:
+            return sum(f.stat().st_size for f in self.blobs.iterdir() if f.is_file())
+        except OSError:  # not made yet, or a file renamed while it was read
+            return 0
+
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def cancel(self) -> None:
+        if self.running():
+            self.cancelled = True
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def error(self) -> str:
+        """Why the child failed, in its last line; empty while it runs, after success or a cancel."""
+        if self.running() or self.cancelled or self.process.returncode == 0:
+            return ""
+        self._log.seek(0)
+        lines = [line.strip() for line in self._log.read().splitlines() if line.strip()]
+        return lines[-1][:300] if lines else f"the download ended with code {self.process.returncode}"
+
+
+def _download(repo_id: str) -> int:
+    from huggingface_hub import snapshot_download
+
+    try:
+        snapshot_download(repo_id, allow_patterns=list(DOWNLOADED), endpoint=_endpoint(), cache_dir=cache_dir())
+    except Exception as exc:  # noqa: BLE001 - told to the page, which shows the last line
+        print(f"{type(exc).__name__}: {exc}".replace("\n", " "), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_download(sys.argv[1]))

@@ -10,10 +10,20 @@ from dllm_local.hub import HUB_MODELS, on_disk
 from dllm_local.serving.session import MODEL_CHOICES
 
 
+class DownloadNeeded(ModelLoadError):
+    """A hub model the page may download, once its user has confirmed: not on this machine yet."""
+
+    def __init__(self, name: str, repo_id: str) -> None:
+        super().__init__(f"{name} is not on this machine yet: download it first (the Download button names its size)")
+        self.repo_id = repo_id
+
+
 class ModelAccess:
-    """Which models the page's model box may load: the listed short names (a listed hub model
-    that is not on this machine only when ``allow_downloads``), folders under ``models_dir`` (a
-    folder name there, or a path inside it), and hub ids only when ``allow_downloads``. The command line's ``--model`` is not limited by this."""
+    """Which models the page's model box may load: the listed short names, folders under
+    ``models_dir`` (a folder name there, or a path inside it), and hub ids only when
+    ``allow_downloads``. A hub model not on this machine is refused without ``allow_downloads``,
+    and with it is a ``DownloadNeeded``: the page downloads it only once its user confirms. The
+    command line's ``--model`` is not limited by this."""
 
     HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -27,9 +37,11 @@ class ModelAccess:
         """What to hand the engine for ``name`` (a listed name, a folder path or a hub id); raise
         ModelLoadError saying what is allowed otherwise."""
         name = (name or "").strip()
-        if name in HUB_MODELS and name in self.listed and not self.allow_downloads:
+        if name in HUB_MODELS and name in self.listed:
             repo, gigabytes = HUB_MODELS[name]
             if not on_disk(repo):  # a download of many GB never starts from a click without consent
+                if self.allow_downloads:
+                    raise DownloadNeeded(name, repo)
                 raise ModelLoadError(f"{name} ({repo}) is not on this machine, and the page downloads a model only "
                                      f"when started with --allow-downloads (it is about {gigabytes:g} GB); or "
                                      f"download it first: hf download {repo}")
@@ -45,6 +57,8 @@ class ModelAccess:
                     raise ModelLoadError(f"there is no model folder {name!r} in {self.models_dir}")
         if self.HUB_ID.match(name) and not Path(name).expanduser().exists():
             if self.allow_downloads:
+                if not on_disk(name):
+                    raise DownloadNeeded(name, name)
                 return name
             raise ModelLoadError(f"loading hub model {name!r} from the page is off; start the page with "
                                  "--allow-downloads to allow it, or pick a listed model")

@@ -33,7 +33,8 @@ from .controls import (
 )
 from .engine_queue import CANCELLED, ENGINE, EngineQueue, client_of, error_text, throttled
 from .exports import ExportFolder
-from .model_access import ModelAccess
+from .downloads import DownloadBox
+from .model_access import DownloadNeeded, ModelAccess
 from .replay import numbers, prompt_of
 
 TINY_EXAMPLES = [
@@ -271,6 +272,7 @@ class RunTab:
                                   info=quant_reason and f"8-bit and 4-bit: {quant_reason}",
                                   interactive=quant_ok.get("4bit", False))
             self.load_btn = gr.Button("Load model")
+            self.downloads = DownloadBox(self.models, self.status)
         with gr.Row():
             self.export_btn = gr.DownloadButton("Export trace (JSON)", elem_id="export-btn")
             self.import_file = gr.UploadButton("Import trace", file_types=[".json"], elem_id="import-btn")
@@ -342,8 +344,10 @@ class RunTab:
                                 [self.trace, *outputs, self.scrub, self.status, self.export_btn, self.prompt, *controls,
                                  self.preset],
                                 api_name="import_trace", concurrency_limit=2, concurrency_id="import")
-        self.load_btn.click(self.load_model, [self.model_pick, self.quant], [self.model_line, self.status, self.layer],
-                            api_name="load_model", **ENGINE)
+        loaded = [self.model_line, self.status, self.layer, self.downloads.note, self.downloads.button,
+                  self.downloads.box]
+        self.load_btn.click(self.load_model, [self.model_pick, self.quant], loaded, api_name="load_model", **ENGINE)
+        self.downloads.wire(self.model_pick, self.load_downloaded, [self.model_pick, self.quant], loaded)
         for box in (self.cost_target, self.cost_device):  # arithmetic on the trace: no model, no queue
             box.change(show_cost, [self.trace, self.cost_target, self.cost_device], [self.cost_html], queue=False)
 
@@ -554,7 +558,18 @@ class RunTab:
             # The model loads in the engine process; the page shows the seconds it has taken.
             info = self.session.switch_model(target, quantization, run_id=client,
                                              on_wait=lambda s: progress((int(s), None), desc=f"loading {name}", unit="s"))
+        except DownloadNeeded as need:  # nothing is fetched before its user has seen the size and agreed
+            return self.downloads.offer(need)
         except Exception as exc:  # noqa: BLE001
             return {self.status: f"⚠ {error_text(exc)}"}
         return {self.model_line: model_line(info), self.status: f"Loaded {info['name']}.",
-                self.layer: gr.update(**layer_choices(info["layers"]))}
+                self.layer: gr.update(**layer_choices(info["layers"])), self.downloads.box: gr.update(visible=False)}
+
+    def load_downloaded(self, request: gr.Request, name: str, quantization: str, progress=gr.Progress()) -> dict:
+        """After a download: the model loads if it is complete on disk; after a cancel or a failure
+        the download's own message stays."""
+        try:
+            self.models.check(name)
+        except Exception:  # noqa: BLE001 - still not on disk: the download said why
+            return {}
+        return self.load_model(request, name, quantization, progress)

@@ -23,7 +23,7 @@ from huggingface_hub.errors import StrictDataclassError
 
 from ..errors import ModelLoadError
 from . import FAMILIES
-from ..hub import HUB_MODELS
+from ..hub import DOWNLOADED, HUB_MODELS, OPENED_SUFFIXES
 from .footprint import logical_parameters, weight_read_bytes
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
@@ -84,7 +84,7 @@ def resolve_path(name_or_path: str) -> Path:
         raise ModelLoadError(f"model path {name!r} does not exist")
     from huggingface_hub import snapshot_download
 
-    patterns = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
+    patterns = list(DOWNLOADED)
     try:
         return Path(snapshot_download(name, allow_patterns=patterns, local_files_only=True))
     except Exception:
@@ -131,10 +131,6 @@ def inside(path: Path, name: str, what: str) -> Path:
     if f.exists() and not resolved.is_file():
         raise ModelLoadError(f"{what} {name!r} in {path} is not a regular file")
     return f
-
-
-# The files of a model folder the loader, the tokenizer or transformers may open.
-OPENED_SUFFIXES = (".json", ".safetensors", ".jinja", ".txt", ".model", ".tiktoken")
 
 
 def check_folder(path: Path) -> None:
