@@ -13,12 +13,13 @@ from functools import cache
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import (AfterValidator, BeforeValidator, ConfigDict, Field, PlainValidator, Strict, StrictBool,
-                      TypeAdapter, ValidationError, ValidationInfo, WrapValidator)
+from pydantic import (AfterValidator, BeforeValidator, ConfigDict, Field, PlainValidator, Strict, TypeAdapter,
+                      ValidationError, ValidationInfo, WrapValidator)
 from pydantic_core import PydanticCustomError
 from typing_extensions import TypedDict
 
 from .errors import TraceError, schema_message
+from .schema import Count, Flag, Number, Text
 
 SCHEMA_VERSION = 1
 # The KV panel's views of a trace: the cache's drift (from each step's ``kv``), and, from its
@@ -28,7 +29,6 @@ KV_VIEWS = ("drift", "true_drift", "cache_error")
 MAX_GEN_LENGTH = 4096  # the largest answer region an imported trace may claim
 MAX_TRACE_BYTES = 64 * 2**20
 MAX_TRACE_CELLS = 4 * 10**7  # steps x positions: 320 MB per float64 array a view builds from them
-MAX_TEXT = 2**20  # characters in one text field (the answer, a token's text, a name)
 
 
 # ---------------------------------------------------------------- field types of the schema
@@ -59,11 +59,7 @@ def _position(position: int, info: ValidationInfo, in_answer: bool = True) -> in
     return position
 
 
-Count = Annotated[int, Strict(), Field(ge=0)]
 TokenId = Count
-Number = Annotated[float, Strict(), Field(allow_inf_nan=False)]
-Flag = StrictBool
-Text = Annotated[str, Strict(), Field(max_length=MAX_TEXT)]
 Scalar = Annotated[int, Strict()] | Number | Text | Flag | None  # a value a policy or a model adds, kept as it is
 AnswerPosition = Annotated[int, Strict(), AfterValidator(_position)]
 SequencePosition = Annotated[int, Strict(), AfterValidator(lambda p, info: _position(p, info, in_answer=False))]

@@ -55,3 +55,35 @@ def test_a_results_file_that_cannot_be_written_is_told_before_any_work(job, tmp_
         Results(job, tmp_path / "nowhere" / "r.jsonl")
     assert not (tmp_path / "new.jsonl").exists() and Results(job, tmp_path / "new.jsonl").records == {}
     assert not (tmp_path / "new.jsonl").exists()  # a run that decodes nothing leaves no file
+
+
+@pytest.fixture(scope="module")
+def record(tiny, job) -> dict:
+    from dllm_local.experiments.units import plan_units
+
+    return Worker(job, tiny, None).run(plan_units(job, chunk=1)[0])[0]
+
+
+def _with(**changes):
+    return lambda r: {**r, **changes}
+
+
+@pytest.mark.parametrize("change, message", [
+    (_with(nfe="x"), r"line 2 is not a result record: nfe must be a valid integer \(not 'x'\)"),
+    (_with(correct=1), r"correct must be a valid boolean \(not 1\)"),
+    (_with(token_ids=[3, -1]), r"token_ids\[1\] must be greater than or equal to 0 \(not -1\)"),
+    (_with(tau=float("nan")), r"tau must be a finite number \(not nan\)"),
+    (_with(point=-1), r"point must be greater than or equal to 0 \(not -1\)"),
+    (lambda r: {k: v for k, v in r.items() if k != "model_s"}, r"model_s is missing"),
+    (lambda r: [r], r"the record must be a valid dictionary"),
+])
+def test_a_record_read_back_goes_through_its_schema_and_a_bad_one_is_named(job, record, tmp_path, change, message):
+    """Every field a report reads is checked on --resume: an edited or foreign line is a message
+    naming its line, field and rule, never a traceback when the report is built."""
+    path = tmp_path / "r.jsonl"
+    Results(job, path).add([record])
+    assert Results(job, path, resume=True).records == {(0, 0): record}  # read back as written
+    lines = path.read_text().splitlines()
+    path.write_text(lines[0] + "\n" + json.dumps(change(json.loads(lines[1]))) + "\n")
+    with pytest.raises(DllmError, match=message):
+        Results(job, path, resume=True)

@@ -18,9 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Protocol
 
+from pydantic import TypeAdapter, ValidationError
 from tqdm import tqdm
+from typing_extensions import TypedDict
 
-from ..errors import DllmError
+from ..errors import DllmError, schema_message
+from ..schema import Count, Flag, Number, Text
 from ..tiny.tasks import check_task
 
 if TYPE_CHECKING:
@@ -89,6 +92,29 @@ def plan_units(job: Job, done: Iterable[tuple[int, int]] = (), chunk: int = DEFA
     return units
 
 
+class Record(TypedDict):
+    """One problem decoded: a line of the results file, read back through this schema on --resume."""
+    point: Count
+    problem: Count
+    correct: Flag
+    kind: Text
+    prompt: Text
+    output: Text
+    token_ids: list[Count]
+    clean_end: Flag  # everything after the content is end-of-text padding
+    nfe: Count
+    tau: Number
+    tau_content: Number
+    content_tokens: Count
+    g: Number
+    model_s: Number  # this problem's share of the forwards' time (a batch's split by positions computed)
+    wall_s: Number
+    worker: Text
+
+
+RECORD = TypeAdapter(Record)
+
+
 class Results:
     """The records of a run, by (point, problem): each kept once, however often a unit ran (a
     lost worker's unit runs again elsewhere). With a ``path`` each new record is appended to it as
@@ -140,11 +166,15 @@ class Results:
                             "or name a new results file")
         for number, line in enumerate(lines[1:], 2):
             try:
-                record = json.loads(line)
-                key = (int(record["point"]), int(record["problem"]))
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError, RecursionError):
-                raise DllmError(f"{self.path} line {number} is not a result record") from None
-            if 0 <= key[0] < len(self.job.points) and 0 <= key[1] < self.job.n:
+                raw = json.loads(line)
+                record = RECORD.validate_python(raw)
+            except (json.JSONDecodeError, RecursionError):
+                raise DllmError(f"{self.path} line {number} is not a result record (not JSON)") from None
+            except ValidationError as exc:
+                raise DllmError(f"{self.path} line {number} is not a result record: "
+                                f"{schema_message(exc, raw, subject='the record')}") from None
+            key = (record["point"], record["problem"])
+            if key[0] < len(self.job.points) and key[1] < self.job.n:
                 self.records.setdefault(key, record)
         if len(whole) < len(data):
             with self.path.open("rb+") as f:
@@ -237,17 +267,14 @@ class Worker:
                 for i, r in zip(unit.problems, results)]
 
 
-def _record(point: int, problem: int, ex: Problem, result, wall_s: float, stop_ids: set[int], worker: str) -> dict:
+def _record(point: int, problem: int, ex: Problem, result, wall_s: float, stop_ids: set[int], worker: str) -> Record:
     s = result.stats
     cut = s.content_tokens
     return {"point": point, "problem": problem, "correct": bool(ex.is_correct(result.text)), "kind": ex.kind,
             "prompt": ex.prompt, "output": result.text, "token_ids": list(result.token_ids),
-            # An answer ends cleanly when everything after its content is end-of-text padding.
             "clean_end": cut > 0 and all(t in stop_ids for t in result.token_ids[cut:]),
             "nfe": s.nfe, "tau": s.tokens_per_forward, "tau_content": s.content_tokens_per_forward,
-            "content_tokens": cut, "g": s.mean_g,
-            # In a batch each forward's time is split over its requests by the positions they computed.
-            "model_s": s.model_share_s, "wall_s": wall_s, "worker": worker}
+            "content_tokens": cut, "g": s.mean_g, "model_s": s.model_share_s, "wall_s": wall_s, "worker": worker}
 
 
 class LocalRunner:
