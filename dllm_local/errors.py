@@ -49,7 +49,7 @@ def schema_message(exc, data: Any = _NOTHING, subject: str = "the file", limit: 
     the data spells it (``steps[3].revoked[0]``), the rule it breaks and the value it has; the
     first ``limit`` fields. With ``data`` (the input), a union's branch names are left out of paths."""
     rules: dict[str, list[str]] = {}
-    shown: dict[str, str] = {}
+    quoted: dict[str, str] = {}
     for error in exc.errors(include_url=False):
         where = _path(error["loc"], data, error["type"] == "missing") or subject
         if where not in rules and any(found.startswith(where) for found in rules):
@@ -60,8 +60,8 @@ def schema_message(exc, data: Any = _NOTHING, subject: str = "the file", limit: 
         if rule not in rules.setdefault(where, []):
             rules[where].append(rule)
         if error["type"] not in ("missing", "extra_forbidden", "unexpected_keyword_argument") and _telling(error["input"]):
-            shown.setdefault(where, f" (not {_show(error['input'])})")
-    return "; ".join(f"{where} {_either(found)}{shown.get(where, '')}" for where, found in rules.items())
+            quoted.setdefault(where, f" (not {shown(error['input'])})")
+    return "; ".join(f"{where} {_either(found)}{quoted.get(where, '')}" for where, found in rules.items())
 
 
 def _path(loc: tuple, data: Any, missing: bool) -> str:
@@ -102,5 +102,7 @@ def _telling(value: Any) -> bool:
     return not isinstance(value, dict)
 
 
-def _show(value: Any) -> str:
-    return "null" if value is None else repr(value)[:40]
+def shown(value: Any, limit: int = 40) -> str:
+    """A value quoted in a message, cut to ``limit`` characters: a message never repeats a 100 kB input."""
+    text = "null" if value is None else repr(value)
+    return text if len(text) <= limit else text[:limit - 1] + "…"

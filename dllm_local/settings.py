@@ -1,60 +1,60 @@
-"""Every decoding knob in one validated, serialisable object."""
+"""Every decoding knob in one validated, serialisable object. Its field types are the settings'
+schema (pydantic, with the value types of ``values.py``): every knob is read through it whenever
+a ``Settings`` is made, from code, a saved file, the command line or the page."""
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from functools import cache
+from typing import Any, Literal, get_args, get_type_hints
+
+from pydantic import TypeAdapter
+from typing_extensions import TypedDict
 
 from .errors import SettingsError
 from .policies import registry
 from .policies.registry import MAX_POSITIONS
-from .values import check_value
+from .values import FLAG, WORD, integer, number, optional, read
 
-TRACE_LEVELS = ("off", "summary", "full")
+TraceLevel = Literal["off", "summary", "full"]
+TRACE_LEVELS = get_args(TraceLevel)
 SEED_MAX = 2**63 - 1  # a torch generator's seed is an int64
+Length = integer(1, MAX_POSITIONS)
+Params = optional(dict[str, Any])  # a policy's parameters, read through its spec (null: none given)
 
 
 @dataclass(frozen=True)
 class Settings:
-    gen_length: int = 128
-    block_size: int = 32
+    gen_length: Length = 128
+    block_size: Length = 32
     # Forwards per generation for the `fixed` schedule (LLaDA's `steps`); None: one token per step.
-    steps: int | None = None
-    temperature: float = 0.0
-    seed: int = 0
-    cache: str = "none"
-    cache_params: dict[str, Any] = field(default_factory=dict)
-    unmask: str = "fixed"
-    unmask_params: dict[str, Any] = field(default_factory=dict)
-    trace: str = "summary"
-    exact_drift: bool = False
-    early_stop: bool = False
+    steps: optional(Length) = None
+    temperature: number(0) = 0.0
+    seed: integer(0, SEED_MAX) = 0
+    cache: WORD = "none"
+    cache_params: Params = field(default_factory=dict)
+    unmask: WORD = "fixed"
+    unmask_params: Params = field(default_factory=dict)
+    trace: TraceLevel = "summary"
+    exact_drift: FLAG = False
+    early_stop: FLAG = False
 
     def __post_init__(self) -> None:
-        def typed(knob: str, kind: type, rule: str, ok=lambda v: True) -> None:
-            object.__setattr__(self, knob, check_value(getattr(self, knob), kind, knob, rule, ok))
-
-        typed("gen_length", int, f"an integer from 1 to {MAX_POSITIONS}", lambda v: 1 <= v <= MAX_POSITIONS)
-        typed("block_size", int, "a positive integer", lambda v: v >= 1)
+        knobs = read(_schema(), {f.name: getattr(self, f.name) for f in fields(self)}, "settings")
+        for name, value in knobs.items():
+            object.__setattr__(self, name, value)
         if self.gen_length % self.block_size:
             raise SettingsError(
                 f"block_size {self.block_size} does not divide gen_length {self.gen_length}; "
                 f"use a divisor such as {', '.join(map(str, divisors(self.gen_length)[-4:]))}"
             )
-        if self.steps is not None:
-            # At most one forward per token: every step of the schedule then commits at least one.
-            typed("steps", int, f"an integer from the number of blocks ({self.num_blocks}) to gen_length ({self.gen_length})",
-                  lambda v: self.num_blocks <= v <= self.gen_length)
-        typed("temperature", float, "a finite number >= 0", lambda v: v >= 0)
-        typed("seed", int, f"an integer in [0, {SEED_MAX}]", lambda v: 0 <= v <= SEED_MAX)
-        typed("trace", str, f"one of {', '.join(TRACE_LEVELS)}", lambda v: v in TRACE_LEVELS)
-        typed("exact_drift", bool, "true or false")
-        typed("early_stop", bool, "true or false")
+        # At most one forward per token: every step of the schedule then commits at least one.
+        if self.steps is not None and not self.num_blocks <= self.steps <= self.gen_length:
+            raise SettingsError(f"steps must be an integer from the number of blocks ({self.num_blocks}) to "
+                                f"gen_length ({self.gen_length}), not {self.steps}")
         for kind in ("cache", "unmask"):
-            typed(kind, str, "a policy name")
             spec = registry.get(kind, getattr(self, kind))
-            given = getattr(self, f"{kind}_params")
-            given = {} if given is None else given  # null in a saved file: no parameters given
+            given = getattr(self, f"{kind}_params") or {}  # null in a saved file: no parameters given
             valid = spec.validate(given)
             # Keep only the parameters given (typed), so a saved setting stays as written.
             object.__setattr__(self, f"{kind}_params", {k: valid[k] for k in given})
@@ -98,6 +98,12 @@ class Settings:
         """The settings for the ``index``-th problem of a set: its own seed (seed + index), so
         sampled answers are independent across problems and the whole set still reproduces."""
         return replace(self, seed=self.seed + index)
+
+
+@cache
+def _schema() -> TypeAdapter:
+    """The knobs' schema: ``Settings``' own field types, as one mapping."""
+    return TypeAdapter(TypedDict("Settings", get_type_hints(Settings, include_extras=True)))
 
 
 def divisors(n: int) -> list[int]:

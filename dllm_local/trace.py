@@ -226,7 +226,8 @@ def _known_settings(settings: dict) -> dict:
     from .policies import registry
     from .settings import loadable
 
-    if settings.get("cache") in registry.CACHE and settings.get("unmask") in registry.UNMASK:
+    named = [settings.get(kind) for kind in ("cache", "unmask")]
+    if not all(isinstance(name, str) for name in named) or (named[0] in registry.CACHE and named[1] in registry.UNMASK):
         try:
             loadable(settings)
         except ValueError as exc:

@@ -1,48 +1,79 @@
-"""Checking a value that comes from outside (a knob, a count), one rule for all of them: text is
-parsed as the type asked for, bools never pass as numbers, numbers are finite, and a refusal
-names the value's place and its rule. Settings, the policy registry and the task suite use it."""
+"""Values that come from outside (a knob, a policy parameter, a count) are read through pydantic
+types made here, one rule for all of them: text is parsed as the type asked for (Compare's changes
+box, a command-line flag), true and false never pass as numbers, numbers are finite and within
+their declared bounds, and a refusal is a SettingsError naming the value's place and the rule it
+breaks. Settings, the policy registry, the task suite and the bench read their values through them."""
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Annotated, Any, Literal
 
-from .errors import SettingsError
+from pydantic import BeforeValidator, Field, Strict, TypeAdapter, ValidationError
+from pydantic_core import PydanticCustomError
+
+from .errors import SettingsError, schema_message
 
 TYPE_WORDS = {int: "an integer", float: "a number", str: "text", bool: "true or false"}
 
 
-def check_value(value: Any, kind: type, where: str, rule: str, ok: Callable[[Any], bool] = lambda v: True) -> Any:
-    """``value`` as ``kind`` (text parsed; bools never pass as numbers; numbers finite), checked by ``ok``."""
-    bad = SettingsError(f"{where} must be {rule}, not {value!r}")
-    if isinstance(value, str) and kind is not str:
-        text = value.strip().lower()
-        try:
-            value = _parse(text, kind)
-        except (KeyError, ValueError, OverflowError):
-            typed = rule if rule.startswith(("a ", "an ", "true")) else f"{TYPE_WORDS[kind]} {rule}"
-            raise SettingsError(f"{where} must be {typed}, not {value!r}") from None
-    if kind is bool:
-        if not isinstance(value, bool):
-            raise bad
-    elif kind is int:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer():
-            raise bad
-        value = int(value)
-    elif kind is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise bad
-        value = float(value)
-    elif not isinstance(value, kind):
-        raise bad
-    if not ok(value):
-        raise bad
+def _plain_number(value: Any) -> Any:
+    """True is 1 to Python: as a length or a threshold it is a mistake, told as one. Infinite and
+    NaN, given as numbers or as text, are told as such before any bound is compared."""
+    if isinstance(value, bool):
+        raise PydanticCustomError("number_type", "must be a number")
+    try:
+        finite = math.isfinite(float(value.strip()) if isinstance(value, str) else value)
+    except (TypeError, ValueError, OverflowError):
+        return value  # not a number: the type's own check says so
+    if not finite:
+        raise PydanticCustomError("finite_number", "must be a finite number")
     return value
 
 
-def _parse(text: str, kind: type) -> Any:
-    """Text typed for a knob as ``kind``; raises KeyError, ValueError or OverflowError."""
-    if kind is bool:
-        return {"true": True, "false": False}[text]
-    if kind is int and float(text).is_integer():
-        return int(float(text))  # "3" and "3.0" alike
-    return kind(text)
+def _flag_words(value: Any) -> Any:
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    return value
+
+
+def _none_words(value: Any) -> Any:
+    return None if isinstance(value, str) and value.strip().lower() in ("", "none", "null") else value
+
+
+def _bounds(low: float | None, high: float | None, low_open: bool, high_open: bool) -> dict:
+    return {"gt" if low_open else "ge": low, "lt" if high_open else "le": high}
+
+
+def integer(low: float | None = None, high: float | None = None, low_open: bool = False,
+            high_open: bool = False) -> Any:
+    """An integer in its bounds; integral floats (a slider's 32.0) and integer text ("32") pass."""
+    return Annotated[int, BeforeValidator(_plain_number), Field(**_bounds(low, high, low_open, high_open))]
+
+
+def number(low: float | None = None, high: float | None = None, low_open: bool = False,
+           high_open: bool = False) -> Any:
+    """A finite number in its bounds; number text ("0.9") passes."""
+    return Annotated[float, BeforeValidator(_plain_number),
+                     Field(allow_inf_nan=False, **_bounds(low, high, low_open, high_open))]
+
+
+FLAG = Annotated[bool, BeforeValidator(_flag_words), Strict()]  # true/false, or that text
+WORD = Annotated[str, Strict()]
+
+
+def one_of(choices: tuple) -> Any:
+    return Literal[choices]
+
+
+def optional(kind: Any) -> Any:
+    """``kind`` or None ("none" and "" as text)."""
+    return Annotated[kind | None, BeforeValidator(_none_words)]
+
+
+def read(schema: TypeAdapter, value: Any, place: str = "the value", owner: str = "") -> Any:
+    """``value`` read through ``schema``; else a SettingsError naming the field (``place`` for the
+    value itself) and its rule, after "``owner``: " when given."""
+    try:
+        return schema.validate_python(value)
+    except ValidationError as exc:
+        raise SettingsError(f"{owner}: " * bool(owner) + schema_message(exc, value, subject=place)) from None

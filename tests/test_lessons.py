@@ -36,6 +36,9 @@ def test_theorem1_n_counts_every_commit_and_the_run_fails_on_one_unguaranteed_st
     assert holds.status == lessons.HOLDS and "(n+1)ε = 0.30 ≤ 1" in holds.text
     serial = lessons.theorem1_verdict(_trace([{"committed": [[2, 5, 0.3]]}]), 0)
     assert serial.status == lessons.UNMEASURABLE and "no step so far drafted more than one" in serial.text
+    # A guaranteed parallel step, then a serial one shown: the run holds, with no ε of a serial step.
+    later = lessons.theorem1_verdict(_trace([{"committed": [[4, 7, 0.9], [5, END, 0.95]]}, {"committed": [[2, 5, 0.3]]}]), 1)
+    assert later.status == lessons.HOLDS and later.text.endswith("the one parallel step guaranteed (" + lessons.THEOREM1_N + ")")
 
 
 def _exact(values: list[float]) -> dict:

@@ -409,7 +409,7 @@ def test_tune_values_typed_stay_when_the_knob_menu_is_left_unchanged_and_follow_
 @pytest.mark.parametrize("content, message", [
     ({"name": "x", "settings": {}}, "description is missing"),
     ({"name": "x", "description": "d", "settings": {"gen_length": 0}},
-     "settings gen_length must be an integer from 1 to 4096"),
+     "settings gen_length must be greater than or equal to 1 (not 0)"),
     ({"name": "x", "description": "d", "settings": {}, "colour": "red"}, "colour is not a known field"),
     ({"name": "x", "description": "d", "settings": {}, "view": {"layer": 3}}, "view.layer must be a valid string (not 3)"),
     ({"name": "x", "description": "d", "settings": {}, "view": {"kv_view": "x"}},

@@ -5,16 +5,19 @@ import html
 import json
 from collections import deque
 from collections.abc import Iterator
+from typing import Any
 
 import gradio as gr
 
-from dllm_local.errors import DllmError, SettingsError
+from dllm_local.errors import DllmError, SettingsError, shown
+from dllm_local.schema import Text
 from dllm_local.settings import Settings
 
 from . import grid, tables
 from .controls import Specs, settings_from_controls, settings_line, spec_named
 from .engine_queue import CANCELLED, ENGINE, EngineQueue, client_of, error_text, throttled
 from .replay import compare, numbers
+from .inputs import Choice, checked
 from .run_tab import RunTab
 from .timing import REPEATS
 
@@ -32,7 +35,7 @@ def apply_changes(settings: dict, changes: str, specs: Specs) -> dict:
     for pair in pairs:
         key, sep, text = (part.strip() for part in pair.partition("="))
         if not sep or not key or not text:
-            raise SettingsError(f"Changes to B: {pair!r} is not key=value (e.g. threshold=0.5)")
+            raise SettingsError(f"Changes to B: {shown(pair)} is not key=value (e.g. threshold=0.5)")
         try:
             value = json.loads(text)
         except ValueError:
@@ -45,7 +48,7 @@ def apply_changes(settings: dict, changes: str, specs: Specs) -> dict:
             kind = next((k for k in ("unmask", "cache")
                          if any(p["name"] == key for p in spec_named(specs, k, out[k])["params"])), None)
             if kind is None:
-                raise SettingsError(f"Changes to B: {key!r} is neither a setting nor a parameter of "
+                raise SettingsError(f"Changes to B: {shown(key)} is neither a setting nor a parameter of "
                                     f"{out['cache']} or {out['unmask']}")
             out[f"{kind}_params"][key] = value
     return out
@@ -94,7 +97,8 @@ class CompareTab:
                                   inputs_kwargs=self.run_tab.controls, api_name="compare", **ENGINE)
         self.engine.wire_stop(self.stop_btn, self.stop_note, [event], api_name="compare_stop")
 
-    def prompt_of_a(self, name_a: str, run_prompt: str, shown: str) -> str:
+    @checked
+    def prompt_of_a(self, name_a: Choice, run_prompt: Text, shown: Text) -> str:
         """The prompt that comes with Settings A: its preset's own (``shown`` when it has none), or
         the Run tab's for Current Run settings."""
         if name_a == CURRENT:
@@ -104,8 +108,9 @@ class CompareTab:
     def _side(self, name: str, current: dict) -> dict:
         return dict(current) if name == CURRENT else dict(self.presets[name]["settings"], seed=current["seed"])
 
-    def run_compare(self, request: gr.Request, name_a: str, name_b: str, changes: str, prompt: str,
-                    **controls) -> Iterator[dict]:
+    @checked
+    def run_compare(self, request: gr.Request, name_a: Choice, name_b: Choice, changes: Text, prompt: Text,
+                    **controls: Any) -> Iterator[dict]:
         client = client_of(request)
         if self.engine.take_cancel(client):
             yield {self.status: CANCELLED}

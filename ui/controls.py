@@ -6,7 +6,13 @@ policy of that kind has that parameter. Nothing here knows a policy or a paramet
 """
 from __future__ import annotations
 
+from pydantic import TypeAdapter
+
 from dllm_local.policies import registry
+from dllm_local.settings import Length
+from dllm_local.values import read
+
+LENGTH = TypeAdapter(Length)  # a length control's value (a slider's float, or an API call's anything)
 
 Specs = dict[str, list[dict]]  # kind ("cache", "unmask") -> its policies' spec dicts
 KINDS = ("cache", "unmask")
@@ -66,7 +72,7 @@ def visible_knobs(cache: str, unmask: str, specs: Specs | None = None) -> dict[s
 
 def fit_block(gen_length: int, block_size: int) -> tuple[int, int, str]:
     """Block size must divide the generation length: round the length up, and say so."""
-    gen_length, block_size = int(gen_length), max(1, int(block_size))
+    gen_length, block_size = read(LENGTH, gen_length, "gen_length"), read(LENGTH, block_size, "block_size")
     if gen_length % block_size == 0:
         return gen_length, block_size, ""
     adjusted = -(-gen_length // block_size) * block_size
@@ -84,7 +90,7 @@ def settings_from_controls(v: dict, specs: Specs | None = None) -> tuple[dict, s
     steps = None
     if chosen["unmask"]["uses_steps"] and v.get("steps"):
         blocks = gen_length // block_size
-        steps = max(blocks, int(v["steps"]) // blocks * blocks)
+        steps = max(blocks, read(LENGTH, v["steps"], "steps") // blocks * blocks)
     settings = {
         "gen_length": gen_length, "block_size": block_size, "steps": steps,
         "temperature": v["temperature"], "seed": v["seed"],

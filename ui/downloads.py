@@ -13,6 +13,7 @@ from dllm_local import hub
 from dllm_local.errors import ModelLoadError
 
 from .engine_queue import ENGINE, client_of, error_text
+from .inputs import Choice, checked
 from .model_access import DownloadNeeded, ModelAccess
 
 POLL_S = 0.5  # how often the status line's progress is redrawn
@@ -69,7 +70,8 @@ class DownloadBox:
         event.then(then, then_inputs, then_outputs, api_visibility="private", **ENGINE)
         self.cancel_btn.click(self.cancel, None, [self.note], queue=False, api_name="cancel_download")
 
-    def download(self, request: gr.Request, name: str) -> Iterator[dict]:
+    @checked
+    def download(self, request: gr.Request, name: Choice) -> Iterator[dict]:
         client, status = client_of(request), self.status
         try:
             self.models.check(name)

@@ -61,11 +61,14 @@ def theorem1_verdict(trace: Trace, step: int) -> Verdict:
     if not parallel:
         return Verdict("theorem1", THEOREM1_CLAIM, UNMEASURABLE,
                        f"no step so far drafted more than one position (step {shown} drafted {at['n']})", numbers)
-    figures = (f"step {deciding}: {at['verdict']}, n = {at['n']} ({ends} end of text), ε = {at['epsilon']:.2f}, "
-               f"(n+1)ε = {at['bound']:.2f} {'≤' if at['bound'] <= 1 else '>'} 1")
+    # A serial step (one commit) has no ε to show: the shown step may be one after guaranteed ones.
+    figures = "" if at["verdict"] == "serial" else (
+        f"step {deciding}: {at['verdict']}, n = {at['n']} ({ends} end of text), ε = {at['epsilon']:.2f}, "
+        f"(n+1)ε = {at['bound']:.2f} {'≤' if at['bound'] <= 1 else '>'} 1")
     if not unguaranteed:
-        return Verdict("theorem1", THEOREM1_CLAIM, HOLDS, f"all {len(parallel)} parallel steps guaranteed"
-                       + (f"; {figures}" if told[shown]["verdict"] != "serial" else "") + f" ({THEOREM1_N})", numbers)
+        every = "the one parallel step" if len(parallel) == 1 else f"all {len(parallel)} parallel steps"
+        return Verdict("theorem1", THEOREM1_CLAIM, HOLDS, f"{every} guaranteed"
+                       + (f"; {figures}" if figures else "") + f" ({THEOREM1_N})", numbers)
     count = ("the run's one parallel step" if len(parallel) == 1 else
              f"{len(unguaranteed)} of the {len(parallel)} parallel steps without a guarantee"
              + (f" (steps {_list(unguaranteed)})" if len(unguaranteed) > 1 else ""))

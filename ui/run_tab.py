@@ -7,14 +7,16 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import gradio as gr
 
 from dllm_local.errors import DllmError
 from dllm_local.devices import DEVICES
 from dllm_local.experiments.costmodel import TARGET_MODELS, project
-from dllm_local.settings import Settings, length_notice
+from dllm_local.schema import Text
+from dllm_local.settings import Length, Settings, length_notice
+from dllm_local.values import FLAG
 from dllm_local.tiny.tasks import verdict
 from dllm_local.trace import KV_VIEWS, load_trace_file
 
@@ -34,6 +36,8 @@ from .controls import (
 from .engine_queue import CANCELLED, ENGINE, EngineQueue, client_of, error_text, throttled
 from .exports import ExportFolder
 from .downloads import DownloadBox
+from .inputs import (Choice, ColorBy, DeviceName, Fraction, KVView, PageState, Quantization, StepIndex, TargetName,
+                     Which, checked)
 from .model_access import DownloadNeeded, ModelAccess
 from .replay import numbers, prompt_of
 
@@ -108,7 +112,8 @@ def policy_knobs(specs: Specs, kind: str, values: dict, shown: dict[str, bool]) 
     return {key: knob_widget(param, values[key], shown[key], ids[key]) for key, param in knobs(specs, kind).items()}
 
 
-def show_cost(trace: dict, model: str, device: str) -> str:
+@checked
+def show_cost(trace: PageState, model: TargetName, device: DeviceName) -> str:
     """This run's G and τ projected onto a real model on a GPU (see costmodel.project)."""
     stats = (trace or {}).get("stats") or {}
     if not stats.get("nfe"):
@@ -377,14 +382,16 @@ class RunTab:
         values = controls_from_settings(settings, self.specs)
         return {box: values[name] for name, box in self.controls.items()}
 
-    def show_policy(self, kind: str, name: str) -> dict:
+    @checked
+    def show_policy(self, kind: Literal["cache", "unmask"], name: Choice) -> dict:
         """What the policy ``name`` of ``kind`` does, and only its controls."""
         shown = shown_for(self.specs, kind, name)
         return {self.policy_info[kind]: spec_named(self.specs, kind, name)["description"],
                 **{self.controls[control]: gr.update(visible=v) for control, v in shown.items()}}
 
-    def length_notice(self, gen_length: float) -> str:
-        notice = length_notice(int(gen_length or 0), self.session.info().get("trained_length"))
+    @checked
+    def length_notice(self, gen_length: Length) -> str:
+        notice = length_notice(gen_length, self.session.info().get("trained_length"))
         return f"⚠ {notice}" if notice else ""
 
     def preset_matching(self, settings: dict, prompt: str | None = None) -> str | None:
@@ -402,7 +409,8 @@ class RunTab:
         the preset they equal, or none: a name the controls no longer match would be stale."""
         return {**self.control_values(settings), self.preset: self.preset_matching(settings)}
 
-    def prompt_notice(self, prompt: str, status: str) -> str | dict:
+    @checked
+    def prompt_notice(self, prompt: Text, status: Text) -> str | dict:
         """The off-task word for a prompt being typed or chosen, before it runs; cleared once the
         prompt is one of the tiny model's tasks again."""
         line = off_task_line(prompt, self.session.info().get("name"))
@@ -410,7 +418,8 @@ class RunTab:
             return line
         return "" if status == f"⚠ {grid.OFF_TASK}" else gr.update()
 
-    def apply_preset(self, name: str | None) -> dict:
+    @checked
+    def apply_preset(self, name: Choice | None) -> dict:
         """The preset's description, prompt and controls, and the KV view it opens on (its "view":
         layer, which, kv_view; the defaults where it names none). No preset (the box cleared after
         an import): no description, the controls as they are."""
@@ -431,22 +440,26 @@ class RunTab:
         if view is not None:
             view.step, view.color_by, view.what_if = int(step), color_by, what_if
 
-    def redraw(self, request: gr.Request, trace: dict, step: int, color_by: str, layer: str, which: str,
-               kv_view: str, what_if: float = 0.0) -> dict:
+    @checked
+    def redraw(self, request: gr.Request, trace: PageState, step: StepIndex, color_by: ColorBy, layer: Choice,
+               which: Which, kv_view: KVView, what_if: Fraction = 0.0) -> dict:
         if not trace or not trace.get("steps"):
             return {box: gr.skip() for box in self.view_boxes.values()}  # Gradio reads {} as one value
         self.viewed(request, step, color_by, what_if)
         return self.shown(draw(trace, step, color_by, layer, which, kv_view, what_if))
 
-    def redraw_grid(self, request: gr.Request, trace: dict, step: int, color_by: str, what_if: float) -> dict:
+    @checked
+    def redraw_grid(self, request: gr.Request, trace: PageState, step: StepIndex, color_by: ColorBy,
+                    what_if: Fraction) -> dict:
         if not trace or not trace.get("steps"):
             return {self.grid: gr.skip()}
         self.viewed(request, step, color_by, what_if)
         at = min(int(step), len(trace["steps"]) - 1)
         return {self.grid: grid.token_grid_html(trace, at, color_by=color_by, what_if_threshold=float(what_if) or None)}
 
-    def set_follow(self, request: gr.Request, following: bool, trace: dict, color_by: str, layer: str, which: str,
-                   kv_view: str, what_if: float = 0.0) -> dict:
+    @checked
+    def set_follow(self, request: gr.Request, following: FLAG, trace: PageState, color_by: ColorBy, layer: Choice,
+                   which: Which, kv_view: KVView, what_if: Fraction = 0.0) -> dict:
         """Follow live ticked or unticked: the run going reads it at its next step. Ticked, the
         view catches up with the trace at once; unticked, it stays where it is."""
         view = self.live.get(client_of(request))
@@ -462,7 +475,9 @@ class RunTab:
         # After the final state is drawn: writing a long trace is not what the user waits to see.
         return self.exports.write(trace) if trace.get("steps") else gr.update()
 
-    def import_trace(self, file, color_by: str, layer: str, which: str, kv_view: str, what_if: float) -> dict:
+    @checked
+    def import_trace(self, file: Any, color_by: ColorBy, layer: Choice, which: Which, kv_view: KVView,
+                     what_if: Fraction) -> dict:
         """A trace file, checked in full before anything is drawn; its prompt and settings go into
         the Run tab's controls. A bad file is one message in the status line."""
         try:
@@ -488,8 +503,9 @@ class RunTab:
                 self.export_btn: self.exports.write(trace), **({} if prompt is None else {self.prompt: prompt}),
                 **controls, self.preset: preset}
 
-    def run(self, request: gr.Request, prompt: str, trace: dict, following: bool, color_by: str, layer: str,
-            which: str, kv_view: str, what_if: float, **controls) -> Iterator[dict]:
+    @checked
+    def run(self, request: gr.Request, prompt: Text, trace: PageState, following: FLAG, color_by: ColorBy,
+            layer: Choice, which: Which, kv_view: KVView, what_if: Fraction, **controls: Any) -> Iterator[dict]:
         client = client_of(request)
         if self.engine.take_cancel(client):
             yield {self.status: CANCELLED}
@@ -548,7 +564,8 @@ class RunTab:
         finally:
             self.live.pop(client, None)
 
-    def load_model(self, request: gr.Request, name: str, quantization: str, progress=gr.Progress()) -> dict:
+    @checked
+    def load_model(self, request: gr.Request, name: Choice, quantization: Quantization, progress=gr.Progress()) -> dict:
         client = client_of(request)
         if self.engine.take_cancel(client):  # Stop pressed while it waited: it ends unrun, as Stop said
             return {self.status: CANCELLED}
@@ -565,7 +582,9 @@ class RunTab:
         return {self.model_line: model_line(info), self.status: f"Loaded {info['name']}.",
                 self.layer: gr.update(**layer_choices(info["layers"])), self.downloads.box: gr.update(visible=False)}
 
-    def load_downloaded(self, request: gr.Request, name: str, quantization: str, progress=gr.Progress()) -> dict:
+    @checked
+    def load_downloaded(self, request: gr.Request, name: Choice, quantization: Quantization,
+                        progress=gr.Progress()) -> dict:
         """After a download: the model loads if it is complete on disk; after a cancel or a failure
         the download's own message stays."""
         try:

@@ -10,7 +10,7 @@ from typing import Any
 
 import gradio as gr
 
-from dllm_local.errors import DllmError, SettingsError
+from dllm_local.errors import DllmError, SettingsError, shown
 from dllm_local.devices import DEVICES
 from dllm_local.experiments.costmodel import (
     CONCURRENCY_MODELS,
@@ -19,11 +19,14 @@ from dllm_local.experiments.costmodel import (
     concurrency_curve,
 )
 from dllm_local.experiments.reports import add_points
+from dllm_local.schema import Text
+from dllm_local.settings import Length
 from dllm_local.tiny.tasks import TASKS, check_task
 
 from . import tune_figures
 from .controls import KINDS, Specs, sweep_knobs
 from .engine_queue import CANCELLED, ENGINE, EngineQueue, client_of, error_text
+from .inputs import Choice, ConcurrencyModel, DeviceName, PageState, checked
 from .run_tab import RunTab
 
 RESULTS_MAX_BYTES = 4 * 2**20  # an added results report (lm-eval, sweep JSON) is a few kB
@@ -40,7 +43,7 @@ def parse_numbers(text: str, kind: type, box: str, rule: str) -> list:
         try:
             values.append(kind(piece))
         except ValueError:
-            raise SettingsError(f"{box}: {piece!r} is not a number; give values {rule}, separated by commas "
+            raise SettingsError(f"{box}: {shown(piece)} is not a number; give values {rule}, separated by commas "
                                 f"(e.g. {'0.5, 0.9' if kind is float else '8, 16, 32'})") from None
     if not values:
         raise SettingsError(f"{box}: no values given; give values {rule}, separated by commas")
@@ -99,7 +102,8 @@ def concurrency_levels(crossovers: dict, per_octave: int = 16) -> list[float]:
     return sorted({round(2 ** (k / per_octave)) for k in range(steps + 1)} | {v for v in turns if v <= top})
 
 
-def show_concurrency(device: str, model: str, g: float | None, tau: float | None) -> tuple[Any, str]:
+@checked
+def show_concurrency(device: DeviceName, model: ConcurrencyModel, g: float | None, tau: float | None) -> tuple[Any, str]:
     """The concurrency view: throughput curves and the sentence naming their two turning points
     (see costmodel.concurrency_curve). Bad G or τ leave the plot as it was and say why."""
     if g is None or tau is None:
@@ -208,20 +212,24 @@ class TuneTab:
                                                            self.run_tab.preset], queue=False, api_visibility="private")
         self.concurrency.wire()
 
-    def show_knobs(self, preset_name: str, knob: str | None) -> dict:
+    @checked
+    def show_knobs(self, preset_name: Choice, knob: Choice | None) -> dict:
         """The knobs of the new base settings' policies; values to try for the knob, if it changed."""
         menu = knob_choices(self.specs, self.presets[preset_name]["settings"])
         if menu["value"] == knob:
             return {self.knob: gr.update(**menu)}
         return {self.knob: gr.update(**menu), self.values: self.suggest_values(preset_name, menu["value"])}
 
-    def suggest_values(self, preset_name: str, knob: str | None) -> str | dict:
+    @checked
+    def suggest_values(self, preset_name: Choice, knob: Choice | None) -> str | dict:
         settings = self.presets[preset_name]["settings"]
         found = sweep_knobs(self.specs, settings.get("cache", "none"), settings.get("unmask", "fixed"))
         return suggested_values(found[knob]) if knob in found else gr.update()
 
-    def run_sweep(self, request: gr.Request, preset_name: str, task: str, n: int, knob: str | None, values: str,
-                  blocks: str, gen: int, progress=gr.Progress()) -> Iterator[dict]:
+    @checked
+    def run_sweep(self, request: gr.Request, preset_name: Choice, task: Choice, n: Any, knob: Choice | None,
+                  values: Text, blocks: Text, gen: Length, progress=gr.Progress()) -> Iterator[dict]:
+        # n is read by the task suite's own check (check_task), its message told in the status line.
         client = client_of(request)
         if self.engine.take_cancel(client):
             yield {self.status: CANCELLED}
@@ -252,7 +260,8 @@ class TuneTab:
         except Exception as exc:  # noqa: BLE001
             yield {self.status: f"⚠ {error_text(exc)}"}
 
-    def add_results(self, file, report: dict) -> dict:
+    @checked
+    def add_results(self, file: Any, report: PageState) -> dict:
         """The points of a JSON report (``lm-eval --out``, ``sweep --out``) added to the chart and
         table beside the sweep's. A bad file is one message in the status line."""
         try:

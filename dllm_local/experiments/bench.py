@@ -11,13 +11,14 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
+from pydantic import TypeAdapter
 from tqdm import tqdm
 
 from ..errors import DllmError
 from ..policies import registry
 from ..settings import Settings
 from ..devices import DEVICES
-from ..values import check_value
+from ..values import integer, read
 from .problems import Problem
 from .costmodel import (
     TARGET_MODELS,
@@ -79,6 +80,7 @@ STRATEGY_SETS: dict[str, Callable[[], list[Strategy]]] = {"cache-x-unmask": _cac
 # Repeats of one row whose times spread wider than this (max - min over the median) are flagged:
 # something else was using the machine, and the row's ratios are not to be trusted.
 SPREAD_WARNING = 0.2
+REPEATS = TypeAdapter(integer(1, 1000))  # timed repeats of a row: the median is taken over them
 
 
 def run_strategy(handle: ModelHandle, problems: list[Problem], settings: Settings,
@@ -90,7 +92,7 @@ def run_strategy(handle: ModelHandle, problems: list[Problem], settings: Setting
     from ..batch import generate_all
     from ..sampler import generate
 
-    repeats = check_value(repeats, int, "repeats", "an integer >= 1", lambda v: v >= 1)
+    repeats = read(REPEATS, repeats, "repeats")
     walls, models = [], []
     generate(handle, problems[0].prompt, settings, guider)
     prompts, per_problem = [p.prompt for p in problems], [settings.for_problem(i) for i in range(len(problems))]

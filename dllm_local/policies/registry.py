@@ -16,7 +16,9 @@ from typing import Any, Callable, Iterable
 from ..devices import DEVICES
 from ..errors import SettingsError
 from ..trace import MAX_GEN_LENGTH
-from ..values import TYPE_WORDS, check_value
+from pydantic import TypeAdapter
+
+from ..values import FLAG, TYPE_WORDS, WORD, integer, number, one_of, optional, read
 
 # A count of positions or steps: no generation is longer than an imported trace may be.
 MAX_POSITIONS = MAX_GEN_LENGTH
@@ -36,12 +38,20 @@ class Param:
     optional: bool = False  # None is allowed (``help`` says what it means)
     slider: tuple[float, float, float] | None = None  # the page's range and step, within low..high
     headline: bool = False  # shown in a strategy's name ("threshold 0.9")
+    schema: TypeAdapter = field(init=False, repr=False, compare=False)  # what ``coerce`` reads a value through
 
     def __post_init__(self) -> None:
         # The registry's one bound: a number from outside (a slider, Compare's changes box, an API
         # call, a sweep axis) is checked against both ends, so no value can hold the engine forever.
         if self.type in (int, float) and not self.choices and (self.low is None or self.high is None):
             raise SettingsError(f"parameter {self.name!r}: a number parameter needs both bounds, low and high")
+        if self.choices:
+            kind = one_of(self.choices)
+        elif self.type in (int, float):
+            kind = (integer if self.type is int else number)(self.low, self.high, self.low_open, self.high_open)
+        else:
+            kind = FLAG if self.type is bool else WORD
+        object.__setattr__(self, "schema", TypeAdapter(optional(kind) if self.optional else kind))
 
     def rule(self) -> str:
         if self.choices:
@@ -56,21 +66,7 @@ class Param:
 
     def coerce(self, value: Any, owner: str) -> Any:
         """``value`` as this parameter's type, in range; text is parsed. Raises naming the knob."""
-        where = f"{owner}: {self.name}"
-        if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "") and self.optional):
-            if self.optional:
-                return None
-            raise SettingsError(f"{where} must be {self.rule()}, not None")
-        return check_value(value, self.type, where, self.rule(), self._in_range)
-
-    def _in_range(self, v: Any) -> bool:
-        if self.choices:
-            return v in self.choices
-        if self.low is not None and (v <= self.low if self.low_open else v < self.low):
-            return False
-        if self.high is not None and (v >= self.high if self.high_open else v > self.high):
-            return False
-        return True
+        return read(self.schema, value, self.name, owner)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "type": self.type.__name__, "default": self.default, "label": self.label,

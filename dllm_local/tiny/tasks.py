@@ -12,8 +12,10 @@ import random
 import re
 from dataclasses import dataclass, field
 
+from pydantic import TypeAdapter
+
 from ..errors import SettingsError
-from ..values import check_value
+from ..values import integer, read
 
 NAMES = [
     "Alice", "Ben", "Clara", "David", "Emma", "Felix", "Grace", "Henry", "Ivy", "Jack", "Kate", "Leo",
@@ -119,6 +121,7 @@ _GENERATORS = {"arithmetic": _arithmetic, "poker": _poker, "sums": _sums, "recor
 
 
 MAX_PROBLEMS = 100_000  # a task set's size: GSM8K's test set is 1,319
+_PROBLEM_COUNT = TypeAdapter(integer(1, MAX_PROBLEMS))
 
 
 def check_task(task: str, n: int) -> int:
@@ -126,8 +129,7 @@ def check_task(task: str, n: int) -> int:
     if task not in _GENERATORS:
         raise SettingsError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
     # Scores are shares of n: an empty set has none. The set is built whole, so its size is bounded.
-    return check_value(n, int, "the number of problems n", f"an integer from 1 to {MAX_PROBLEMS}",
-                       lambda v: 1 <= v <= MAX_PROBLEMS)
+    return read(_PROBLEM_COUNT, n, "the number of problems n")
 
 
 def make_problems(task: str, n: int, seed: int) -> list[Example]:
