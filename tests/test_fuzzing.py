@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 
+import gradio as gr
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -19,7 +20,10 @@ from dllm_local.experiments.sweep import sweep_job
 from dllm_local.experiments.units import Results
 from dllm_local.prompts import encode_prompt
 from dllm_local.trace import parse_trace
+from ui.inputs import Choice, ColorBy, Fraction, KVView, PageState, StepIndex, Which, checked
 from ui.presets import read_preset
+from ui.run_tab import show_cost
+from ui.tune_tab import show_concurrency
 
 BOUNDED = settings(max_examples=150, derandomize=True, deadline=None, database=None,
                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -151,3 +155,25 @@ def test_a_results_file_of_any_lines_resumes_or_is_refused(job, tmp_path_factory
         assert str(exc)
         return
     assert all(0 <= point < 1 and 0 <= problem < 2 for point, problem in results.records)
+
+
+@BOUNDED
+@given(trace=JSON, model=SCALARS | st.sampled_from(["LLaDA-8B-Instruct", "Dream-v0-Instruct-7B"]),
+       device=SCALARS | st.sampled_from(["H100", "A100"]), g=SCALARS, tau=SCALARS)
+def test_page_endpoints_answer_any_json_or_refuse_it_naming_the_input(trace, model, device, g, tau):
+    """The page's endpoints as an API client may call them (``ui/inputs.py``): the cost model and
+    the concurrency view, and a handler of every value type the page's endpoints take."""
+    @checked
+    def view(state: PageState, step: StepIndex, color_by: ColorBy, layer: Choice, which: Which, kv_view: KVView,
+             what_if: Fraction) -> tuple:
+        return step, what_if
+
+    names = ("trace", "model", "device", "state", "step", "color_by", "layer", "which", "kv_view", "what_if")
+    for call in (lambda: show_cost(trace, model, device), lambda: show_concurrency(device, model, g, tau),
+                 lambda: view(trace, g, model, device, model, device, tau)):
+        try:
+            answer = call()
+        except gr.Error as exc:
+            assert exc.message.startswith(names), exc.message
+            continue
+        assert answer is not None
