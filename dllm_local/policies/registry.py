@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from importlib import import_module, metadata
 from typing import Any, Callable, Iterable
 
+from pydantic import TypeAdapter
+
 from ..devices import DEVICES
 from ..errors import SettingsError
 from ..trace import MAX_GEN_LENGTH
-from pydantic import TypeAdapter
-
 from ..values import FLAG, TYPE_WORDS, WORD, integer, number, one_of, optional, read
 
 # A count of positions or steps: no generation is longer than an imported trace may be.
