@@ -137,10 +137,21 @@ def _levels(text: str) -> list[int]:
 
 
 def _at_least_one(text: str) -> int:
-    """An argparse type for counts (--n, --repeats): a bad one stops the command before a model loads."""
+    """An argparse type for counts (--n, --batch-size): a bad one stops the command before a model loads."""
     if not text.strip().isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, not {text!r}")
     return int(text)
+
+
+def _repeats(text: str) -> int:
+    """--repeats read through the bench's own bound: a bad one stops the command before a model loads."""
+    from .experiments.bench import REPEATS
+    from .values import read
+
+    try:
+        return read(REPEATS, text, "repeats")
+    except SettingsError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("repeats ")) from None
 
 
 def _parse_params(pairs: list[str]) -> dict:
@@ -553,7 +564,7 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--scorer", default="exact_number", choices=list(SCORERS), help="for --jsonl")
     be.add_argument("--n", type=_at_least_one, default=20)
     be.add_argument("--seed-data", type=int, default=1000)
-    be.add_argument("--repeats", type=_at_least_one, default=3,
+    be.add_argument("--repeats", type=_repeats, default=3,
                     help="timed passes per row after one warm-up answer; the table shows the median (default: 3); "
                          "with --concurrency, runs per level")
     be.add_argument("--out", default=None, help="also write the report as JSON here")
