@@ -19,7 +19,7 @@ from pydantic_core import PydanticCustomError
 from typing_extensions import TypedDict
 
 from .errors import TraceError, schema_message
-from .schema import Count, Flag, Number, Text
+from .values import Count, Flag, Number, Text
 
 SCHEMA_VERSION = 1
 # The KV panel's views of a trace: the cache's drift (from each step's ``kv``), and, from its

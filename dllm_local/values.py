@@ -1,19 +1,23 @@
-"""Values that come from outside (a knob, a policy parameter, a count) are read through pydantic
-types made here, one rule for all of them: text is parsed as the type asked for (Compare's changes
-box, a command-line flag), true and false never pass as numbers, numbers are finite and within
-their declared bounds, and a refusal is a SettingsError naming the value's place and the rule it
-breaks. Settings, the policy registry, the task suite and the bench read their values through them."""
+"""The field types of every value from outside, in two families (pydantic). Values typed in (a
+knob, a policy parameter, a count) go through ``integer``, ``number``, ``FLAG``, ``WORD``: text is
+parsed as the type asked for (Compare's changes box, a command-line flag), true and false never
+pass as numbers, numbers are finite and within their declared bounds, and a refusal is a
+SettingsError naming the value's place and the rule it breaks. Files go through ``Count``,
+``Number``, ``Flag``, ``Text``: strict (a bool is not a number, text is not parsed), so a file reads
+back as it was written; their schemas live beside what they describe (``trace.py``,
+``experiments/units.py``, ``experiments/reports.py``, ``ui/presets.py``)."""
 from __future__ import annotations
 
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, Strict, TypeAdapter, ValidationError
+from pydantic import BeforeValidator, Field, Strict, StrictBool, TypeAdapter, ValidationError
 from pydantic_core import PydanticCustomError
 
 from .errors import SettingsError, schema_message
 
 TYPE_WORDS = {int: "an integer", float: "a number", str: "text", bool: "true or false"}
+MAX_TEXT = 2**20  # characters in one text field of a file (an answer, a prompt, a token's text, a name)
 
 
 def _plain_number(value: Any) -> Any:
@@ -59,6 +63,12 @@ def number(low: float | None = None, high: float | None = None, low_open: bool =
 
 FLAG = Annotated[bool, BeforeValidator(_flag_words), Strict()]  # true/false, or that text
 WORD = Annotated[str, Strict()]
+
+# A file's fields: strict, so what was written is what is read.
+Count = Annotated[int, Strict(), Field(ge=0)]
+Number = Annotated[float, Strict(), Field(allow_inf_nan=False)]
+Flag = StrictBool
+Text = Annotated[str, Strict(), Field(max_length=MAX_TEXT)]
 
 
 def one_of(choices: tuple) -> Any:

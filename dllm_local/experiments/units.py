@@ -23,7 +23,7 @@ from tqdm import tqdm
 from typing_extensions import TypedDict
 
 from ..errors import DllmError, schema_message
-from ..schema import Count, Flag, Number, Text
+from ..values import Count, Flag, Number, Text
 from ..tiny.tasks import check_task
 
 if TYPE_CHECKING:
