@@ -10,7 +10,7 @@ from typing import Any
 import gradio as gr
 
 from dllm_local.errors import DllmError, SettingsError, shown
-from dllm_local.schema import Text
+from dllm_local.values import Text
 from dllm_local.settings import Settings
 
 from . import grid, tables

@@ -14,7 +14,7 @@ import gradio as gr
 from dllm_local.errors import DllmError
 from dllm_local.devices import DEVICES
 from dllm_local.experiments.costmodel import TARGET_MODELS, project
-from dllm_local.schema import Text
+from dllm_local.values import Text
 from dllm_local.settings import Length, Settings, length_notice
 from dllm_local.values import FLAG
 from dllm_local.tiny.tasks import verdict

@@ -19,7 +19,7 @@ from dllm_local.experiments.costmodel import (
     concurrency_curve,
 )
 from dllm_local.experiments.reports import add_points
-from dllm_local.schema import Text
+from dllm_local.values import Text
 from dllm_local.settings import Length
 from dllm_local.tiny.tasks import TASKS, check_task
 
