@@ -1,43 +1,58 @@
 """Every decoding knob in one validated, serialisable object. Its field types are the settings'
 schema (pydantic, with the value types of ``values.py``): every knob is read through it whenever
-a ``Settings`` is made, from code, a saved file, the command line or the page."""
+a ``Settings`` is made, from code, a saved file, the command line or the page, and each carries
+the label and help text those show (``knob``)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cache
-from typing import Any, Literal, get_args, get_type_hints
+from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 
-from pydantic import TypeAdapter
+from annotated_types import Ge, Gt, Le, Lt
+from pydantic import Field, TypeAdapter
+from pydantic.fields import FieldInfo
 from typing_extensions import TypedDict
 
 from .errors import SettingsError
+from .limits import MAX_GEN_LENGTH, SEED_MAX
 from .policies import registry
-from .policies.registry import MAX_POSITIONS
+from .trace import declare_settings_check
 from .values import FLAG, WORD, integer, number, optional, read
 
 TraceLevel = Literal["off", "summary", "full"]
 TRACE_LEVELS = get_args(TraceLevel)
-SEED_MAX = 2**63 - 1  # a torch generator's seed is an int64
-Length = integer(1, MAX_POSITIONS)
+Length = integer(1, MAX_GEN_LENGTH)
 Params = optional(dict[str, Any])  # a policy's parameters, read through its spec (null: none given)
+
+
+def about(kind: Any, label: str, help_: str) -> Any:
+    """``kind`` with the label and help text its knob shows on the command line and the page."""
+    return Annotated[kind, Field(title=label, description=help_)]
 
 
 @dataclass(frozen=True)
 class Settings:
-    gen_length: Length = 128
-    block_size: Length = 32
-    # Forwards per generation for the `fixed` schedule (LLaDA's `steps`); None: one token per step.
-    steps: optional(Length) = None
-    temperature: number(0) = 0.0
-    seed: integer(0, SEED_MAX) = 0
-    cache: WORD = "none"
-    cache_params: Params = field(default_factory=dict)
-    unmask: WORD = "fixed"
-    unmask_params: Params = field(default_factory=dict)
-    trace: TraceLevel = "summary"
-    exact_drift: FLAG = False
-    early_stop: FLAG = False
+    gen_length: about(Length, "Generation length", "tokens in the answer region") = 128
+    block_size: about(Length, "Block size", "tokens decoded together, block after block; divides the generation "
+                      "length") = 32
+    steps: about(optional(Length), "Steps (fixed schedule)",
+                 "forwards for the fixed schedule, LLaDA's steps (none: one token per step)") = None
+    temperature: about(number(0), "Temperature", "0 decodes greedily; above 0 each token is sampled") = 0.0
+    seed: about(integer(0, SEED_MAX), "Seed", "the sampling seed; the same seed and settings give the same "
+                "tokens") = 0
+    cache: about(WORD, "Cache policy", "what each forward recomputes and what it reuses from the KV cache") = "none"
+    cache_params: about(Params, "Cache parameters", "the cache policy's parameters (its defaults where not "
+                        "given)") = field(default_factory=dict)
+    unmask: about(WORD, "Unmasking policy", "which masked positions each step commits") = "fixed"
+    unmask_params: about(Params, "Unmasking parameters", "the unmasking policy's parameters (its defaults where "
+                         "not given)") = field(default_factory=dict)
+    trace: about(TraceLevel, "Trace", "what each step records: off (counters only), summary (commits, "
+                 "confidences, KV drift), full (also every recomputed position and the top candidates)") = "summary"
+    exact_drift: about(FLAG, "Exact-drift diagnostic", "a full forward each step, to measure the cache's true drift "
+                       "(its cost reported apart)") = False
+    early_stop: about(FLAG, "Early stop", "end the run once a stop token has no mask before it") = False
 
     def __post_init__(self) -> None:
         knobs = read(_schema(), {f.name: getattr(self, f.name) for f in fields(self)}, "settings")
@@ -106,6 +121,45 @@ def _schema() -> TypeAdapter:
     return TypeAdapter(TypedDict("Settings", get_type_hints(Settings, include_extras=True)))
 
 
+@dataclass(frozen=True)
+class Knob:
+    """One knob as the command line and the page offer it."""
+    name: str
+    default: Any
+    label: str
+    help: str
+    low: float | None = None
+    high: float | None = None
+    choices: tuple = ()
+
+
+def knob(name: str) -> Knob:
+    """The knob ``name`` of ``Settings``: its default, label, help, bounds and choices from its
+    field (a choice of policy from the registry, so plugins count)."""
+    field_ = next((f for f in fields(Settings) if f.name == name), None)
+    if field_ is None:
+        raise SettingsError(f"unknown setting {name!r}")
+    parts = list(_parts(get_type_hints(Settings, include_extras=True)[name]))
+    about_ = next(p for p in parts if isinstance(p, FieldInfo) and p.title)
+    low = next((p.ge if isinstance(p, Ge) else p.gt for p in parts if isinstance(p, (Ge, Gt))), None)
+    high = next((p.le if isinstance(p, Le) else p.lt for p in parts if isinstance(p, (Le, Lt))), None)
+    if name in ("cache", "unmask"):
+        choices = tuple(registry.CACHE if name == "cache" else registry.UNMASK)
+    else:
+        choices = next((get_args(p) for p in parts if get_origin(p) is Literal), ())
+    default = field_.default_factory() if callable(field_.default_factory) else field_.default
+    return Knob(name, default, about_.title, about_.description, low, high, choices)
+
+
+def _parts(kind: Any) -> Iterator[Any]:
+    """``kind``, its annotations and its members, all the way down: an optional's bounds are its member's."""
+    yield kind
+    for part in get_args(kind):
+        yield from _parts(part)
+    if isinstance(kind, FieldInfo):
+        yield from kind.metadata
+
+
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -127,3 +181,18 @@ def loadable(value: dict) -> dict:
     except SettingsError as exc:
         raise ValueError(str(exc)) from None
     return value
+
+
+def trace_settings(settings: dict) -> dict:
+    """A trace's settings (a pydantic validator): those of known policies load through ``Settings``;
+    a plugin's this build lacks are kept unread (the page replays such a trace without its settings)."""
+    named = [settings.get(kind) for kind in ("cache", "unmask")]
+    if not all(isinstance(name, str) for name in named) or (named[0] in registry.CACHE and named[1] in registry.UNMASK):
+        try:
+            loadable(settings)
+        except ValueError as exc:
+            raise ValueError(f"do not load: {exc}") from None
+    return settings
+
+
+declare_settings_check(trace_settings)

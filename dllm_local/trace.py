@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from functools import cache
 from pathlib import Path
@@ -19,6 +19,7 @@ from pydantic_core import PydanticCustomError
 from typing_extensions import TypedDict
 
 from .errors import TraceError, schema_message
+from .limits import MAX_GEN_LENGTH, MAX_TRACE_BYTES
 from .values import Count, Flag, Number, Text
 
 SCHEMA_VERSION = 1
@@ -26,8 +27,6 @@ SCHEMA_VERSION = 1
 # ``exact`` diagnostic, the true drift and the cache-vs-exact error. A preset may open on one.
 KV_VIEWS = ("drift", "true_drift", "cache_error")
 
-MAX_GEN_LENGTH = 4096  # the largest answer region an imported trace may claim
-MAX_TRACE_BYTES = 64 * 2**20
 MAX_TRACE_CELLS = 4 * 10**7  # steps x positions: 320 MB per float64 array a view builds from them
 
 
@@ -220,19 +219,18 @@ def _one_id_per_position(final_ids: list[int], info: ValidationInfo) -> list[int
     return final_ids
 
 
-def _known_settings(settings: dict) -> dict:
-    """Settings of known policies load through ``Settings``; a plugin's this build lacks are kept
-    unread (the page replays such a trace without its settings)."""
-    from .policies import registry
-    from .settings import loadable
+# How a trace's settings are read: declared by settings.py, which sits above this module (the page's
+# views import the trace and stay free of the settings' policies). Until then they are kept unread.
+_SETTINGS_CHECK: list[Callable[[dict], dict]] = []
 
-    named = [settings.get(kind) for kind in ("cache", "unmask")]
-    if not all(isinstance(name, str) for name in named) or (named[0] in registry.CACHE and named[1] in registry.UNMASK):
-        try:
-            loadable(settings)
-        except ValueError as exc:
-            raise ValueError(f"do not load: {exc}") from None
-    return settings
+
+def declare_settings_check(check: Callable[[dict], dict]) -> None:
+    """``check`` reads each trace's settings from now on: the mapping, or a ValueError."""
+    _SETTINGS_CHECK[:] = [check]
+
+
+def _known_settings(settings: dict) -> dict:
+    return _SETTINGS_CHECK[0](settings) if _SETTINGS_CHECK else settings
 
 
 @dataclass

@@ -17,11 +17,9 @@ from pydantic import TypeAdapter
 
 from ..devices import DEVICES
 from ..errors import SettingsError
-from ..trace import MAX_GEN_LENGTH
+from ..limits import MAX_GEN_LENGTH
 from ..values import FLAG, TYPE_WORDS, WORD, integer, number, one_of, optional, read
 
-# A count of positions or steps: no generation is longer than an imported trace may be.
-MAX_POSITIONS = MAX_GEN_LENGTH
 
 @dataclass(frozen=True)
 class Param:
@@ -190,7 +188,7 @@ def load_plugins(modules: Iterable[str] = ()) -> list[str]:
 
 # ---------------------------------------------------------------- the built-in policies
 def _refresh_every(help_: str = "also refresh every N steps inside a block (0: only at block starts)") -> Param:
-    return Param("refresh_every", int, 0, "Refresh every N steps", help_, low=0, high=MAX_POSITIONS, slider=(0, 32, 1))
+    return Param("refresh_every", int, 0, "Refresh every N steps", help_, low=0, high=MAX_GEN_LENGTH, slider=(0, 32, 1))
 
 
 _CACHE_IMPL = "dllm_local.policies.cache"
@@ -279,12 +277,12 @@ register(PolicySpec(
         Param("rho", float, 0.5, "Conflict cut-off (rho)", "P(b | others) / P(b) under rho sends b back to mask",
               low=0, high=100, low_open=True, slider=(0.05, 1.0, 0.05)),
         Param("window", int, 4, "Conflict window", "candidates closer than this are verified together", low=1,
-              high=MAX_POSITIONS,
+              high=MAX_GEN_LENGTH,
               slider=(1, 8, 1)),
         Param("cap_max", int, 16, "Tokens per step, empty block", "the cap when the block is empty", low=1,
-              high=MAX_POSITIONS),
+              high=MAX_GEN_LENGTH),
         Param("cap_min", int, 2, "Tokens per step, full block", "the cap as the block fills", low=1,
-              high=MAX_POSITIONS),
+              high=MAX_GEN_LENGTH),
     ),
     check=lambda p: None if p["cap_min"] <= p["cap_max"] else f"cap_min ({p['cap_min']}) must be <= cap_max ({p['cap_max']})"))
 register(PolicySpec(
@@ -313,6 +311,6 @@ register(PolicySpec(
         Param("probe_layer", int, None, "Probe layer", "the layer whose attention is watched; None: the middle one",
               low=0, high=1023, optional=True),  # past the model's own layers: refused when a run starts
         Param("top_k", int, 8, "Most-attended positions", "how many positions the drift is measured over", low=1,
-              high=MAX_POSITIONS,
+              high=MAX_GEN_LENGTH,
               slider=(1, 64, 1)),
     )))
