@@ -1,0 +1,423 @@
+"""House rules of the code, read statically with ``ast``: one-way layers, no import cycles, no
+capability probes, small files, a one-line job per module.
+
+Nothing here imports the project: every check parses the sources of ``app.py``, ``dllm_local/``
+and ``ui/``, so a file mid-edit is reported, not crashed on.
+"""
+from __future__ import annotations
+
+import ast
+from collections import deque
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("app", "dllm_local", "ui")  # the project's top-level names; any other import is a library's
+
+# --- the layers -------------------------------------------------------------------------------
+# Rank 0 is the top. An arrow may run down or sideways (same rank; cycles are a rule of their own),
+# never up. A module takes the rank of its longest entry below (its own name, else its package's);
+# the root package "dllm_local" matches only itself, so a new top-level module has to be placed here.
+LAYERS = {
+    "app": 0,                          # the page server's entry point
+    "dllm_local.__main__": 0,          # the CLI's entry point: drives experiments, sampler, loader
+    "ui": 1,                           # the page (torch-free)
+    "dllm_local.serving": 2,           # session and engine process: the engine runs sweeps, so above experiments
+    "dllm_local": 3,                   # the root __init__: the public API, re-exporting batch, sampler, loader
+    "dllm_local.experiments": 3,       # bench, sweep, eval, cluster, cost model: built on batch and sampler
+    "dllm_local.tiny.train": 3,        # a training script: builds LLaDA models
+    "dllm_local.batch": 4,             # BatchRun: several Runs over one packed forward
+    "dllm_local.sampler": 5,           # Run: the decoding loop
+    "dllm_local.recorder": 6,          # one Step per step -> the trace
+    "dllm_local.policies": 7,          # cache and unmasking behaviour, the decoding state they read
+    "dllm_local.models": 8,            # families, KV cache, loader
+    # leaves: specs and records, read by every layer above and by the page
+    "dllm_local.policies.registry": 9,  # torch-free specs; behaviours named "module:Class", imported on use
+    "dllm_local.settings": 9,
+    "dllm_local.trace": 9,
+    "dllm_local.prompts": 9,
+    "dllm_local.softmax": 9,
+    "dllm_local.hub": 9,
+    "dllm_local.tiny": 9,              # tasks and scorers, the tiny tokenizer
+    # foundations: what the leaves themselves are made of
+    "dllm_local.errors": 10,
+    "dllm_local.values": 10,
+    "dllm_local.limits": 10,
+    "dllm_local.devices": 10,
+}
+ROOT_ONLY = {"dllm_local"}  # entries that match only the module itself, not its submodules
+
+
+def rank(module: str) -> int | None:
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        name = ".".join(parts[:n])
+        if name in LAYERS and (name not in ROOT_ONLY or n == len(parts)):
+            return LAYERS[name]
+    return None
+
+
+# --- the import graph -------------------------------------------------------------------------
+# Every import statement counts: at module level, inside functions (lazy imports still run in the
+# same process and still couple the modules) and inside ``if TYPE_CHECKING:`` blocks. TYPE_CHECKING
+# imports DO count as arrows (an annotation naming a class of a layer above is a dependency on it,
+# and the cycle they hide is real for readers and type checkers); the messages tag them
+# "[TYPE_CHECKING]" (and lazy ones "[in function]") so they can be told apart. Not counted: the
+# implicit import of parent packages, and imports by string (importlib.import_module, the registry's
+# "module:Class" behaviours, the root package's lazy re-exports).
+
+
+@dataclass(frozen=True)
+class Arrow:
+    source: str
+    target: str
+    path: str
+    line: int
+    kind: str  # "", "in function" or "TYPE_CHECKING"
+
+    def where(self) -> str:
+        tag = f" [{self.kind}]" if self.kind else ""
+        return f"{self.path}:{self.line}{tag}"
+
+
+@dataclass
+class Graph:
+    files: dict[str, Path] = field(default_factory=dict)  # module -> file
+    arrows: list[Arrow] = field(default_factory=list)
+    dangling: list[str] = field(default_factory=list)  # project imports naming no module
+    unparsable: list[str] = field(default_factory=list)
+
+    def edges(self) -> dict[str, dict[str, list[Arrow]]]:
+        out: dict[str, dict[str, list[Arrow]]] = {m: {} for m in self.files}
+        for a in self.arrows:
+            if a.target != a.source:
+                out[a.source].setdefault(a.target, []).append(a)
+        return out
+
+
+def source_files() -> list[Path]:
+    files = [ROOT / "app.py"]
+    for package in ("dllm_local", "ui"):
+        files += sorted((ROOT / package).rglob("*.py"))
+    return [f for f in files if f.is_file()]
+
+
+def rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+@cache
+def parsed(path: Path) -> ast.Module | None:
+    try:
+        return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except (SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(tree: ast.AST):
+    """(node, kind) for every Import / ImportFrom, kind telling where it sits."""
+    def visit(node: ast.AST, kind: str):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                yield child, kind
+            if isinstance(child, ast.If) and _is_type_checking(child.test):
+                for stmt in child.body:
+                    yield from visit_stmt(stmt, "TYPE_CHECKING")
+                for stmt in child.orelse:
+                    yield from visit_stmt(stmt, kind)
+                continue
+            inner = kind
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and kind == "":
+                inner = "in function"
+            yield from visit(child, inner)
+
+    def visit_stmt(stmt: ast.stmt, kind: str):
+        if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            yield stmt, kind
+        yield from visit(stmt, kind)
+
+    yield from visit(tree, "")
+
+
+@cache
+def graph() -> Graph:
+    g = Graph()
+    paths = source_files()
+    for path in paths:
+        g.files[module_name(path)] = path
+    modules = set(g.files)
+
+    def known(name: str) -> str | None:
+        """The module an import of ``name`` loads last: itself, else its longest existing prefix
+        (``from pkg import NAME`` of a non-module NAME is an arrow to ``pkg``)."""
+        while name:
+            if name in modules:
+                return name
+            name = name.rpartition(".")[0]
+        return None
+
+    for path in paths:
+        source = module_name(path)
+        tree = parsed(path)
+        if tree is None:
+            g.unparsable.append(rel(path))
+            continue
+        package = source if path.name == "__init__.py" else source.rpartition(".")[0]
+        for node, kind in _imports(tree):
+            targets: list[tuple[str, str]] = []  # (wanted, resolved-or-"")
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] in PACKAGES:
+                        found = alias.name if alias.name in modules else ""
+                        targets.append((alias.name, found))
+            else:
+                if node.level:
+                    parts = package.split(".") if package else []
+                    parts = parts[:len(parts) - (node.level - 1)] if node.level > 1 else parts
+                    base = ".".join(parts + ([node.module] if node.module else []))
+                else:
+                    base = node.module or ""
+                if base.split(".")[0] not in PACKAGES:
+                    continue
+                for alias in node.names:
+                    child = f"{base}.{alias.name}"
+                    if child in modules:
+                        targets.append((child, child))
+                    else:  # a name inside the module ``base`` (which must exist)
+                        targets.append((base, base if base in modules else ""))
+            for wanted, found in targets:
+                if not found:
+                    g.dangling.append(f"{rel(path)}:{node.lineno}: {source} imports {wanted}, "
+                                      f"which is no module of the project (nearest: {known(wanted)})")
+                    continue
+                arrow = Arrow(source, found, rel(path), node.lineno, kind)
+                if arrow not in g.arrows:  # ``from .m import a, b`` is one arrow
+                    g.arrows.append(arrow)
+    return g
+
+
+def test_every_file_parses_and_every_project_import_names_a_module():
+    g = graph()
+    problems = [f"{p}: does not parse" for p in g.unparsable] + g.dangling
+    assert not problems, "broken files or imports:\n  " + "\n  ".join(problems)
+
+
+def _strongly_connected(edges: dict[str, dict[str, list[Arrow]]]) -> list[list[str]]:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    counter = 0
+
+    for start in sorted(edges):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(edges[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, it = work[-1]
+            advanced = False
+            for nxt in it:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter
+                    counter += 1
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(edges.get(nxt, {})))))
+                    advanced = True
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    top = stack.pop()
+                    on_stack.discard(top)
+                    component.append(top)
+                    if top == node:
+                        break
+                if len(component) > 1:
+                    out.append(sorted(component))
+    return out
+
+
+def _shortest_cycle(edges: dict[str, dict[str, list[Arrow]]], start: str, members: set[str]) -> list[str]:
+    came: dict[str, str] = {}
+    queue = deque([start])
+    while queue:
+        node = queue.popleft()
+        for nxt in sorted(edges[node]):
+            if nxt not in members:
+                continue
+            if nxt == start:
+                chain = [node]
+                while chain[-1] != start:
+                    chain.append(came[chain[-1]])
+                return [*reversed(chain), start]
+            if nxt not in came:
+                came[nxt] = node
+                queue.append(nxt)
+    return []
+
+
+def _chain(edges: dict[str, dict[str, list[Arrow]]], cycle: list[str]) -> str:
+    text = cycle[0]
+    for a, b in zip(cycle, cycle[1:]):
+        text += f"\n      -> {b}   ({', '.join(x.where() for x in edges[a][b])})"
+    return text
+
+
+def test_no_import_cycles():
+    """Each cycle as a chain of arrows with where each arrow is written; per strongly connected
+    set of modules, the shortest cycle through each of its modules."""
+    edges = graph().edges()
+    chains: list[str] = []
+    for component in _strongly_connected(edges):
+        members = set(component)
+        seen: set[frozenset] = set()
+        for start in component:
+            cycle = _shortest_cycle(edges, start, members)
+            key = frozenset(zip(cycle, cycle[1:]))
+            if cycle and key not in seen:
+                seen.add(key)
+                chains.append(_chain(edges, cycle))
+    assert not chains, f"{len(chains)} import cycle(s):\n  " + "\n  ".join(chains)
+
+
+def test_no_arrow_runs_up_the_layers():
+    g = graph()
+    unplaced = sorted(m for m in g.files if rank(m) is None)
+    upward = []
+    for a in sorted(g.arrows, key=lambda a: (a.path, a.line)):
+        low, high = rank(a.source), rank(a.target)
+        if low is not None and high is not None and high < low:
+            upward.append(f"{a.source} ({low}) -> {a.target} ({high})   {a.where()}")
+    message = []
+    if unplaced:
+        message.append("modules with no layer in LAYERS: " + ", ".join(unplaced))
+    if upward:
+        message.append(f"{len(upward)} upward arrow(s):\n  " + "\n  ".join(upward))
+    assert not message, "\n".join(message)
+
+
+# --- capability probes ------------------------------------------------------------------------
+# Every hasattr(...) and every 3-argument getattr(...) in dllm_local/ and ui/ is flagged unless
+# listed here: (file, attribute name) -> why the attribute is optional on that object. A name that
+# is not a string literal is keyed by its source text. An entry nothing matches any more fails too.
+PROBES_ALLOWED = {
+    ("dllm_local/__main__.py", "quiet"): "argparse Namespace: only some subcommands define the flag",
+    ("dllm_local/__main__.py", "batch_size"): "argparse Namespace: only some subcommands define the flag",
+    ("dllm_local/__main__.py", "concurrency"): "argparse Namespace: only some subcommands define the flag",
+    ("dllm_local/experiments/problems.py", "strerror"): "an OSError's message; UnicodeDecodeError has none",
+    ("dllm_local/models/dream.py", "initializer_range"): "optional field of a transformers config",
+    ("dllm_local/models/llada.py", "init_std"): "optional field of a transformers config",
+    ("dllm_local/tiny/train.py", "trained_gen_length"): "our own optional key in a transformers config",
+    ("dllm_local/models/layers.py", "_hf_hook"): "accelerate sets the hook only on dispatched modules",
+    ("dllm_local/models/layers.py", "execution_device"): "an accelerate hook's field, absent on some hooks",
+    ("dllm_local/models/footprint.py", "quant_state"): "bitsandbytes Params4bit's state (bnb is optional)",
+    ("dllm_local/models/footprint.py", "SCB"): "bitsandbytes Int8Params' scales (bnb is optional)",
+    ("dllm_local/models/placement.py", "dtype"): "a dtype name looked up in the torch module",
+    ("ui/engine_queue.py", "session_hash"): "gradio's Request, or None outside Gradio",
+}
+
+
+def _probes():
+    for path in source_files():
+        if rel(path) == "app.py":
+            continue
+        tree = parsed(path)
+        if tree is None:
+            continue
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+                continue
+            if node.func.id == "hasattr" or (node.func.id == "getattr" and len(node.args) == 3):
+                if len(node.args) < 2:
+                    continue
+                name = node.args[1]
+                key = name.value if isinstance(name, ast.Constant) and isinstance(name.value, str) else ast.unparse(name)
+                yield rel(path), node.lineno, key, ast.unparse(node)
+
+
+def test_no_capability_probes():
+    found = sorted(_probes())
+    offenders = [f"{p}:{line}: {text}" for p, line, key, text in found if (p, key) not in PROBES_ALLOWED]
+    used = {(p, key) for p, _, key, _ in found}
+    stale = [f"{p}: {key!r}" for p, key in sorted(PROBES_ALLOWED) if (p, key) not in used]
+    message = []
+    if offenders:
+        message.append(f"{len(offenders)} capability probe(s) (ask the type, not the object):\n  "
+                       + "\n  ".join(offenders))
+    if stale:
+        message.append("PROBES_ALLOWED entries that match nothing any more (remove them):\n  " + "\n  ".join(stale))
+    assert not message, "\n".join(message)
+
+
+# --- file size --------------------------------------------------------------------------------
+MAX_LINES = 300
+# file -> (the most lines it may have, why it may pass MAX_LINES). The cap stops it growing.
+LONG_FILES_ALLOWED = {
+    "dllm_local/__main__.py": (640, "the CLI: one argparse tree of every subcommand's flags and help, "
+                                    "beside thin drivers; split, the flag table would scatter"),
+    "dllm_local/trace.py": (340, "the trace file's schema: each validator beside the field it bounds, "
+                                 "one module for one input boundary"),
+    "dllm_local/policies/registry.py": (330, "the spec types and the built-in policies' Param tables "
+                                             "(declarative data)"),
+}
+
+
+def test_no_file_over_300_lines():
+    too_long, stale = [], []
+    counts = {}
+    for path in source_files():
+        if rel(path) == "app.py":
+            continue
+        counts[rel(path)] = lines = len(path.read_text(encoding="utf-8", errors="replace").splitlines())
+        cap = LONG_FILES_ALLOWED.get(rel(path), (MAX_LINES, ""))[0]
+        if lines > cap:
+            too_long.append(f"{rel(path)}: {lines} lines (max {cap})")
+    for name, (cap, _) in sorted(LONG_FILES_ALLOWED.items()):
+        if counts.get(name, 0) <= MAX_LINES:
+            stale.append(f"{name}: {counts.get(name, 'missing')} lines, no longer needs an exception")
+    message = []
+    if too_long:
+        message.append(f"{len(too_long)} file(s) too long:\n  " + "\n  ".join(too_long))
+    if stale:
+        message.append("LONG_FILES_ALLOWED entries to remove:\n  " + "\n  ".join(stale))
+    assert not message, "\n".join(message)
+
+
+# --- docstrings -------------------------------------------------------------------------------
+def test_every_module_says_its_job_in_a_first_docstring_line():
+    missing = []
+    for path in source_files():
+        tree = parsed(path)
+        if tree is None:
+            continue
+        doc = ast.get_docstring(tree, clean=True)
+        first = doc.strip().splitlines()[0].strip() if doc and doc.strip() else ""
+        if not first:
+            missing.append(rel(path))
+    assert not missing, f"{len(missing)} module(s) without a docstring's first line:\n  " + "\n  ".join(missing)
