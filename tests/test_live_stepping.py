@@ -14,7 +14,7 @@ from dllm_local.tiny.tasks import TASKS
 from ui.engine_queue import throttled
 from ui.grid import OFF_TASK, token_grid_html
 from ui.presets import load_presets
-from ui.run_tab import run_status
+from ui.status_line import run_status
 
 from test_page import (OUT, _choose, _shown_run, _status, _wait_done, _wait_policy, browser, page, server,  # noqa: F401
                        start_long_run)

@@ -9,13 +9,14 @@ from typing import Any
 
 import gradio as gr
 
-from dllm_local.errors import DllmError, SettingsError, shown
+from dllm_local.errors import SettingsError, shown
 from dllm_local.values import Text
 from dllm_local.settings import Settings
 
 from . import grid, tables
 from .controls import Specs, settings_from_controls, settings_line, spec_named
-from .engine_queue import CANCELLED, ENGINE, EngineQueue, client_of, error_text, throttled
+from .engine_handler import engine_handler
+from .engine_queue import ENGINE, EngineQueue, client_of, error_text, throttled
 from .replay import compare, numbers
 from .inputs import Choice, checked
 from .run_tab import RunTab
@@ -108,20 +109,14 @@ class CompareTab:
     def _side(self, name: str, current: dict) -> dict:
         return dict(current) if name == CURRENT else dict(self.presets[name]["settings"], seed=current["seed"])
 
+    @engine_handler
     @checked
     def run_compare(self, request: gr.Request, name_a: Choice, name_b: Choice, changes: Text, prompt: Text,
                     **controls: Any) -> Iterator[dict]:
         client = client_of(request)
-        if self.engine.take_cancel(client):
-            yield {self.status: CANCELLED}
-            return
-        try:
-            current, _ = settings_from_controls(controls, self.specs)
-            sides = {"a": Settings.from_dict(self._side(name_a, current)),
-                     "b": Settings.from_dict(apply_changes(self._side(name_b, current), changes, self.specs))}
-        except (ValueError, TypeError, DllmError) as exc:
-            yield {self.status: f"⚠ {exc}"}
-            return
+        current, _ = settings_from_controls(controls, self.specs)
+        sides = {"a": Settings.from_dict(self._side(name_a, current)),
+                 "b": Settings.from_dict(apply_changes(self._side(name_b, current), changes, self.specs))}
         labels = {key: f"{key.upper()}: {settings_line(settings.to_dict())}" for key, settings in sides.items()}
         grids = {"a": "", "b": ""}  # a new comparison clears the last one's grids
         timed: dict[str, list[dict]] = {"a": [], "b": []}

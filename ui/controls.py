@@ -9,13 +9,17 @@ from __future__ import annotations
 from pydantic import TypeAdapter
 
 from dllm_local.policies import registry
-from dllm_local.settings import Length
+from dllm_local.settings import Length, knob
 from dllm_local.values import read
 
 LENGTH = TypeAdapter(Length)  # a length control's value (a slider's float, or an API call's anything)
 
 Specs = dict[str, list[dict]]  # kind ("cache", "unmask") -> its policies' spec dicts
 KINDS = ("cache", "unmask")
+# The settings the page has a control for, each with its knob's default (``settings.knob``).
+SETTING_CONTROLS = ("gen_length", "block_size", "steps", "temperature", "seed", *KINDS, "exact_drift")
+# The page's trace level, whatever the settings' default: its views read every recorded position.
+PAGE_TRACE = "full"
 
 
 def spec_named(specs: Specs, kind: str, name: str) -> dict:
@@ -94,7 +98,7 @@ def settings_from_controls(v: dict, specs: Specs | None = None) -> tuple[dict, s
     settings = {
         "gen_length": gen_length, "block_size": block_size, "steps": steps,
         "temperature": v["temperature"], "seed": v["seed"],
-        "trace": "full", "exact_drift": v["exact_drift"], "early_stop": False,
+        "trace": PAGE_TRACE, "exact_drift": v["exact_drift"], "early_stop": False,
     }
     for kind, spec in chosen.items():
         settings[kind] = spec["name"]
@@ -106,23 +110,26 @@ def controls_from_settings(s: dict, specs: Specs | None = None) -> dict:
     """A preset's settings -> control values: its policies' parameters set their knobs; every knob
     it leaves out takes its default (the chosen policy's, where that policy has the parameter)."""
     specs = specs or registry.all_specs()
-    gen_length = s.get("gen_length", 128)
-    out = {
-        "gen_length": gen_length, "block_size": s.get("block_size", 32), "steps": s.get("steps") or gen_length,
-        "temperature": s.get("temperature", 0.0), "seed": s.get("seed", 0), "cache": s.get("cache", "none"),
-        "unmask": s.get("unmask", "fixed"), "exact_drift": s.get("exact_drift", False),
-        **{key: param["default"] for key, param in knobs(specs).items()},
-    }
+    out = {name: s.get(name, knob(name).default) for name in SETTING_CONTROLS}
+    # No steps is one token per step: as many steps as the length, which the slider then shows.
+    out["steps"] = out["steps"] or out["gen_length"]
+    out.update({key: param["default"] for key, param in knobs(specs).items()})
     for kind, spec in _chosen(specs, out["cache"], out["unmask"]).items():
         given = s.get(f"{kind}_params") or {}
         out.update({knob_key(kind, p["name"]): given.get(p["name"], p["default"]) for p in spec["params"]})
     return out
 
 
-def sweep_knobs(specs: Specs, cache: str, unmask: str) -> dict[str, dict]:
-    """The numeric parameters of the chosen policies, by control name: what a sweep can vary
-    besides the block size."""
-    return {knob_key(kind, p["name"]): p for kind, spec in _chosen(specs, cache, unmask).items()
+def policies_of(settings: dict) -> tuple[str, str]:
+    """The cache and unmasking policies ``settings`` names (their knobs' defaults where it does not)."""
+    cache, unmask = (settings.get(kind, knob(kind).default) for kind in KINDS)
+    return cache, unmask
+
+
+def sweep_knobs(specs: Specs, settings: dict) -> dict[str, dict]:
+    """The numeric parameters of the policies ``settings`` names, by control name: what a sweep can
+    vary besides the block size."""
+    return {knob_key(kind, p["name"]): p for kind, spec in _chosen(specs, *policies_of(settings)).items()
             for p in spec["params"] if p["type"] in ("int", "float")}
 
 

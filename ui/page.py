@@ -14,7 +14,8 @@ from .compare_tab import CompareTab
 from .engine_queue import EngineQueue
 from .exports import ExportFolder
 from .model_access import ModelAccess
-from .run_tab import RunTab, model_line
+from .model_box import model_line
+from .run_tab import RunTab
 from .tune_tab import TuneTab
 
 # Gradio's own cache of files handed to browsers: swept every hour of anything older than an hour.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +19,16 @@ from dllm_local.experiments.costmodel import (
     concurrency_curve,
 )
 from dllm_local.experiments.reports import add_points
-from dllm_local.values import Text
+from dllm_local.limits import SWEEP_BLOCK_SIZES, SWEEP_GEN_LENGTH, SWEEP_THRESHOLDS
 from dllm_local.settings import Length
 from dllm_local.tiny.tasks import TASKS, check_task
+from dllm_local.values import Text
 
 from . import tune_figures
-from .controls import KINDS, Specs, sweep_knobs
-from .engine_queue import CANCELLED, ENGINE, EngineQueue, client_of, error_text
+from .control_widgets import setting_widget
+from .controls import KINDS, Specs, policies_of, sweep_knobs
+from .engine_handler import engine_handler
+from .engine_queue import ENGINE, EngineQueue, client_of, error_text
 from .inputs import Choice, ConcurrencyModel, DeviceName, PageState, checked
 from .run_tab import RunTab
 
@@ -53,7 +56,7 @@ def parse_numbers(text: str, kind: type, box: str, rule: str) -> list:
 def knob_choices(specs: Specs, settings: dict) -> dict:
     """The knob menu for base ``settings``: every numeric parameter of its two policies (labelled
     with the policy kind), opening on the unmasking policy's first."""
-    found = sweep_knobs(specs, settings.get("cache", "none"), settings.get("unmask", "fixed"))
+    found = sweep_knobs(specs, settings)
     choices = [(f"{param['label']} ({_KIND_WORDS[key.partition('.')[0]]})", key) for key, param in found.items()]
     value = next((key for key in found if key.startswith("unmask.")), next(iter(found), None))
     info = "" if found else "These policies have no numeric knob: the sweep varies the block size only."
@@ -70,7 +73,12 @@ def suggested_values(param: dict) -> str:
         picks = [(param["default"] or 1) * factor for factor in (0.5, 1, 2, 4)]
     if param["type"] == "int":
         picks = [int(round(v)) for v in picks]
-    return ", ".join(f"{v:g}" for v in dict.fromkeys(picks))
+    return listed(dict.fromkeys(picks), ", ")
+
+
+def listed(values: Iterable[float], sep: str = ",") -> str:
+    """Numbers as a text box takes them: "0.5,0.7"."""
+    return sep.join(f"{v:g}" for v in values)
 
 
 def sweep_axes(specs: Specs, base: dict, knob: str | None, values: str, blocks: str) -> dict[str, list]:
@@ -79,10 +87,10 @@ def sweep_axes(specs: Specs, base: dict, knob: str | None, values: str, blocks: 
     policies have a parameter of that name."""
     axes: dict[str, list] = {}
     if knob:
-        found = sweep_knobs(specs, base.get("cache", "none"), base.get("unmask", "fixed"))
+        found = sweep_knobs(specs, base)
         if knob not in found:
-            raise SettingsError(f"Knob: {knob!r} is not a numeric parameter of {base.get('cache', 'none')} + "
-                                f"{base.get('unmask', 'fixed')}; pick one of {', '.join(found) or 'none'}")
+            raise SettingsError(f"Knob: {knob!r} is not a numeric parameter of {' + '.join(policies_of(base))}; "
+                                f"pick one of {', '.join(found) or 'none'}")
         param = found[knob]
         name = knob.partition(".")[2]
         shared = sum(f"{kind}.{name}" in found for kind in KINDS) > 1
@@ -180,9 +188,9 @@ class TuneTab:
             # Its choices follow the base settings; a value typed by an API client is checked by the sweep.
             self.knob = gr.Dropdown(**knob_choices(self.specs, base), label="Knob", allow_custom_value=True,
                                     elem_id="tune-knob")
-            self.values = gr.Textbox("0.5,0.7,0.8,0.9", label="Values to try", elem_id="tune-values")
-            self.blocks = gr.Textbox("8,16,32", label="Block sizes", elem_id="tune-blocks")
-            self.gen = gr.Number(64, label="Generation length", precision=0)
+            self.values = gr.Textbox(listed(SWEEP_THRESHOLDS), label="Values to try", elem_id="tune-values")
+            self.blocks = gr.Textbox(listed(SWEEP_BLOCK_SIZES), label="Block sizes", elem_id="tune-blocks")
+            self.gen = setting_widget("gen_length", SWEEP_GEN_LENGTH, elem_id="tune-gen")
         with gr.Row():
             self.button = gr.Button("Run sweep", variant="primary", elem_id="tune-btn")
             self.stop = gr.Button("Cancel", variant="stop", elem_id="tune-stop")
@@ -223,21 +231,19 @@ class TuneTab:
     @checked
     def suggest_values(self, preset_name: Choice, knob: Choice | None) -> str | dict:
         settings = self.presets[preset_name]["settings"]
-        found = sweep_knobs(self.specs, settings.get("cache", "none"), settings.get("unmask", "fixed"))
+        found = sweep_knobs(self.specs, settings)
         return suggested_values(found[knob]) if knob in found else gr.update()
 
+    @engine_handler
     @checked
     def run_sweep(self, request: gr.Request, preset_name: Choice, task: Choice, n: Any, knob: Choice | None,
                   values: Text, blocks: Text, gen: Length, progress=gr.Progress()) -> Iterator[dict]:
         # n is read by the task suite's own check (check_task), its message told in the status line.
         client = client_of(request)
-        if self.engine.take_cancel(client):
-            yield {self.status: CANCELLED}
-            return
+        n = check_task(task, n)  # a count typed by an API client is checked before any work
+        base = dict(self.presets[preset_name]["settings"], gen_length=gen, trace="off", exact_drift=False)
+        axes = sweep_axes(self.specs, base, knob, values, blocks)
         try:
-            n = check_task(task, n)  # a count typed by an API client is checked before any work
-            base = dict(self.presets[preset_name]["settings"], gen_length=gen, trace="off", exact_drift=False)
-            axes = sweep_axes(self.specs, base, knob, values, blocks)
             report: dict = {"axes": axes, "rows": [], "problems": n}
             for event in self.session.sweep(task, n, base, axes, run_id=client):  # the points checked there
                 if "units" in event:  # problems done, and each worker's pace (several on a cluster)
