@@ -1,0 +1,84 @@
+"""Builds a checked checkpoint's config, tokenizer and model from its files, without remote code."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+from huggingface_hub.errors import StrictDataclassError
+
+from ..errors import ModelLoadError
+from . import FAMILIES
+
+if TYPE_CHECKING:
+    from transformers import BitsAndBytesConfig, PreTrainedTokenizerBase
+
+
+class FamilyConfig(Protocol):
+    """What the loader reads from a family's config: LLaDAConfig and DreamConfig both declare it."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def num_hidden_layers(self) -> int: ...
+
+    @property
+    def max_positions(self) -> int: ...
+
+    @property
+    def eos_token_id(self) -> int | None: ...
+
+
+def family_config(raw: dict, family: str, config_file: Path) -> FamilyConfig:
+    """The family's config class made from config.json's object ``raw``."""
+    config_cls, _ = FAMILIES[family]
+    try:
+        return config_cls.from_dict(raw)
+    except (ValueError, TypeError, StrictDataclassError) as exc:
+        raise ModelLoadError(f"{config_file} is not a valid {family} config: {exc}") from exc
+
+
+def _native_tokenizer(family: str) -> type[PreTrainedTokenizerBase]:
+    """What a family's tokenizer files are, for a tokenizer_config.json that names a remote-code
+    class (Dream's does), which AutoTokenizer refuses without trust_remote_code."""
+    from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
+
+    return {"llada": PreTrainedTokenizerFast, "Dream": Qwen2Tokenizer}[family]
+
+
+def load_tokenizer(path: Path, family: str) -> PreTrainedTokenizerBase:
+    """The tokenizer in ``path``: as its files say, else as the family's own tokenizer class."""
+    import transformers
+
+    try:
+        return transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    except (ValueError, OSError, AttributeError):
+        pass
+    native = _native_tokenizer(family)
+    try:
+        return native.from_pretrained(path)
+    except (ValueError, OSError, AttributeError, TypeError) as exc:
+        raise ModelLoadError(f"this app runs no remote code; {family} is supported natively, but the tokenizer in "
+                             f"{path} does not load as {native.__name__} either ({str(exc).splitlines()[0]}); check its tokenizer files") from exc
+
+
+def build_model(path: Path, family: str, config: FamilyConfig, dtype: torch.dtype, device: torch.device,
+                qconfig: BitsAndBytesConfig | None, device_map: str | dict | None) -> torch.nn.Module:
+    """The family's model with the weights in ``path``, in ``dtype`` (quantized by ``qconfig``),
+    on ``device`` or spread by ``device_map``, in eval mode. Weights that leave a parameter unset,
+    or name one the architecture lacks, are refused."""
+    _, model_cls = FAMILIES[family]
+    kwargs: dict[str, Any] = {"config": config, "dtype": dtype}
+    if qconfig is not None:
+        kwargs["quantization_config"] = qconfig
+        kwargs["device_map"] = device_map or {"": (device.index or 0) if device.type == "cuda" else "cpu"}
+    elif device_map is not None:
+        kwargs["device_map"] = device_map
+    model, info = model_cls.from_pretrained(path, output_loading_info=True, **kwargs)
+    bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+    if bad:
+        raise ModelLoadError(f"weights in {path} do not match the {family} architecture: {bad}")
+    if qconfig is None and device_map is None:
+        model = model.to(device)
+    return model.eval()

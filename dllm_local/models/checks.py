@@ -1,0 +1,230 @@
+"""The checks a checkpoint passes before anything is built from it.
+
+Its files stay inside its folder and are whole, its config is of a supported family with a mask
+id of its vocabulary, its weights are the config's, its chat template renders, and its weights fit
+in the memory free where they go. Each failure is a ModelLoadError saying what is wrong.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import struct
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..errors import ModelLoadError
+from ..hub import OPENED_SUFFIXES
+from . import FAMILIES
+from .build import FamilyConfig
+from .quantize import BYTES_PER_VALUE, FULL_PRECISION
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+JSON_MAX_BYTES = 64 * 2**20  # a checkpoint's JSON (config, index, tokenizer): kilobytes to some MB
+
+
+def checkpoint_root(path: Path) -> Path:
+    """The folder a checkpoint's files must resolve under: the model folder, or for a snapshot of
+    the Hugging Face cache (whose files link to ../../blobs) the repository's cache folder."""
+    path = path.resolve()
+    return path.parent.parent if path.parent.name == "snapshots" else path
+
+
+def inside(path: Path, name: str, what: str) -> Path:
+    """``path / name`` when it (links followed) is a regular file under the checkpoint's folder or
+    the hub cache: an index entry, a link or a tokenizer file may not open anything elsewhere
+    (``/etc/passwd``, ``../other/x.safetensors``, ``/dev/zero``)."""
+    f = path / name
+    resolved = f.resolve()
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    # A folder made by `hf download --local-dir` (older versions) links its files into the hub cache.
+    roots = (checkpoint_root(path), Path(HF_HUB_CACHE).resolve())
+    if not any(resolved.is_relative_to(root) for root in roots):
+        raise ModelLoadError(f"{what} {name!r} in {path} leads outside the model's folder: a checkpoint's files stay "
+                             "in its folder")
+    if f.exists() and not resolved.is_file():
+        raise ModelLoadError(f"{what} {name!r} in {path} is not a regular file")
+    return f
+
+
+def check_folder(path: Path) -> None:
+    """Every file of the model folder that gets opened (config, tokenizer files, weights; links
+    followed) is a regular file under it, or in the hub cache, before any of them is opened."""
+    for entry in path.iterdir():
+        if entry.name.endswith(OPENED_SUFFIXES) and (entry.is_symlink() or entry.is_file()):
+            f = inside(path, entry.name, "file")
+            if f.name.endswith(".json") and f.exists() and f.stat().st_size > JSON_MAX_BYTES:
+                raise ModelLoadError(f"{f} is {f.stat().st_size / 2**20:.0f} MB, more than a checkpoint's JSON holds")
+
+
+def read_json_object(file: Path) -> dict:
+    """The JSON object in ``file``; unreadable JSON or another JSON type is a ModelLoadError."""
+    try:
+        if file.stat().st_size > JSON_MAX_BYTES:
+            raise ValueError(f"{file.stat().st_size} bytes, more than a checkpoint's JSON holds")
+        data = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:  # ValueError: bad JSON or bad UTF-8
+        raise ModelLoadError(f"{file} is not readable JSON ({exc}); download the checkpoint again or fix the file") from exc
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{file} must hold a JSON object, not a {type(data).__name__}")
+    return data
+
+
+def check_weights(path: Path) -> dict[str, dict]:
+    """The tensors of a checkpoint (name -> its safetensors header entry: dtype, shape), from
+    its safetensors files, each checked to be present and complete."""
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = read_json_object(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(v, str) for v in weight_map.values()):
+            raise ModelLoadError(f"{index} has no weight_map (tensor name -> file name); download the checkpoint again")
+        names = sorted(set(weight_map.values()))
+    elif (path / "model.safetensors").exists():
+        names = ["model.safetensors"]
+    else:
+        raise ModelLoadError(f"{path} has no weights: expected model.safetensors or model.safetensors.index.json")
+    tensors: dict[str, dict] = {}
+    for name in names:
+        f = inside(path, name, "weight file")
+        if not f.exists():
+            raise ModelLoadError(f"weight file {name} named in the index is missing from {path}")
+        tensors.update({k: v for k, v in _check_safetensors_complete(f).items() if k != "__metadata__"})
+    return tensors
+
+
+def _check_safetensors_complete(f: Path) -> dict:
+    """The file's header (tensor name -> dtype, shape, offsets), once the file is known to hold
+    every byte the header names."""
+    size = f.stat().st_size
+    try:
+        with f.open("rb") as fh:
+            (header_len,) = struct.unpack("<Q", fh.read(8))
+            if header_len > size:
+                raise ValueError
+            header = json.loads(fh.read(header_len))
+        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+        if not all(type(v.get("shape")) is list and all(type(d) is int and d >= 0 for d in v["shape"])
+                   for k, v in header.items() if k != "__metadata__"):
+            raise ValueError("a tensor's shape is not a list of sizes")
+    except (struct.error, ValueError, AttributeError, KeyError, IndexError, TypeError) as exc:
+        # A short file, a header that is not JSON, or JSON that is not a tensor table.
+        raise ModelLoadError(f"weight file {f.name} is not a readable safetensors file ({size} bytes)") from exc
+    expected = 8 + header_len + end
+    if size < expected:
+        raise ModelLoadError(f"weight file {f.name} is truncated: {size} bytes, expected {expected}; download it again")
+    return header
+
+
+# Each family's input embedding and block names in its weights, and the config sizes they must have.
+_LAYOUT = {
+    "llada": ("model.transformer.wte.weight", re.compile(r"model\.transformer\.blocks\.(\d+)\."),
+              lambda c: ([c.embedding_size or c.vocab_size, c.d_model], c.n_layers)),
+    "Dream": ("model.embed_tokens.weight", re.compile(r"model\.layers\.(\d+)\."),
+              lambda c: ([c.vocab_size, c.hidden_size], c.num_hidden_layers)),
+}
+FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
+
+
+def check_tensors(family: str, config: Any, tensors: dict[str, dict], path: Path) -> None:
+    """The weights against the config before a model is built: floating point, of this family
+    (its embedding's name), with the embedding's shape and the number of blocks the config says.
+    A checkpoint of another family, or a config of other sizes, would otherwise allocate a model
+    of the config's size and fail (or load garbage) inside transformers."""
+    ints = sorted(k for k, v in tensors.items() if v.get("dtype") not in FLOAT_DTYPES)
+    if ints:
+        raise ModelLoadError(f"the weights in {path} hold {tensors[ints[0]].get('dtype')} tensors ({ints[0]} and "
+                             f"{len(ints) - 1} more): a checkpoint's weights are floating point (BF16, F16 or F32)")
+    embedding, block, sizes = _LAYOUT[family]
+    if embedding not in tensors:
+        others = [f for f, (name, _, _) in _LAYOUT.items() if f != family and name in tensors]
+        raise ModelLoadError(f"the weights in {path} have no {embedding}: they are not a {family} checkpoint's"
+                             + (f" but a {others[0]} one's: config.json's model_type is wrong" if others else ""))
+    shape, layers = sizes(config)
+    if list(tensors[embedding].get("shape") or []) != shape:
+        raise ModelLoadError(f"config.json in {path} makes the embedding {shape} (vocabulary x width), the weights' is "
+                             f"{tensors[embedding].get('shape')}: the config and the weights are of different models")
+    found = {int(m.group(1)) for m in map(block.match, tensors) if m}
+    if found != set(range(layers)):
+        raise ModelLoadError(f"config.json in {path} says {layers} layers, the weights have {len(found)}: the config "
+                             "and the weights are of different models")
+
+
+def needed_bytes(tensors: dict[str, dict], dtype: torch.dtype, quantization: str | None) -> int:
+    """The bytes the weights take once loaded in ``dtype`` (4-bit and 8-bit: their two-dimensional
+    weights, but the embedding and the head, at half a byte or one byte a value), from the headers."""
+    per_value = BYTES_PER_VALUE.get(quantization or "none")
+    total = 0.0
+    for name, entry in tensors.items():
+        shape = entry["shape"]
+        quantized = per_value is not None and len(shape) == 2 and name not in FULL_PRECISION
+        total += math.prod(shape) * (per_value if quantized else dtype.itemsize)
+    return int(total)
+
+
+def check_memory(path: Path, needed: int, free: int | None, device: torch.device,
+                 quantization: str | None = None) -> None:
+    """Refuse a model that cannot fit before any of it is allocated (a config of the wrong sizes
+    once allocated a default-size 7B model and took the machine down)."""
+    if free is not None and needed > free:
+        smaller = "" if quantization == "4bit" else "4-bit quantization, "
+        raise ModelLoadError(f"the weights in {path} need about {needed / 2**30:.1f} GB on {device.type}, and "
+                             f"{free / 2**30:.1f} GB is free: try {smaller}another device, or close other programs")
+
+
+def _remote_code_note(raw: dict) -> str:
+    # auto_map is transformers' hook for code shipped with a checkpoint; ours is never run.
+    return "; its auto_map names remote code, and this app runs no remote code" if "auto_map" in raw else ""
+
+
+def check_family(raw: dict, config_file: Path) -> str:
+    """The config's model_type when it is one of ours; the released configs' auto_map (remote code
+    for the same architecture) is ignored, since our own classes implement it."""
+    family = raw.get("model_type")
+    if isinstance(family, str) and family in FAMILIES:
+        return family
+    raise ModelLoadError(f"unsupported model_type {family!r} in {config_file}{_remote_code_note(raw)}; "
+                         f"supported natively: {', '.join(FAMILIES)}")
+
+
+def check_guider_type(raw: dict, name: str, config_file: Path) -> None:
+    """A guider's config is of a causal LM built into transformers, not one of our diffusion families."""
+    from transformers import CONFIG_MAPPING
+
+    model_type = raw.get("model_type")
+    if isinstance(model_type, str) and model_type in FAMILIES:
+        raise ModelLoadError(f"{name} is a diffusion model ({model_type}); a guider, or --autoregressive, "
+                             "takes an autoregressive (causal) LM such as Llama or Qwen2, like tiny-guider")
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        raise ModelLoadError(f"guider model_type {model_type!r} in {config_file} is not built into "
+                             f"transformers{_remote_code_note(raw)}; use a causal LM such as Llama or Qwen2")
+
+
+def check_mask_id(raw: dict, config: FamilyConfig, config_file: Path) -> int:
+    """The mask token id from config.json, checked against the vocabulary. The config classes'
+    default is the 8B model's id: a config without the key would load and fail every run."""
+    if "mask_token_id" not in raw:
+        raise ModelLoadError(f"{config_file} has no mask_token_id: a diffusion LM needs the id of its mask token; "
+                             f"add it to config.json (LLaDA: 126336, Dream: 151666)")
+    mask_id = raw["mask_token_id"]
+    if type(mask_id) is not int or not 0 <= mask_id < config.vocab_size:
+        raise ModelLoadError(f"mask_token_id {mask_id!r} in {config_file} is not a token id of this model "
+                             f"(vocab_size {config.vocab_size})")
+    return mask_id
+
+
+def check_chat_template(tokenizer: PreTrainedTokenizerBase, path: Path) -> None:
+    """The chat template rendered once, before the weights load: a template that does not render
+    is told here, not at the first prompt."""
+    if not tokenizer.chat_template:
+        return
+    try:
+        tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=False)
+    except Exception as exc:  # noqa: BLE001 - jinja raises many classes; the message is the point
+        raise ModelLoadError(f"the chat template in {path} does not render ({type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0] if str(exc) else ''}); fix it (chat_template.jinja, or "
+                             "chat_template in tokenizer_config.json)") from None
