@@ -7,6 +7,7 @@ MAX_GEN_LENGTH = 4096
 SEED_MAX = 2**63 - 1  # a torch generator's seed is an int64
 MAX_TRACE_BYTES = 64 * 2**20  # a trace file, and the page's upload of one
 
-# The sweep's grid when none is given (the CLI's sweep, the Tune tab).
+# The sweep's grid and answer length when none is given (the CLI's sweep, the Tune tab).
 SWEEP_THRESHOLDS = (0.5, 0.7, 0.8, 0.9)
 SWEEP_BLOCK_SIZES = (8, 16, 32)
+SWEEP_GEN_LENGTH = 64

@@ -38,7 +38,7 @@ class Settings:
     block_size: about(Length, "Block size", "tokens decoded together, block after block; divides the generation "
                       "length") = 32
     steps: about(optional(Length), "Steps (fixed schedule)",
-                 "forwards for the fixed schedule, LLaDA's steps (none: one token per step)") = None
+                 "forwards for the fixed schedule, LLaDA's steps; none: one token per step") = None
     temperature: about(number(0), "Temperature", "0 decodes greedily; above 0 each token is sampled") = 0.0
     seed: about(integer(0, SEED_MAX), "Seed", "the sampling seed; the same seed and settings give the same "
                 "tokens") = 0

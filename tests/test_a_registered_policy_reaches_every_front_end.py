@@ -76,7 +76,7 @@ def test_a_registered_policy_shows_up_in_the_page_controls(toy):
 
 
 def test_a_registered_policy_is_a_cli_choice(toy):
-    from dllm_local.__main__ import add_settings_args, settings_from_args
+    from dllm_local.cli.settings_flags import add_settings_args, settings_from_args
 
     ap = argparse.ArgumentParser()
     add_settings_args(ap)

@@ -14,7 +14,7 @@ import pytest
 
 import dllm_local
 from dllm_local import Settings
-from dllm_local.__main__ import main as cli_main
+from dllm_local.cli import main as cli_main
 from dllm_local.errors import SettingsError, TraceError
 from dllm_local.experiments.problems import task_problems
 from dllm_local.prompts import encode_prompt
@@ -254,7 +254,7 @@ def test_app_flags_out_of_range_are_told_before_anything_starts(flags, message):
     ["generate", "--prompt", "hi", "--unmask", "guided", "--guider", "tiny", "--gen-length", "32"],
 ])
 def test_a_diffusion_model_where_an_autoregressive_one_is_needed_is_a_message(argv, capsys):
-    from dllm_local.__main__ import main as cli_main
+    from dllm_local.cli import main as cli_main
 
     assert cli_main(argv) == 2
     assert "tiny is a diffusion model (llada); a guider, or --autoregressive, takes an autoregressive" in \

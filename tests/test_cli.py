@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dllm_local import Settings, SettingsError
-from dllm_local.__main__ import EXAMPLES, main as cli_main
+from dllm_local.cli import EXAMPLES, main as cli_main
 from dllm_local.experiments.bench import SPREAD_WARNING, Strategy, format_table, run_bench
 from dllm_local.experiments.problems import task_problems
 
@@ -111,7 +111,8 @@ def sharp():
 
 
 def _settings(*argv: str):
-    from dllm_local.__main__ import build_parser, settings_from_args
+    from dllm_local.cli import build_parser
+    from dllm_local.cli.settings_flags import settings_from_args
 
     return settings_from_args(build_parser().parse_args(["generate", "--prompt", "hi", *argv]))
 
