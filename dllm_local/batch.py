@@ -1,5 +1,5 @@
 """Several requests decoded together: each keeps its own ``Run`` (positions, policies, seed,
-trace) and all of them share one forward per step, packed into one sequence."""
+trace, cache slot) and all of them share one forward per step, packed into one sequence."""
 from __future__ import annotations
 
 import time
@@ -8,10 +8,11 @@ from typing import Callable, Iterator
 import torch
 
 from .errors import SettingsError
-from .models.cache import BatchKVCache
+from .models.attention import Segment
+from .models.cache import KVCache
 from .models.loader import GuiderHandle, ModelHandle
 from .prompts import Prompt
-from .recorder import timed
+from .recorder import model_gpus, timed
 from .sampler import Result, Run, generate
 from .settings import Settings
 from .trace import StepRecord
@@ -47,9 +48,9 @@ class QuotaPool:
 
 class BatchRun:
     """Several requests decoded together: one forward per step for all the requests still
-    decoding, each row with its own positions, policies, seed and trace (rows of one
-    ``BatchKVCache``), so each request decodes as it would alone. A request that finishes leaves
-    the batch: its row is dropped from the cache and later forwards no longer compute it.
+    decoding, each with its own positions, policies, seed and trace, and its own slot of one
+    ``KVCache``, so each request decodes as it would alone. A request that finishes leaves the
+    batch: its slot is freed and later forwards no longer compute it.
 
     With ``share_budget`` the adaptive caches' budgets become one budget shared by quotas (see
     ``QuotaPool``): the one thing that makes a request decode otherwise than alone.
@@ -62,7 +63,7 @@ class BatchRun:
         """``settings``: one for every request, or one per request (an evaluation's own seeds)."""
         if not isinstance(prompts, (list, tuple)) or not prompts:
             raise SettingsError("a batch needs a list of at least one prompt")
-        if not getattr(handle.model, "packs_requests", False):
+        if not handle.model.packs_requests:
             raise SettingsError(f"{type(handle.model).__name__} decodes one request at a time: batched decoding "
                                 f"runs LLaDA-family models (LLaDA and the tiny model)")
         per_request = list(settings) if isinstance(settings, (list, tuple)) else [settings] * len(prompts)
@@ -73,7 +74,7 @@ class BatchRun:
         self.handle, self.share_budget = handle, share_budget
         self.runs = [Run(handle, prompt, s, guider) for prompt, s in zip(prompts, per_request)]
         self.results: list[Result] | None = None
-        self.cache: BatchKVCache | None = None
+        self.cache: KVCache | None = None
         self.pool: QuotaPool | None = None
         # What the batch did: forwards, the rows they computed, model and wall time, and when each
         # request was done (its latency, from the batch's start).
@@ -104,9 +105,10 @@ class BatchRun:
                     going = [i for i in active if runs[i].next_step()]
                     for i in set(active) - set(going):
                         self.latency_s[i] = time.perf_counter() - start - paused
-                    if going != active:
-                        self.cache.keep([active.index(i) for i in going])
-                        active = going
+                    for i in active:
+                        if i not in going:
+                            self.cache.free(runs[i].cache)
+                    active = going
                     if not active:
                         break
                     records = self._step(active)
@@ -126,35 +128,35 @@ class BatchRun:
 
     def _start(self) -> None:
         runs = self.runs
-        self.cache = BatchKVCache(self.handle.model, [r.state_length for r in runs])
-        for run, view in zip(runs, self.cache.views):
-            run.start(view)
-            run.recorder.trace.stats.batch_size = len(runs)
-        self._budgets = {i: run.cache_policy.allowance for i, run in enumerate(runs)
-                         if getattr(run.cache_policy, "allowance", None)}
+        self.cache = self.handle.model.new_cache(len(runs), max(r.state_length for r in runs))
+        self._gpus = model_gpus(self.handle.model)
+        for run in runs:
+            run.start(self.cache.alloc(run.state_length))
+            run.recorder.in_batch(len(runs))
+        self._budgets = {i: budget for i, run in enumerate(runs) if (budget := run.cache_policy.max_cached())}
         if self.share_budget and self._budgets:
             self.pool = QuotaPool(sum(self._budgets.values()))
 
     def _step(self, active: list[int]) -> list[tuple[int, StepRecord]]:
         """One forward for the ``active`` requests' planned positions, packed; then each takes its rows."""
-        runs, cache, h = self.runs, self.cache, self.handle
+        runs, h = self.runs, self.handle
         planned = [runs[i].plan() for i in active]
-        cache.row_tokens = [len(p) for p in planned]
+        segments = [Segment(runs[i].cache, p, runs[i].observers) for i, p in zip(active, planned)]
+        counts = [len(p) for p in planned]
         positions = torch.cat(planned)
         ids = torch.cat([runs[i].state.x[0, p] for i, p in zip(active, planned)])[None]
-        logits, seconds = timed(lambda: h.model(ids, positions, cache).logits[0].split(cache.row_tokens),
-                                runs[0].recorder.gpus)
+        logits, seconds = timed(lambda: h.model(ids, positions, segments=segments).logits[0].split(counts), self._gpus)
         self.forwards += 1
         self.row_forwards += len(active)
         self.model_s += seconds
         if self.pool is not None:  # quotas from what each holds now, before anyone evicts
             holding = {i: runs[i].cache.num_cached() for i in active if i in self._budgets}
             for i, quota in self.pool.allocate(holding).items():
-                runs[i].cache_policy.quota = quota
+                runs[i].cache_policy.set_quota(quota)
         records = []
         for row, i in enumerate(active):
-            runs[i].recorder.count_forward(seconds, cache.row_tokens[row] / len(positions))
-            records.append((i, runs[i].take(logits[row])))
+            runs[i].recorder.count_forward(seconds, counts[row] / len(positions))
+            records.append((i, runs[i].after_forward(logits[row])))
         return records
 
 

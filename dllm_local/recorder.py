@@ -15,8 +15,10 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .models.cache import KVCache, position_cosine
+from .models.attention import ForwardObserver
+from .models.cache import CacheView
 from .models.loader import ModelHandle
+from .models.observers import DriftMeter, ForwardCounter, position_cosine
 from .policies.base import DecodeState
 from .policies.unmask import Candidates, Selection
 from .settings import Settings
@@ -58,28 +60,40 @@ class Step:
     full_refresh: bool
     candidates: Candidates
     selection: Selection
-    masked_positions: torch.Tensor  # every still-masked position the forward scored
-    masked_logits: torch.Tensor  # their logits, the banned ids at -inf
+    masked_positions: torch.Tensor | None  # every still-masked position the forward scored (``reads_masked``)
+    masked_logits: torch.Tensor | None  # their logits, the banned ids at -inf
     policy_info: dict  # the cache policy's own report
 
 
 class Recorder:
-    def __init__(self, handle: ModelHandle, settings: Settings, prompt_ids: list[int], cache: KVCache,
+    def __init__(self, handle: ModelHandle, settings: Settings, prompt_ids: list[int], cache: CacheView,
                  banned: torch.Tensor) -> None:
         self.handle, self.settings, self.level = handle, settings, settings.trace
         self.banned = banned  # ids no draft may be: the exact diagnostic renormalises as the drafts do
         self.cache, self.gpus = cache, model_gpus(handle.model)
         self.trace = Trace(settings=settings.to_dict(), model=handle.summary(), prompt_ids=list(prompt_ids),
                            gen_length=settings.gen_length, mask_id=handle.mask_id)
-        cache.track_drift = self.level != "off"
+        layers = handle.model.config.num_hidden_layers
+        self.counter = ForwardCounter()
+        self.drift = DriftMeter(layers) if self.level != "off" else None
         self.shadow = None
         if settings.exact_drift:  # a second cache, fully recomputed each step: the truth to compare with
-            self.shadow = handle.model.new_cache(1, cache.seq_len)
-            self.shadow.seq_len, self.shadow.track_drift = cache.seq_len, True
+            self.shadow = handle.model.new_cache(1, cache.seq_len).alloc(cache.seq_len)
+            self.shadow_drift = DriftMeter(layers)
+        self.reads_masked = self.level != "off"  # the step record lists every masked position scored
         self._committed = self._g = self._reads = self._main_forwards = 0
         self._t0 = self._t_step = time.perf_counter()
         self._paused = 0.0
         self._new_step()
+
+    @property
+    def observers(self) -> tuple[ForwardObserver, ...]:
+        """What the recorder watches the run's forwards with: counts, and drift with a trace."""
+        return (self.counter,) if self.drift is None else (self.counter, self.drift)
+
+    def in_batch(self, size: int) -> None:
+        """The run decodes in a batch of ``size`` requests (the forwards' time is the batch's)."""
+        self.trace.stats.batch_size = size
 
     def _new_step(self) -> None:
         self._model_s = self._exact_s = 0.0
@@ -99,7 +113,7 @@ class Recorder:
         self.trace.stats.model_share_s += seconds
         self.trace.stats.guider_forwards += 1
 
-    def exact_forward(self, x: torch.Tensor, cache: KVCache) -> None:
+    def exact_forward(self, x: torch.Tensor, cache: CacheView) -> None:
         """With ``exact_drift``, a full uncached forward of the same sequence beside the step's:
         the true KV drift and the error the cache made."""
         if self.shadow is None:
@@ -108,13 +122,13 @@ class Recorder:
         self.trace.stats.exact_forwards += 1
         L = x.shape[1]
         everything = torch.arange(L, device=x.device)
-        logits = self.handle.model(x, everything, self.shadow).logits[0]
+        logits = self.handle.model(x, everything, self.shadow, observers=(self.shadow_drift,)).logits[0]
         cache_error = {}
         for layer in range(len(cache.k)):
             ck = position_cosine(cache.k[layer][:, :, :L], self.shadow.k[layer][:, :, :L])
             cv = position_cosine(cache.v[layer][:, :, :L], self.shadow.v[layer][:, :, :L])
             cache_error[str(layer)] = {"k": _round(ck.tolist()), "v": _round(cv.tolist())}
-        drift_k, drift_v = self.shadow.drift_cosines()
+        drift_k, drift_v = self.shadow_drift.cosines()
         true_drift = {str(layer): {"k": _round(k), "v": _round(v)}
                       for layer, (k, v) in enumerate(zip(drift_k.tolist(), drift_v.tolist()))}
         self._exact = {"logits": logits, "true_drift": true_drift, "cache_vs_exact": cache_error}
@@ -122,15 +136,16 @@ class Recorder:
 
     # ---------------------------------------------------------------- the step record
     def step(self, step: Step) -> StepRecord:
-        state, cand, selection, cache = step.state, step.candidates, step.selection, self.cache
+        state, cand, selection = step.state, step.candidates, step.selection
         chosen = selection.positions
         index = torch.searchsorted(cand.positions, chosen)
-        committed = [[int(p), int(t), round(float(c), 6)] for p, t, c in
-                     zip(chosen.tolist(), cand.tokens[index].tolist(), cand.confidence[index].tolist())]
-        stats = cache.last_stats
+        # The commits and the forward's reads, read back from the device at once (float64 holds the ids exactly).
+        numbers = torch.cat([torch.stack([chosen.double(), cand.tokens[index].double(), cand.confidence[index].double()], 1)
+                             .flatten(), torch.as_tensor(self.counter.reads, device=chosen.device).double()[None]]).tolist()
+        committed = [[int(p), int(t), round(c, 6)] for p, t, c in zip(*[iter(numbers[:-1])] * 3)]
         record = StepRecord(
             step=state.step, block=state.block, step_in_block=state.step_in_block, full_refresh=step.full_refresh,
-            g=int(stats.recomputed), reads=int(stats.reads), committed=committed, forwards=self._forwards,
+            g=self.counter.recomputed, reads=int(numbers[-1]), committed=committed, forwards=self._forwards,
             model_ms=round(self._model_s * 1e3, 4), other_ms=0.0, exact_ms=round(self._exact_s * 1e3, 4),
             exact=self._exact_record(cand) if self._exact is not None else None,
             policy={**selection.info, **step.policy_info}, revoked=selection.revoked,
@@ -141,9 +156,9 @@ class Recorder:
             logits = step.masked_logits.float()
             best = (logits.amax(-1) - logits.logsumexp(-1)).exp()  # the top softmax probability, one exp per row
             record.masked_confidence = (torch.round(best * 1e6) / 1e6).tolist()
-            record.kv = self._kv_record(cache)
+            record.kv = self._kv_record()
             if self.level == "full":
-                record.recomputed = cache.last_positions.tolist()
+                record.recomputed = self.counter.positions.tolist()
                 record.top_candidates = _top_candidates(cand.positions, step.masked_positions, logits)
             self.trace.steps.append(record)
         self._count(record)
@@ -175,16 +190,11 @@ class Recorder:
         self._reads += record.reads
         self._main_forwards += 1
 
-    def _kv_record(self, cache: KVCache) -> dict:
+    def _kv_record(self) -> dict:
         if self.level == "full":
-            drift = cache.drift_cosines()
-            if drift is None:
-                return {}
-            ks, vs = drift[0].tolist(), drift[1].tolist()  # [layers, n]
+            ks, vs = (cosines.tolist() for cosines in self.drift.cosines())  # [layers, n]
             return {str(layer): {"k": _round(ks[layer]), "v": _round(vs[layer])} for layer in range(len(ks))}
-        summary = cache.drift_summary()
-        if summary is None:
-            return {}
+        summary = self.drift.summary()
         names = ("k_mean", "k_min", "v_mean", "v_min")
         return {str(layer): {name: None if value != value else round(value, 6) for name, value in zip(names, row)}
                 for layer, row in enumerate(summary.tolist())}

@@ -1,7 +1,18 @@
-"""The decoding loop, as LLaDA's ``generate``: block by block, while the block has masks, the
-cache policy plans which positions to recompute, the model runs on them, the unmasking policy
-picks which of the block's drafts to commit, and the step is recorded. One step record per
-model forward, yielded as it happens. ``batch.py`` runs several of these loops over one forward.
+"""The decoding loop, as LLaDA's ``generate``: one step record per model forward, yielded as it happens.
+
+For each block, while it has masks:
+
+1. **plan**: the cache policy picks the positions to recompute; the block's masks join them.
+2. **forward**: the model computes those positions; the rest are read from the KV cache.
+3. **observe**: the cache policy reads the forward (its signals are computed when it asks).
+4. **draft**: a token and its probability at each of the block's masked positions.
+5. **select**: the unmasking policy picks the drafts to commit (and may take earlier ones back).
+6. **commit**: the picked drafts replace their masks.
+7. **evict**: the cache policy may drop entries, now that the step's bookkeeping is done.
+8. **record**: the step record is built, timed and yielded.
+
+``Run.step`` is 1 to 8; ``batch.py`` runs several runs' 1, one packed forward for their 2, then
+each run's 3 to 8 (``Run.after_forward``).
 """
 from __future__ import annotations
 
@@ -14,14 +25,14 @@ import torch
 import torch.nn.functional as F
 
 from .errors import DecodingError, SequenceTooLongError, SettingsError
-from .models.cache import KVCache
+from .models.cache import CacheView
 from .models.loader import GuiderHandle, ModelHandle
-from .policies.base import DecodeState
-from .policies.unmask import Candidates, Selection
+from .policies.base import CacheAccess, DecodeState, StepSignals
+from .policies.unmask import Candidates, Selection, StepCalls
 from .prompts import Prompt, encode_prompt
 from .recorder import Recorder, Step, timed
 from .settings import Settings
-from .softmax import draft_probability, draft_tokens, entropy
+from .softmax import draft_probability, draft_tokens
 from .trace import StepRecord, Trace
 
 
@@ -64,9 +75,9 @@ class Run:
             )
         self._stop = threading.Event()
         self.result: Result | None = None
-        self.cache: KVCache | None = None
+        self.cache: CacheView | None = None
         self.recorder: Recorder | None = None
-        # The current step's forward: its positions and logits, for policies that read more of it.
+        # The current step's forward: its positions and logits, read by current_probabilities.
         self.positions: torch.Tensor | None = None
         self.logits: torch.Tensor | None = None
 
@@ -79,8 +90,8 @@ class Run:
         self._stop.set()
 
     def release(self) -> None:
-        """Drop the run's device tensors (its KV caches); the result and trace stay."""
-        self.cache = self.positions = self.logits = None
+        """Drop the run's device tensors (its KV cache views); the result and trace stay."""
+        self.cache = self._cache_access = self.positions = self.logits = None
         if self.recorder is not None:
             self.recorder.shadow = None
 
@@ -94,7 +105,7 @@ class Run:
     def _decode(self) -> Iterator[StepRecord]:
         self.start()
         while self.next_step():  # per block, while it has masks; Stop, early stop, the bound
-            yield self.step()  # plan, forward, draft, select, commit, record
+            yield self.step()
 
     @torch.inference_mode()
     def next_step(self) -> bool:
@@ -103,7 +114,7 @@ class Run:
         state, s = self.state, self.settings
         if s.early_stop and state.step and self._answer_complete():
             return self._finish()
-        while not state.block_masked_positions().numel():
+        while not bool(state.masked[state.block_start : state.block_end].any()):
             if state.block + 1 == s.num_blocks:
                 return self._finish()
             self.start_block(state.block + 1)
@@ -118,40 +129,46 @@ class Run:
 
     @torch.inference_mode()
     def step(self) -> StepRecord:
-        return self.take(self.forward(self.plan()))
+        """Stages 1 to 8 of the module's docstring."""
+        return self.after_forward(self.forward(self.plan()))
 
     def plan(self) -> torch.Tensor:
-        """The positions this step's forward computes: the cache policy's, and the block's masks."""
+        """1. plan: the positions this step's forward computes (sorted), the cache policy's and
+        the block's masks, found in one pass."""
         state = self.state
-        self._plan = self.cache_policy.plan(state, self.cache)
-        self.positions = torch.unique(torch.cat([self._plan.positions, state.block_masked_positions()]))  # sorted
+        self._plan = self.cache_policy.plan(state, self._cache_access)
+        computed = torch.zeros(state.total_len, dtype=torch.bool, device=state.x.device)
+        computed[self._plan.positions] = True
+        block = slice(state.block_start, state.block_end)
+        computed[block] |= state.masked[block]
+        self.positions = computed.nonzero().flatten()
         return self.positions
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
-        """The model on ``positions`` of the sequence (the rest read from the cache): ``[n, vocab]``."""
+        """2. forward: the model on ``positions`` of the sequence (the rest read from the cache),
+        ``[n, vocab]``, watched by the recorder's and the cache policy's observers."""
         x = self.state.x
-        logits, seconds = timed(lambda: self.handle.model(x[:, positions], positions, self.cache, sequence=x).logits[0],
-                                self.recorder.gpus)
+        logits, seconds = timed(lambda: self.handle.model(x[:, positions], positions, self.cache, observers=self.observers,
+                                                          sequence=x).logits[0], self.recorder.gpus)
         self.recorder.count_forward(seconds)
         self.recorder.exact_forward(x, self.cache)
         return logits
 
-    def take(self, logits: torch.Tensor) -> StepRecord:
-        """The step after its forward (``logits`` at the planned positions): the cache policy
-        observes, the unmasking policy selects among the block's drafts, the selection is
-        committed and the step recorded."""
+    def after_forward(self, logits: torch.Tensor) -> StepRecord:
+        """Stages 3 to 8, given the forward's ``logits`` at the planned positions."""
         state, positions = self.state, self.positions
         self.logits = logits
-        needs_entropy = self.settings.cache_spec.needs_entropy
-        self.cache_policy.observe(state, self.cache, positions, entropy(logits) if needs_entropy else None)
-        masked = state.masked[positions]
-        masked_positions = positions[masked]
-        masked_logits = logits[masked].index_fill(-1, self._banned, float("-inf"))
-        candidates = self.draft(masked_positions, masked_logits)
-        selection = self.unmask_policy.select(state, candidates, self)
-        self.commit(candidates, selection)
-        self.cache_policy.end_step(state, self.cache)
-        record = self.recorder.step(Step(state, self._plan.full, candidates, selection, masked_positions,
+        self._cache_access.written(positions, state.step)
+        self.cache_policy.observe(state, self._cache_access, StepSignals(positions, logits))  # 3. observe
+        masked_positions = masked_logits = None
+        if self.recorder.reads_masked:  # what the trace shows of every still-masked position scored
+            masked = state.masked[positions]
+            masked_positions, masked_logits = positions[masked], self._allowed(logits[masked])
+        candidates = self.draft(positions, logits)  # 4. draft
+        selection = self.unmask_policy.select(state, candidates, self.calls)  # 5. select
+        self.commit(candidates, selection)  # 6. commit
+        self.cache_policy.end_step(state, self._cache_access)  # 7. evict
+        record = self.recorder.step(Step(state, self._plan.full, candidates, selection, masked_positions,  # 8. record
                                          masked_logits, self.cache_policy.info()))
         state.step += 1
         state.step_in_block += 1
@@ -159,43 +176,49 @@ class Run:
 
     # ---------------------------------------------------------------- the loop's parts
     @torch.inference_mode()
-    def start(self, cache: KVCache | None = None) -> DecodeState:
-        """The run's whole state, set here and only here; ``cache``: its row of a batch's cache."""
+    def start(self, cache: CacheView | None = None) -> DecodeState:
+        """The run's whole state, set here and only here; ``cache``: its slot of a batch's cache."""
         s, h = self.settings, self.handle
         P, L = len(self.prompt_ids), self.state_length
         x = torch.full((1, L), h.mask_id, dtype=torch.long, device=h.device)
         x[0, :P] = torch.tensor(self.prompt_ids, device=h.device)
         steps_per_block = (s.steps // s.num_blocks) if s.steps else s.block_size
         self.state = DecodeState(x, P, s.gen_length, s.block_size, h.mask_id, steps_per_block)
-        if cache is None:
-            cache = h.model.new_cache(1, L)
-            cache.seq_len = L
-        self.cache = cache
-        self.cache_policy.reset(self.state, self.cache, h.model)
+        self.cache = cache if cache is not None else h.model.new_cache(1, L).alloc(L)
+        self._cache_access = CacheAccess(self.cache, L)
+        self.cache_policy.reset(self.state, self._cache_access, h.model)
         self.unmask_policy.start_block(self.state)
         self.rng = torch.Generator(device=h.device).manual_seed(s.seed)
+        self.calls = StepCalls(self.rng, self.verify, self.current_probabilities, self.guider_forward)
         # Ids a draft may never be: the mask itself (a "committed" mask never finishes its block) and
         # padding rows of the embedding that the tokenizer has no token for.
         rows = h.model.get_input_embeddings().weight.shape[0]
         self._banned = torch.tensor([h.mask_id, *range(len(h.tokenizer), rows)], device=h.device)
         self._max_forwards = s.gen_length + s.num_blocks
         self.recorder = Recorder(h, s, self.prompt_ids, self.cache, self._banned)
+        self.observers = (*self.recorder.observers, *self.cache_policy.observers())
         return self.state
 
     def start_block(self, block: int) -> None:
         self.state.block, self.state.step_in_block = block, 0
         self.unmask_policy.start_block(self.state)
 
-    def draft(self, masked_positions: torch.Tensor, masked_logits: torch.Tensor) -> Candidates:
-        """The block's masked positions with their draft token and its probability, renormalised
-        over the ids a draft may be."""
+    def _allowed(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` with the ids a draft may never be at -inf."""
+        return logits.index_fill(-1, self._banned, float("-inf"))
+
+    def draft(self, positions: torch.Tensor, logits: torch.Tensor) -> Candidates:
+        """4. draft: the block's masked positions among ``positions`` with their draft token and its
+        probability, renormalised over the ids a draft may be."""
         state = self.state
-        in_block = (masked_positions >= state.block_start) & (masked_positions < state.block_end)
-        logits = masked_logits[in_block]
-        tokens = draft_tokens(logits, self.settings.temperature, self.rng)
-        return Candidates(masked_positions[in_block], tokens, draft_probability(logits, tokens))
+        in_block = (positions >= state.block_start) & (positions < state.block_end) & state.masked[positions]
+        rows = in_block.nonzero().flatten()
+        block_logits = self._allowed(logits[rows])
+        tokens = draft_tokens(block_logits, self.settings.temperature, self.rng)
+        return Candidates(positions[rows], tokens, draft_probability(block_logits, tokens))
 
     def commit(self, candidates: Candidates, selection: Selection) -> None:
+        """6. commit."""
         x = self.state.x[0]
         x[selection.positions] = candidates.tokens[torch.searchsorted(candidates.positions, selection.positions)]
         if selection.revoked:
@@ -219,7 +242,7 @@ class Run:
         self.positions = self.logits = None  # in a batch, views of the batch's logits
         return False
 
-    # ---------------------------------------------------------------- model calls for policies
+    # ---------------------------------------------------------------- model calls for policies (StepCalls)
     def verify(self, rows: torch.Tensor, at: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """For ``k`` variant sequences, the probability of ``tokens[r]`` at position ``at[r]`` in row r
         (``[k]``, float64), from one forward over a fork of the cache (which it leaves unchanged)."""
@@ -235,8 +258,7 @@ class Run:
         index = torch.searchsorted(self.positions, positions)
         if not torch.equal(self.positions[index.clamp(max=len(self.positions) - 1)], positions):
             raise ValueError("current_probabilities: a position outside this step's forward")
-        logits = self.logits[index].index_fill(-1, self._banned, float("-inf"))
-        return draft_probability(logits, self.state.x[0, positions])
+        return draft_probability(self._allowed(self.logits[index]), self.state.x[0, positions])
 
     def guider_forward(self, input_ids: torch.Tensor, past):
         """The guider's logits for ``input_ids`` read after its cache ``past`` (None: a new one)."""

@@ -104,13 +104,32 @@ Cosines = Annotated[list[Number | None], AfterValidator(_one_per_position)] | Nu
 KVCosines = dict[Text, dict[Text, Cosines]]
 
 
-class PolicyInfo(TypedDict, total=False, extra_items=Scalar):
-    """What a policy adds to a step: the fields the views read, typed; any other a plain value."""
-    __pydantic_config__ = ConfigDict(extra="allow")  # the extra items, typed above
-    rejected_at: list[Rejected]
-    guider_accepted: Annotated[int, Strict(), Field(ge=0, le=MAX_GEN_LENGTH)]
-    refresh_next: Flag
-    drift: Number | None
+# What policies add to a step record's ``policy``: each field a registered policy spec declares
+# (``PolicySpec.trace_fields``), with its type; any other is a plain value.
+_POLICY_FIELDS: dict[str, Any] = {}
+
+
+def _policy_info() -> type:
+    info = TypedDict("PolicyInfo", dict(_POLICY_FIELDS), total=False, extra_items=Scalar)
+    info.__pydantic_config__ = ConfigDict(extra="allow")  # the extra items, typed as Scalar
+    return info
+
+
+PolicyInfo = _policy_info()
+
+
+def declare_policy_fields(fields: dict[str, Any]) -> None:
+    """A policy's step fields and their types, for the schema of traces read from now on. Two
+    policies may share a field name only with the same type (the views read it one way)."""
+    global PolicyInfo
+    clash = [name for name, kind in fields.items() if _POLICY_FIELDS.get(name, kind) != kind]
+    if clash:
+        raise ValueError(f"trace field(s) {', '.join(clash)} already declared with another type")
+    if all(name in _POLICY_FIELDS for name in fields):
+        return
+    _POLICY_FIELDS.update(fields)
+    PolicyInfo = _policy_info()
+    _schema.cache_clear()
 
 
 class ExactDiagnostic(TypedDict, total=False):

@@ -16,7 +16,7 @@ from dllm_local import (
     stream,
     stream_batch,
 )
-from dllm_local.models.cache import BatchKVCache
+from dllm_local.models.attention import Segment
 from dllm_local.policies import registry
 from dllm_local.batch import QuotaPool, generate_all
 
@@ -84,7 +84,7 @@ def test_a_finished_request_leaves_the_batch(tiny):
     run = stream_batch(tiny, prompts, settings)
     rows_per_forward = []
     for _ in run:
-        rows_per_forward.append(run.cache.batch)
+        rows_per_forward.append(run.cache.in_use)
     forwards = [r.stats.nfe for r in run.results]
     assert len(set(forwards)) > 1, "the requests must finish at different steps for this test to mean anything"
     assert run.forwards == max(forwards)  # one forward per step for the whole batch
@@ -183,14 +183,24 @@ def test_what_cannot_be_batched_is_refused_clearly(tiny, dream_dir):
             generate_all(tiny, PROMPTS, [settings] * 4, batch_size=size)
 
 
-def test_a_batch_cache_row_is_a_view_of_the_batch(tiny):
-    cache = BatchKVCache(tiny.model, [5, 9, 7])
-    view = cache.views[1]
-    view.k[0][0, 0, 3] = 1.0
-    assert cache.k[0][1, 0, 3].eq(1.0).all() and view.seq_len == 9
-    cache.keep([2, 1])  # a request finished: its row goes, the others keep their storage through their views
-    assert cache.batch == 2 and cache.views[1] is view and cache.k[0][1, 0, 3].eq(1.0).all()
-    assert view.k[0].data_ptr() == cache.k[0][1:2].data_ptr()
+def test_a_request_holds_a_slot_of_the_cache_and_a_freed_slot_is_refilled_empty(tiny):
+    cache = tiny.model.new_cache(slots=3, max_len=9)
+    views = [cache.alloc(n) for n in (5, 9, 7)]
+    assert [v.slot for v in views] == [0, 1, 2] and cache.in_use == 3 and views[1].seq_len == 9
+    views[1].k[0][0, 0, 3] = 1.0
+    views[1].valid[3] = True
+    views[2].k[0][0, 0, 3] = 2.0
+    assert cache.k[0][1, 0, 3].eq(1.0).all() and views[1].k[0].data_ptr() == cache.k[0][1:2].data_ptr()
+    with pytest.raises(RuntimeError, match="all 3 cache slots are in use"):
+        cache.alloc()
+    cache.free(views[1])  # a request finished: its slot is emptied, nobody else's entries move
+    assert cache.in_use == 2 and not cache.k[0][1].any() and not cache.valid[1].any()
+    assert cache.k[0][2, 0, 3].eq(2.0).all()
+    again = cache.alloc(4)
+    assert again.slot == 1 and again.seq_len == 4 and again.num_cached() == 0
+    cache.free(views[0])
+    with pytest.raises(RuntimeError, match="slot 0 is already free"):
+        cache.free(views[0])
 
 
 # ---------------------------------------------------------------- quotas
@@ -226,7 +236,7 @@ def test_batched_adaptive_cache_keeps_the_quotas_within_the_budget_and_evicts_k_
     run = stream_batch(tiny, PROMPTS, settings)
     evictions = 0
     for i, record in run:
-        quotas = [r.cache_policy.quota for r in run.runs if r.cache.k]
+        quotas = [r.cache_policy.quota for r in run.runs if r.result is None]
         assert sum(quotas) <= budget * len(PROMPTS)
         assert record.policy["quota"] <= budget * len(PROMPTS)
         evictions = max(evictions, record.policy["evicted"])  # the request's evictions so far
@@ -302,11 +312,11 @@ def test_packed_forward_matches_each_request_alone_in_float32(tiny):
     """The logits of a packed batch forward against one forward per request: ~1e-5."""
     model = tiny.model
     seqs = [torch.randint(0, 500, (n,)) for n in (7, 13, 4)]
-    cache = BatchKVCache(model, [len(s) for s in seqs])
-    cache.row_tokens = [len(s) for s in seqs]
+    cache = model.new_cache(len(seqs), max(len(s) for s in seqs))
+    segments = [Segment(cache.alloc(len(s)), torch.arange(len(s))) for s in seqs]
     positions = torch.cat([torch.arange(len(s)) for s in seqs])
-    packed = model(torch.cat(seqs)[None], positions, cache).logits[0].split(cache.row_tokens)
+    packed = model(torch.cat(seqs)[None], positions, segments=segments).logits[0].split([len(s) for s in seqs])
     for seq, got in zip(seqs, packed):
-        alone = model.new_cache(1, len(seq))
+        alone = model.new_cache(1, len(seq)).alloc()
         want = model(seq[None], torch.arange(len(seq)), alone).logits[0]
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

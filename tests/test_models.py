@@ -16,6 +16,7 @@ import dllm_local
 from dllm_local.models import DreamModel, LLaDAModelLM
 from dllm_local import Settings
 from dllm_local.models.loader import TINY_GUIDER
+from dllm_local.models.observers import DriftMeter, ForwardCounter
 from dllm_local.policies import registry
 
 
@@ -175,38 +176,35 @@ def test_recomputing_any_subset_gives_the_full_forward_logits(kind):
     model = _random_model(kind)
     ids = torch.randint(0, 700, (1, 40))
     full = model(ids).logits
-    cache = model.new_cache(batch=1, max_len=64)
-    cache.seq_len = 40
+    cache, counts = model.new_cache(slots=1, max_len=64).alloc(40), ForwardCounter()
     all_positions = torch.arange(40)
     torch.testing.assert_close(model(ids, all_positions, cache).logits, full, atol=1e-5, rtol=1e-4)
     g = torch.Generator().manual_seed(1)
     for size in (1, 5, 17, 40):
         subset = torch.randperm(40, generator=g)[:size].sort().values
-        got = model(ids[:, subset], subset, cache, sequence=ids).logits
+        got = model(ids[:, subset], subset, cache, observers=(counts,), sequence=ids).logits
         torch.testing.assert_close(got, full[:, subset], atol=1e-5, rtol=1e-4)
-        assert cache.last_stats.reads + cache.last_stats.recomputed >= 40
-        assert cache.last_stats.recomputed >= size
+        assert int(counts.reads) + counts.recomputed >= 40
+        assert counts.recomputed >= size
 
 
 @torch.no_grad()
-def test_cache_counts_reads_and_measures_drift_as_it_writes():
+def test_observers_count_reads_and_measure_drift_as_the_cache_is_written():
     model = _random_model("llada")
     ids = torch.randint(0, 700, (1, 32))
-    cache = model.new_cache(batch=1, max_len=32)
-    model(ids, torch.arange(32), cache)
-    assert (cache.last_stats.recomputed, cache.last_stats.reads) == (32, 0)
-    assert cache.drift_cosines() is None  # not tracked unless asked
+    cache, counts, drift = model.new_cache(slots=1, max_len=32).alloc(), ForwardCounter(), DriftMeter(model.config.n_layers)
+    model(ids, torch.arange(32), cache, observers=(counts,))
+    assert (counts.recomputed, int(counts.reads)) == (32, 0)
     changed = ids.clone()
     changed[0, 10:14] = 5
     block = torch.arange(8, 16)
     before = cache.k[0][:, :, block].clone()
-    cache.track_drift = True
-    model(changed[:, block], block, cache)
-    assert (cache.last_stats.recomputed, cache.last_stats.reads) == (8, 24)
-    assert torch.equal(cache.last_positions, block)
+    model(changed[:, block], block, cache, observers=(counts, drift))
+    assert (counts.recomputed, int(counts.reads)) == (8, 24)
+    assert torch.equal(counts.positions, block)
     k = cache.k[0][:, :, block]
     assert k.shape == (1, model.config.n_kv_heads, 8, model.config.head_dim) and not torch.equal(k, before)
-    cos_k, cos_v = cache.drift_cosines()
+    cos_k, cos_v = drift.cosines()
     assert cos_k.shape == cos_v.shape == (model.config.n_layers, 8)
     # Layer 0's K/V depend only on the token: unchanged tokens keep cosine 1, changed ones do not.
     cos0 = cos_k[0]
@@ -219,24 +217,24 @@ def test_cache_counts_reads_and_measures_drift_as_it_writes():
 def test_forked_forward_sees_its_fresh_kv_but_leaves_the_cache_untouched(kind):
     model = _random_model(kind)
     ids = torch.randint(0, 700, (1, 24))
-    cache = model.new_cache(batch=1, max_len=24)
+    cache, counts = model.new_cache(slots=1, max_len=24).alloc(), ForwardCounter()
+    drift = DriftMeter(model.config.num_hidden_layers)
     model(ids, torch.arange(24), cache)
     block = torch.arange(8, 16)
-    cache.track_drift = True
-    model(ids[:, block], block, cache, sequence=ids)
+    model(ids[:, block], block, cache, observers=(counts, drift), sequence=ids)
     before = ([k.clone() for k in cache.k], [v.clone() for v in cache.v], cache.valid.clone(),
-              cache.last_stats, cache.drift_cosines())
+              (counts.recomputed, int(counts.reads)), drift.cosines())
     variants = ids.repeat(3, 1)
     variants[:, 10] = torch.tensor([1, 2, 3])
     got = model(variants[:, block], block, cache.fork(), sequence=variants).logits
     for a, b in zip(before[0] + before[1], cache.k + cache.v):
         assert torch.equal(a, b)
     assert torch.equal(before[2], cache.valid)
-    assert cache.last_stats == before[3]
-    torch.testing.assert_close(cache.drift_cosines(), before[4], equal_nan=True)
+    assert (counts.recomputed, int(counts.reads)) == before[3]  # a fork's forward is no observer's
+    torch.testing.assert_close(drift.cosines(), before[4], equal_nan=True)
     # Each variant row is what an ordinary (writing) forward of that variant would give.
     for r in range(3):
-        scratch = copy.deepcopy(cache)
+        scratch = copy.deepcopy(cache)  # its own copy of the store
         expected = model(variants[r : r + 1, block], block, scratch, sequence=variants[r : r + 1]).logits[0]
         torch.testing.assert_close(got[r], expected, atol=1e-5, rtol=1e-4)
 
@@ -246,15 +244,14 @@ def test_invalid_positions_are_not_attended():
     model = _random_model("llada")
     ids = torch.randint(0, 700, (1, 20))
     short = model(ids[:, :12]).logits  # the sequence that ends at position 12
-    cache = model.new_cache(batch=1, max_len=32)
-    cache.seq_len = 20
+    cache, counts = model.new_cache(slots=1, max_len=32).alloc(20), ForwardCounter()
     model(ids, torch.arange(20), cache)
     cache.invalidate(torch.arange(12, 20))
-    got = model(ids[:, :12], torch.arange(12), cache).logits
-    assert cache.last_stats.reads == 0 and cache.num_cached() == 12
+    got = model(ids[:, :12], torch.arange(12), cache, observers=(counts,)).logits
+    assert int(counts.reads) == 0 and cache.num_cached() == 12
     torch.testing.assert_close(got, short, atol=1e-5, rtol=1e-4)
-    got = model(ids[:, 4:8], torch.arange(4, 8), cache).logits
-    assert cache.last_stats.reads == 8  # positions 0-3 and 8-11
+    got = model(ids[:, 4:8], torch.arange(4, 8), cache, observers=(counts,)).logits
+    assert int(counts.reads) == 8  # positions 0-3 and 8-11
     torch.testing.assert_close(got, short[:, 4:8], atol=1e-5, rtol=1e-4)
 
 

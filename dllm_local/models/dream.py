@@ -11,7 +11,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from transformers import PretrainedConfig, PreTrainedModel
 
-from .cache import KVCache
+from .attention import BIDIRECTIONAL, Attention, ForwardObserver, begin
+from .cache import CacheFork, CacheView, KVCache
 from .layers import RMSNorm, attend, check_positions, layer_devices, rope_cos_sin
 from .llada import DiffusionLMOutput
 
@@ -71,12 +72,12 @@ class DreamAttention(nn.Module):
         self.v_proj = nn.Linear(d, self.n_kv_heads * hd, bias=True)
         self.o_proj = nn.Linear(self.n_heads * hd, d, bias=False)
 
-    def forward(self, h: torch.Tensor, positions: torch.Tensor, rope, cache: KVCache | None) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, rope, attention: Attention) -> torch.Tensor:
         b, n, _ = h.shape
         q = self.q_proj(h).view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(h).view(b, n, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(h).view(b, n, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        return self.o_proj(attend(q, k, v, positions, rope, self.index, cache))
+        return self.o_proj(attend(q, k, v, rope, self.index, attention))
 
 
 class DreamMLP(nn.Module):
@@ -98,8 +99,8 @@ class DreamDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope, cache: KVCache | None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, rope, cache)
+    def forward(self, x: torch.Tensor, rope, attention: Attention) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, attention)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -115,6 +116,8 @@ class DreamModel(PreTrainedModel):
     config_class = DreamConfig
     base_model_prefix = "model"
     _no_split_modules = ["DreamDecoderLayer"]
+    packs_requests = False  # its shifted logits read each position's predecessor: one request a forward
+    layout = BIDIRECTIONAL
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     _supports_sdpa = True
 
@@ -139,18 +142,19 @@ class DreamModel(PreTrainedModel):
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 
-    def new_cache(self, batch: int = 1, max_len: int | None = None) -> KVCache:
+    def new_cache(self, slots: int = 1, max_len: int | None = None) -> KVCache:
         c = self.config
         ref = self.model.embed_tokens.weight
         max_len = max_len or c.max_position_embeddings
-        return KVCache(c.num_hidden_layers, batch, c.num_key_value_heads, max_len, c.head_dim, ref.dtype,
+        return KVCache(c.num_hidden_layers, slots, c.num_key_value_heads, max_len, c.head_dim, ref.dtype,
                        layer_devices(self.model.layers))
 
     def forward(
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor | None = None,
-        cache: KVCache | None = None,
+        cache: CacheView | CacheFork | None = None,
+        observers: tuple[ForwardObserver, ...] = (),
         sequence: torch.Tensor | None = None,
         **unused,
     ) -> DiffusionLMOutput:
@@ -163,7 +167,6 @@ class DreamModel(PreTrainedModel):
         """
         if positions is None:
             positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-        check_positions(positions, self.config.max_positions)
         run_positions, run_ids = positions, input_ids
         if cache is not None:
             missing = _missing_predecessors(positions)
@@ -175,12 +178,12 @@ class DreamModel(PreTrainedModel):
                 run_ids = torch.cat([input_ids, extra_ids], dim=1)
         order = torch.argsort(run_positions)
         run_positions, run_ids = run_positions[order], run_ids[:, order]
-        if cache is not None:
-            cache.begin_forward(run_positions)
+        bounds = check_positions(run_positions, self.config.max_positions)
+        attention = begin(run_positions, bounds, cache, observers, None, self.layout)
         rope = rope_cos_sin(run_positions, self.config.head_dim, self.config.rope_theta)
         x = self.model.embed_tokens(run_ids)
         for layer in self.model.layers:
-            x = layer(x, run_positions, rope, cache)
+            x = layer(x, rope, attention)
         logits = self.lm_head(self.model.norm(x))
         # Shift: row j of the sorted run predicts the position after it; position 0 keeps its own.
         predecessor = torch.where(positions > 0, positions - 1, positions)

@@ -1,19 +1,22 @@
-"""Building blocks both families share: fp32 RMSNorm, fp32 rotary embeddings, cached attention."""
+"""Building blocks both families share: fp32 RMSNorm, fp32 rotary embeddings, attention's entry."""
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from ..errors import SequenceTooLongError
-from .cache import KVCache
+from .attention import Attention
 
 
-def check_positions(positions: torch.Tensor, max_positions: int) -> None:
-    if positions.numel() and int(positions.max()) >= max_positions:
-        raise SequenceTooLongError(
-            f"sequence of {int(positions.max()) + 1} positions is longer than the model's maximum of {max_positions}"
-        )
+def check_positions(positions: torch.Tensor, max_positions: int) -> tuple[int, int]:
+    """The least and the greatest of ``positions``, read back from the device at once; raises
+    past the model's maximum. ``(0, -1)`` for none."""
+    if not positions.numel():
+        return 0, -1
+    lo, hi = torch.stack(torch.aminmax(positions)).tolist()
+    if hi >= max_positions:
+        raise SequenceTooLongError(f"sequence of {hi + 1} positions is longer than the model's maximum of {max_positions}")
+    return lo, hi
 
 
 def layer_devices(blocks: nn.ModuleList) -> list[torch.device]:
@@ -59,39 +62,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return (x * cos + rotated * sin).to(dtype)
 
 
-def attend(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    positions: torch.Tensor,
-    rope: tuple[torch.Tensor, torch.Tensor],
-    layer: int,
-    cache: KVCache | None,
-) -> torch.Tensor:
-    """Bidirectional attention of the recomputed positions over every valid position.
-
-    ``q``: ``[batch, heads, n, head_dim]``; ``k``/``v``: ``[batch, kv_heads, n, head_dim]``.
-    Without a cache the keys are just the given positions (a plain full forward).
-    Returns ``[batch, n, heads * head_dim]``.
-    """
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], layer: int,
+           attention: Attention) -> torch.Tensor:
+    """Rotate ``q`` and ``k`` (``[batch, heads or kv_heads, n, head_dim]``) to their positions and
+    attend as this forward's ``attention`` lays out: ``[batch, n, heads * head_dim]``."""
     cos, sin = rope
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    key_mask = None
-    packed = hasattr(cache, "query_rows")  # a batch's forward: several requests' positions in one row
-    if cache is not None:
-        k, v, key_mask = cache.update(layer, positions, k, v)
-    if packed:
-        q = cache.query_rows(q)
-    if hasattr(cache, "probe"):  # a cache policy may watch where the queries look (drift_refresh)
-        cache.probe(layer, q, k, key_mask, positions)
-    grouped = k.shape[1] != q.shape[1]  # Dream: 4 K/V heads for 28 query heads
-    if grouped and key_mask is not None:
-        # SDPA's grouped-query path has no fused kernel that takes a mask on CUDA (flash takes
-        # none): with a mask, repeated K/V keep the memory-efficient kernel.
-        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-    out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=key_mask,
-                                         enable_gqa=grouped and key_mask is None)
-    if packed:
-        out = cache.token_rows(out)
-    return out.transpose(1, 2).flatten(2)
+    return attention(layer, apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)

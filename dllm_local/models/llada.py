@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from .cache import KVCache
+from .attention import BIDIRECTIONAL, Attention, ForwardObserver, Segment, begin
+from .cache import CacheFork, CacheView, KVCache
 from .layers import RMSNorm, attend, check_positions, layer_devices, rope_cos_sin
 
 
@@ -93,13 +94,13 @@ class LLaDABlock(nn.Module):
         self.up_proj = nn.Linear(d, config.ffn_size, bias=False)
         self.ff_out = nn.Linear(config.ffn_size, d, bias=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope, cache: KVCache | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope, attention: Attention) -> torch.Tensor:
         b, n, _ = x.shape
         h = self.attn_norm(x)
         q = self.q_proj(h).view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(h).view(b, n, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(h).view(b, n, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        x = x + self.attn_out(attend(q, k, v, positions, rope, self.index, cache))
+        x = x + self.attn_out(attend(q, k, v, rope, self.index, attention))
         h = self.ff_norm(x)
         return x + self.ff_out(F.silu(self.ff_proj(h)) * self.up_proj(h))
 
@@ -125,9 +126,10 @@ class LLaDAModelLM(PreTrainedModel):
     base_model_prefix = "model"
     _no_split_modules = ["LLaDABlock"]
     _supports_sdpa = True
-    # A forward may pack several requests' positions (a BatchKVCache): every layer but attention
-    # is per position. (Dream is not: its shifted logits read each position's predecessor.)
+    # A forward may pack several requests' positions (segments): every layer but attention is per
+    # position. (Dream is not: its shifted logits read each position's predecessor.)
     packs_requests = True
+    layout = BIDIRECTIONAL
 
     def __init__(self, config: LLaDAConfig) -> None:
         super().__init__(config)
@@ -147,35 +149,37 @@ class LLaDAModelLM(PreTrainedModel):
     def get_output_embeddings(self) -> nn.Module | None:
         return None if self.config.weight_tying else self.model.transformer.ff_out
 
-    def new_cache(self, batch: int = 1, max_len: int | None = None) -> KVCache:
+    def new_cache(self, slots: int = 1, max_len: int | None = None) -> KVCache:
         c = self.config
         ref = self.model.transformer.wte.weight
         dtype = ref.dtype if ref.is_floating_point() else torch.bfloat16
-        return KVCache(c.n_layers, batch, c.n_kv_heads, max_len or c.max_sequence_length, c.head_dim, dtype,
+        return KVCache(c.n_layers, slots, c.n_kv_heads, max_len or c.max_sequence_length, c.head_dim, dtype,
                        layer_devices(self.model.transformer.blocks))
 
     def forward(
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor | None = None,
-        cache: KVCache | None = None,
+        cache: CacheView | CacheFork | None = None,
+        observers: tuple[ForwardObserver, ...] = (),
+        segments: list[Segment] | None = None,
         **unused,
     ) -> DiffusionLMOutput:
         """Logits ``[batch, n, vocab]`` for the ``n`` given tokens at absolute ``positions``.
 
         With a cache, only these positions are recomputed: their K/V are written into the cache
-        and they attend over every valid cached position. Without one, this is a full forward.
+        and they attend over every valid cached position (``observers`` watching). ``segments``:
+        several requests packed in one row, each over its own cache. Without either, a full forward.
         """
         t = self.model.transformer
         if positions is None:
             positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-        check_positions(positions, self.config.max_positions)
-        if cache is not None:
-            cache.begin_forward(positions)
+        bounds = check_positions(positions, self.config.max_positions)
+        attention = begin(positions, bounds, cache, observers, segments, self.layout)
         rope = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
         x = t.wte(input_ids)
         for block in t.blocks:
-            x = block(x, positions, rope, cache)
+            x = block(x, rope, attention)
         x = t.ln_f(x)
         logits = F.linear(x, t.wte.weight) if self.config.weight_tying else t.ff_out(x)
         return DiffusionLMOutput(logits=logits)

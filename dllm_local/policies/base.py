@@ -1,11 +1,13 @@
-"""What every policy shares: its validated parameters, and the decoding state it reads."""
+"""What every policy shares: its validated parameters, the decoding state it reads, and the
+typed door through which it sees its request's cache."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
+from ..softmax import entropy
 from .registry import PolicySpec
 
 
@@ -57,3 +59,58 @@ class DecodeState:
 
     def all_positions(self) -> torch.Tensor:
         return torch.arange(self.total_len, device=self.x.device)
+
+
+class CacheSlot(Protocol):
+    """A request's KV cache as the engine holds it (``models.cache.CacheView``)."""
+
+    valid: torch.Tensor
+    seq_len: int
+
+    def num_cached(self) -> int: ...
+
+    def evict(self, positions: torch.Tensor | None = None) -> None: ...
+
+    def bytes_per_position(self) -> int: ...
+
+
+class CacheAccess:
+    """What a cache policy sees of its request's cache: which entries are valid, how many are
+    cached, the step each position was last written at, and eviction (K and V together)."""
+
+    def __init__(self, cache: CacheSlot, length: int) -> None:
+        self._cache = cache
+        self.write_step = torch.zeros(length, device=cache.valid.device)  # the forward that last wrote each entry
+
+    @property
+    def valid(self) -> torch.Tensor:
+        return self._cache.valid[: self._cache.seq_len]
+
+    def num_cached(self) -> int:
+        return self._cache.num_cached()
+
+    def evict(self, positions: torch.Tensor) -> None:
+        self._cache.evict(positions)
+
+    def bytes_per_position(self) -> int:
+        return self._cache.bytes_per_position()
+
+    def written(self, positions: torch.Tensor, step: int) -> None:
+        """The forward of ``step`` wrote ``positions`` (the sampler says so after each forward)."""
+        self.write_step[positions] = float(step)
+
+
+class StepSignals:
+    """What a policy may read of this step's forward beyond the drafts, each computed when first
+    asked (so a step whose policies ask nothing pays nothing)."""
+
+    def __init__(self, positions: torch.Tensor, logits: torch.Tensor) -> None:
+        self.positions = positions  # the positions the forward computed, sorted
+        self._logits = logits
+        self._entropy: torch.Tensor | None = None
+
+    def entropy(self) -> torch.Tensor:
+        """The entropy of the prediction at each computed position."""
+        if self._entropy is None:
+            self._entropy = entropy(self._logits)
+        return self._entropy

@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from ..devices import DEVICES, measure_device, reuse_beats_recompute
+from ..models.attention import ForwardObserver
 from ..models.footprint import arithmetic_parameters
-from .base import DecodeState, Policy
-
-if TYPE_CHECKING:  # the page process validates settings with these classes and never loads a model
-    from ..models.cache import KVCache
+from .base import CacheAccess, DecodeState, Policy, StepSignals
 
 
 @dataclass
@@ -26,21 +23,37 @@ class Plan:
 
 
 class CachePolicy(Policy):
-    def reset(self, state: DecodeState, cache: KVCache, model) -> None:
+    # This request's share of a batch's cache budget, when its policy has a budget (``max_cached``) and
+    # the batch shares budgets: set by ``set_quota`` each step.
+    quota: int | None = None
+
+    def reset(self, state: DecodeState, cache: CacheAccess, model: torch.nn.Module) -> None:
         """A new generation starts."""
 
-    def plan(self, state: DecodeState, cache: KVCache) -> Plan:
+    def observers(self) -> tuple[ForwardObserver, ...]:
+        """Instruments this policy watches its request's forwards with (set up in ``reset``)."""
+        return ()
+
+    def plan(self, state: DecodeState, cache: CacheAccess) -> Plan:
         raise NotImplementedError
 
-    def observe(self, state: DecodeState, cache: KVCache, positions: torch.Tensor, entropy: torch.Tensor | None) -> None:
-        """After the forward; ``entropy`` of each recomputed position's prediction if the spec ``needs_entropy``."""
+    def observe(self, state: DecodeState, cache: CacheAccess, signals: StepSignals) -> None:
+        """After the forward, which computed ``signals.positions``."""
 
-    def end_step(self, state: DecodeState, cache: KVCache) -> None:
+    def end_step(self, state: DecodeState, cache: CacheAccess) -> None:
         """The step is recorded: the policy may now drop entries (never before the bookkeeping)."""
 
     def info(self) -> dict:
-        """Policy-specific numbers for the trace (empty for most)."""
+        """Numbers for the trace, under the names its spec declares (``trace_fields``)."""
         return {}
+
+    def max_cached(self) -> int | None:
+        """The most positions this request keeps cached (its budget); None: no budget."""
+        return None
+
+    def set_quota(self, quota: int) -> None:
+        """A batch sharing its budgets gives this request ``quota`` positions for now."""
+        self.quota = quota
 
 
 def _full(state: DecodeState) -> Plan:
@@ -119,7 +132,6 @@ class AdaptiveCache(CachePolicy):
         vocab = model.get_input_embeddings().weight.shape[0]
         self._state = {
             "entropy": torch.zeros(L, device=state.x.device),
-            "t_write": torch.zeros(L, device=state.x.device),
             "h_max": math.log(vocab),
             "lam": self.lam if self.lam is not None else 3.0 / max(1, state.steps_per_block * (state.gen_length // state.block_size)),
             "reuse_wins": reuse_beats_recompute(cache.bytes_per_position(), params, device),
@@ -128,44 +140,37 @@ class AdaptiveCache(CachePolicy):
             "evicted": 0,
         }
 
-    def confidence(self, step: int) -> torch.Tensor:
+    def confidence(self, step: int, cache: CacheAccess) -> torch.Tensor:
         s = self._state
         certainty = 1 - s["entropy"] / s["h_max"]
-        return self.alpha * certainty + self.beta * torch.exp(-s["lam"] * (step - s["t_write"]))
+        return self.alpha * certainty + self.beta * torch.exp(-s["lam"] * (step - cache.write_step))
 
     def plan(self, state, cache):
         s = self._state
         if _refresh_due(state, self.refresh_every) or not s["reuse_wins"]:
             return _full(state)
-        L = state.total_len
-        recompute = self.confidence(state.step) <= self.floor
-        recompute |= ~cache.valid[:L]
+        recompute = self.confidence(state.step, cache) <= self.floor
+        recompute |= ~cache.valid
         recompute[state.block_start : state.block_end] = True
         return Plan(recompute.nonzero().flatten(), bool(recompute.all()))
 
-    def observe(self, state, cache, positions, entropy):
-        s = self._state
-        s["t_write"][positions] = float(state.step)
+    def observe(self, state, cache, signals):
+        s, positions = self._state, signals.positions
         known = ~state.masked[positions]
+        entropy = signals.entropy()
         s["entropy"][positions] = torch.where(known, torch.zeros_like(entropy), entropy.to(s["entropy"].dtype))
 
-    # In a batch with budgets, the batch's QuotaPool (batch.py) sets this request's share of them each step.
-    quota: int | None = None
-
-    @property
-    def allowance(self) -> int | None:
-        """Positions this request may keep cached: its own budget, or its quota in a batch."""
-        return self.quota if self.quota is not None else self._state["budget"]
+    def max_cached(self):
+        return self._state["budget"]
 
     def end_step(self, state, cache):
         s = self._state
-        budget = self.allowance
-        if budget is not None and cache.num_cached() > budget:
-            L = state.total_len
-            conf = self.confidence(state.step + 1)
-            conf[~cache.valid[:L]] = float("inf")
-            evict = torch.argsort(conf)[: cache.num_cached() - budget]
-            cache.invalidate(evict)
+        allowance = self.quota if self.quota is not None else s["budget"]  # in a batch, its share of the pool
+        if allowance is not None and cache.num_cached() > allowance:
+            conf = self.confidence(state.step + 1, cache)
+            conf[~cache.valid] = float("inf")
+            evict = torch.argsort(conf)[: cache.num_cached() - allowance]
+            cache.evict(evict)
             s["evicted"] += int(evict.numel())
 
     def info(self):

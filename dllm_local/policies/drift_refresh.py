@@ -12,29 +12,33 @@ from __future__ import annotations
 import torch
 
 from ..errors import SettingsError
+from ..models.observers import AttentionProbe
 from .cache import CachePolicy, Plan, _full
 
 
 class DriftRefresh(CachePolicy):
     def reset(self, state, cache, model):
-        layers = len(cache.k)
+        layers = model.config.num_hidden_layers
         if self.probe_layer is not None and self.probe_layer >= layers:
             # Refused, not clamped: the trace records the setting, and it would name a layer never probed.
             raise SettingsError(f"probe_layer {self.probe_layer} is past this model's {layers} layers "
                                 f"(0 to {layers - 1}); leave it empty for the middle one")
-        cache.probe_layer = layers // 2 if self.probe_layer is None else self.probe_layer
+        self._probe = AttentionProbe(layers // 2 if self.probe_layer is None else self.probe_layer)
         self._reference: torch.Tensor | None = None
         self._refresh_next = False
         self._full = False
         self._drift: float | None = None
 
+    def observers(self):
+        return (self._probe,)
+
     def plan(self, state, cache):
-        cache.probe_queries = state.block_positions()
+        self._probe.queries = state.block_positions()
         self._full = state.step_in_block == 0 or self._refresh_next
         return _full(state) if self._full else Plan(state.block_positions(), False)
 
-    def observe(self, state, cache, positions, entropy):
-        mass = cache.attention_mass
+    def observe(self, state, cache, signals):
+        mass = self._probe.mass
         if self._full:
             self._reference, self._drift = mass, None
             self._refresh_next = self.gamma >= 1

@@ -18,7 +18,8 @@ from pydantic import TypeAdapter
 from ..devices import DEVICES
 from ..errors import SettingsError
 from ..limits import MAX_GEN_LENGTH
-from ..values import FLAG, TYPE_WORDS, WORD, integer, number, one_of, optional, read
+from ..trace import Rejected, declare_policy_fields
+from ..values import FLAG, TYPE_WORDS, WORD, Count, Flag, Number, Text, integer, number, one_of, optional, read
 
 
 @dataclass(frozen=True)
@@ -81,10 +82,12 @@ class PolicySpec:
     impl: str | type  # "module:Class" (imported on first use, so specs never import torch) or the class
     params: tuple[Param, ...] = ()
     needs_guider: bool = False  # guided decoding: the run needs the autoregressive guider
-    needs_entropy: bool = False  # the cache policy's observe() wants each recomputed position's entropy
     uses_steps: bool = False  # the settings' ``steps`` (LLaDA's schedule length) applies
     # A cross-parameter rule: a message when ``params`` break it, else None.
     check: Callable[[dict], str | None] | None = None
+    # What the policy adds to each step record's ``policy``: name -> type (a trace field type),
+    # declared to the trace's schema when the spec is registered.
+    trace_fields: dict[str, Any] = field(default_factory=dict)
     defaults: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -136,6 +139,7 @@ _KINDS = {"cache": CACHE, "unmask": UNMASK}
 
 def register(spec: PolicySpec) -> PolicySpec:
     """Add a policy (a spec with the same name replaces the old one)."""
+    declare_policy_fields(spec.trace_fields)
     _KINDS[spec.kind][spec.name] = spec
     return spec
 
@@ -230,7 +234,7 @@ register(PolicySpec(
         Param("device_profile", str, "auto", "Device profile", "the I/O cost model's device: measured, or a named GPU",
               choices=("auto", *DEVICES)),
     ),
-    needs_entropy=True))
+    trace_fields={"device": Text | None, "reuse_wins": Flag | None, "evicted": Count, "quota": Count}))
 
 _THRESHOLD = Param("threshold", float, 0.9, "Confidence threshold (tau)",
                    "commit every masked position with confidence >= tau (1: one per step)",
@@ -266,7 +270,7 @@ register(PolicySpec(
         Param("ratio", float, 0.5, "Guider ratio", "for the relative rule", low=0, high=1, low_open=True,
               slider=(0.05, 1.0, 0.05)),
     ),
-    needs_guider=True))
+    needs_guider=True, trace_fields={"guider_accepted": Count}))
 register(PolicySpec(
     "unmask", "self_verify", "Self-verifying parallel decoding",
     "Threshold candidates, capped as the block fills; close candidates whose joint probability is much lower "
@@ -284,7 +288,8 @@ register(PolicySpec(
         Param("cap_min", int, 2, "Tokens per step, full block", "the cap as the block fills", low=1,
               high=MAX_GEN_LENGTH),
     ),
-    check=lambda p: None if p["cap_min"] <= p["cap_max"] else f"cap_min ({p['cap_min']}) must be <= cap_max ({p['cap_max']})"))
+    check=lambda p: None if p["cap_min"] <= p["cap_max"] else f"cap_min ({p['cap_min']}) must be <= cap_max ({p['cap_max']})",
+    trace_fields={"verified": Count, "rejected": Count, "min_conflict_score": Number, "rejected_at": list[Rejected]}))
 register(PolicySpec(
     "unmask", "revise", "Draft wide, verify narrow (WINO)",
     "Commit every position at or above the draft threshold; in the same forward, send back to mask any "
@@ -298,7 +303,8 @@ register(PolicySpec(
               low=0, high=1, slider=(0.0, 1.0, 0.05), headline=True),
         Param("max_revisions", int, 1, "Revisions per position", "how often one position may be taken back",
               low=0, high=16, slider=(0, 4, 1)),
-    )))
+    ),
+    trace_fields={"revoked": Count}))
 register(PolicySpec(
     "cache", "drift_refresh", "Drift-triggered refresh (Elastic-Cache)",
     "Reuse like DualCache; refresh the whole cache when the block's attention, at a probe layer over its "
@@ -313,4 +319,5 @@ register(PolicySpec(
         Param("top_k", int, 8, "Most-attended positions", "how many positions the drift is measured over", low=1,
               high=MAX_GEN_LENGTH,
               slider=(1, 64, 1)),
-    )))
+    ),
+    trace_fields={"drift": Number | None, "refresh_next": Flag}))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable
 
 import torch
 
@@ -22,20 +22,23 @@ class Candidates:
     confidence: torch.Tensor  # [m] float64 probability of the draft
 
 
-class ModelCalls(Protocol):
-    """What the sampler offers policies that need more than one forward's logits."""
+@dataclass(frozen=True)
+class StepCalls:
+    """What an unmasking policy may use beyond the drafts: the run's seeded generator and the
+    model calls some policies make. Nothing else of the run is reachable from here.
 
-    rng: torch.Generator  # the run's seeded generator
+    - ``verify(rows, at, tokens)``: for ``k`` variant sequences, the probability of ``tokens[r]`` at
+      position ``at[r]`` in row r (``[k]``, float64), from one forward that writes no cache.
+    - ``current_probabilities(positions)``: the probability this step's forward gives the tokens
+      now at ``positions`` (float64).
+    - ``guider_forward(input_ids, past)``: the guider's logits ``[n, vocab]`` for ``input_ids`` read
+      after its KV cache ``past`` (None: a new one), and the cache grown by them.
+    """
 
-    def verify(self, rows: torch.Tensor, at: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """For ``k`` variant sequences, the probability of ``tokens[r]`` at position ``at[r]`` in row r."""
-
-    def current_probabilities(self, positions: torch.Tensor) -> torch.Tensor:
-        """The probability this step's forward gives the tokens now at ``positions`` (float64)."""
-
-    def guider_forward(self, input_ids: torch.Tensor, past: Any) -> tuple[torch.Tensor, Any]:
-        """The guider's logits ``[n, vocab]`` for ``input_ids`` read after its KV cache ``past``
-        (None: a new one), and the cache grown by them."""
+    rng: torch.Generator
+    verify: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    current_probabilities: Callable[[torch.Tensor], torch.Tensor]
+    guider_forward: Callable[[torch.Tensor, Any], tuple[torch.Tensor, Any]]
 
 
 @dataclass
@@ -50,7 +53,7 @@ class UnmaskPolicy(Policy):
     def start_block(self, state: DecodeState) -> None:
         """A new block starts."""
 
-    def select(self, state: DecodeState, cand: Candidates, calls: ModelCalls) -> Selection:
+    def select(self, state: DecodeState, cand: Candidates, calls: StepCalls) -> Selection:
         raise NotImplementedError
 
 
@@ -127,7 +130,7 @@ class Guided(UnmaskPolicy):
         if state.block == 0:  # a new run: the guider has read nothing yet
             self._past, self._read = None, []
 
-    def guider_logits(self, calls: ModelCalls, sequence: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def guider_logits(self, calls: StepCalls, sequence: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The guider's logits predicting each of ``positions`` (sorted) from the tokens before it.
 
         Its KV cache keeps the prefix it has already read and agrees with; only the rest is read.

@@ -1,0 +1,237 @@
+"""How one forward's positions attend: the model's layout, the cache writes, and who watches.
+
+A forward computes some positions of one or several requests (``Segment``: a request's cache view,
+its positions, its observers). ``Attention`` is built once per forward by the model, from the
+segments and the model's ``AttentionLayout``; each layer then calls it with its fresh Q/K/V. It
+writes the fresh K/V into each request's slot, attends each request's queries over its own valid
+entries as the layout allows, and lets the observers see the forward (before each write, and each
+layer's queries and keys). Several segments are packed one after another in the forward's one
+row (``[n_1 + n_2 + ...]``): every matmul runs on exactly the positions the requests compute, with
+no padding; only attention lays the queries out by request.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .cache import CacheFork, CacheView
+
+
+class ForwardObserver:
+    """Watches the forwards of one request. Each hook is a no-op unless overridden."""
+
+    def on_begin(self, positions: torch.Tensor, was_valid: torch.Tensor, live: torch.Tensor) -> None:
+        """Before layer 0: the sorted ``positions`` computed, which of them held an entry before
+        (``was_valid``), and the entries the queries attend now (``live``, ``[seq_len]``)."""
+
+    def on_write(self, layer: int, k_rows: torch.Tensor, v_rows: torch.Tensor, index: slice | torch.Tensor,
+                 k: torch.Tensor, v: torch.Tensor) -> None:
+        """Before ``layer`` replaces ``k_rows[:, :, index]`` (the request's K, ``[1, kv_heads,
+        max_len, head_dim]``) and V by the fresh ``k``, ``v`` (``[1, kv_heads, n, head_dim]``)."""
+
+    def on_attend(self, layer: int, q: torch.Tensor, keys: torch.Tensor, key_mask: torch.Tensor | None) -> None:
+        """The request's queries ``[1, heads, n, head_dim]`` (rotated) and every key it may attend
+        (``[1, kv_heads, seq_len, head_dim]``, with ``key_mask``)."""
+
+
+class AttentionLayout(Protocol):
+    """Which keys each query may attend, beyond the cache's validity: a model family's own rule."""
+
+    def key_mask(self, live: torch.Tensor) -> torch.Tensor | None:
+        """``[rows, 1, 1 or n, keys]`` from each row's valid keys ``live`` (``[rows, keys]``);
+        None when every query attends every key (SDPA's fastest path)."""
+
+
+class Bidirectional:
+    """Every position attends every valid entry (LLaDA, Dream): the masked-diffusion layout."""
+
+    def key_mask(self, live: torch.Tensor) -> torch.Tensor | None:
+        return None if bool(live.all()) else live.view(live.shape[0], 1, 1, live.shape[-1])
+
+
+BIDIRECTIONAL = Bidirectional()
+
+
+@dataclass
+class Segment:
+    """One request's part of a forward: its cache (a view, or a fork that writes nothing), the
+    sorted positions it computes, and its observers."""
+
+    cache: CacheView | CacheFork
+    positions: torch.Tensor
+    observers: Sequence[ForwardObserver] = field(default_factory=tuple)
+
+
+class Attention:
+    """One forward's attention; ``attention(layer, q, k, v)`` in each layer (Q/K/V rotated).
+
+    No segment: a plain full forward, the keys are the given positions. One segment over a view:
+    its slot is read and written in place (a run of positions as a slice: a view instead of a
+    gather). One fork: each variant row attends the view's entries plus its own fresh K/V. Several
+    segments: packed rows, each request's queries over its own slot.
+    """
+
+    def __init__(self, positions: torch.Tensor, bounds: tuple[int, int], segments: Sequence[Segment],
+                 layout: AttentionLayout) -> None:
+        self.layout, self.segments = layout, list(segments)
+        self._per_device: dict[torch.device, tuple] = {}
+        if not self.segments:
+            self._key_mask = None
+            return
+        if len(self.segments) == 1:
+            self._begin_one(self.segments[0], *bounds)
+        else:
+            if any(isinstance(s.cache, CacheFork) for s in self.segments):
+                raise ValueError("a fork's forward is one request's alone")
+            self._begin_packed(positions)
+
+    # ---------------------------------------------------------------- before layer 0
+    def _begin_one(self, segment: Segment, lo: int, hi: int) -> None:
+        """``lo``, ``hi``: the least and greatest position (the positions are sorted)."""
+        cache, positions = segment.cache, segment.positions
+        if isinstance(cache, CacheFork):
+            view = cache.parent
+            live = view.valid[: view.seq_len].clone()
+            live[positions.to(live.device)] = True
+            self._key_mask = self.layout.key_mask(live[None])
+            self._per_device[live.device] = (None, self._key_mask)
+            return
+        if hi >= cache.max_len:
+            raise ValueError(f"position {hi} is beyond the cache length {cache.max_len}")
+        positions = positions.to(cache.valid.device)
+        segment.positions = positions
+        # A run of positions (a refresh, a block, a block and all after it) is read and written as
+        # a slice: a view instead of a gather, a copy instead of a scatter.
+        index = slice(lo, hi + 1) if hi - lo + 1 == positions.numel() else positions
+        was_valid = cache.valid[positions]
+        cache.valid[positions] = True
+        live = cache.valid[: cache.seq_len]
+        self._key_mask = self.layout.key_mask(live[None])
+        self._per_device[cache.valid.device] = (index, self._key_mask)
+        for observer in segment.observers:
+            observer.on_begin(positions, was_valid, live)
+
+    def _begin_packed(self, positions: torch.Tensor) -> None:
+        store = self.segments[0].cache.store
+        device = store.valid.device
+        positions = positions.to(device)
+        counts = [s.positions.numel() for s in self.segments]
+        if positions.numel() != sum(counts):
+            raise ValueError(f"{positions.numel()} positions for segments of {counts}")
+        slots = [s.cache.slot for s in self.segments]
+        # Every slot in order: the store's tensors as they are; else this forward's rows, gathered.
+        self._rows = None if slots == list(range(store.slots)) else torch.tensor(slots, device=device)
+        n = torch.tensor(counts, device=device)
+        token_slot = torch.repeat_interleave(torch.tensor(slots, device=device), n)
+        token_row = torch.repeat_interleave(torch.arange(len(slots), device=device), n)
+        starts = torch.cumsum(n, 0) - n
+        token_at = torch.arange(positions.numel(), device=device) - torch.repeat_interleave(starts, n)
+        was_valid = store.valid[token_slot, positions]
+        store.valid[token_slot, positions] = True
+        live = store.valid if self._rows is None else store.valid.index_select(0, self._rows)
+        self._key_mask = self.layout.key_mask(live)
+        self._per_device[device] = (token_slot, positions, token_row, token_at, self._key_mask, self._rows)
+        self._spans = []
+        begin = 0
+        for s, count in zip(self.segments, counts):
+            s.positions = positions[begin : begin + count]
+            self._spans.append((begin, count))
+            for observer in s.observers:
+                observer.on_begin(s.positions, was_valid[begin : begin + count], store.valid[s.cache.slot, : s.cache.seq_len])
+            begin += count
+        self._max_n = max(counts)
+
+    def _on(self, device: torch.device) -> tuple:
+        """This forward's indices and mask on ``device`` (copied once to each other device)."""
+        if device not in self._per_device:
+            first = next(iter(self._per_device.values()))
+            self._per_device[device] = tuple(t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) else t
+                                             for t in first)
+        return self._per_device[device]
+
+    # ---------------------------------------------------------------- each layer
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """``q``: ``[batch, heads, n, head_dim]``; ``k``/``v``: ``[batch, kv_heads, n, head_dim]``.
+        Returns ``[batch, n, heads * head_dim]``."""
+        if not self.segments:
+            out = _sdpa(q, k, v, None)
+        elif len(self.segments) > 1:
+            out = self._packed(layer, q, k, v)
+        elif isinstance(self.segments[0].cache, CacheFork):
+            out = self._fork(layer, q, k, v)
+        else:
+            out = self._one(layer, q, k, v)
+        return out.transpose(1, 2).flatten(2)
+
+    def _one(self, layer: int, q, k, v) -> torch.Tensor:
+        segment = self.segments[0]
+        cache = segment.cache
+        k_rows, v_rows = cache.store.k[layer][cache.slot : cache.slot + 1], cache.store.v[layer][cache.slot : cache.slot + 1]
+        k, v = k.to(k_rows.dtype), v.to(v_rows.dtype)
+        index, key_mask = self._on(k_rows.device)
+        for observer in segment.observers:
+            observer.on_write(layer, k_rows, v_rows, index, k, v)
+        k_rows[:, :, index] = k
+        v_rows[:, :, index] = v
+        keys, values = k_rows[:, :, : cache.seq_len], v_rows[:, :, : cache.seq_len]
+        for observer in segment.observers:
+            observer.on_attend(layer, q, keys, key_mask)
+        return _sdpa(q, keys, values, key_mask)
+
+    def _fork(self, layer: int, q, k, v) -> torch.Tensor:
+        view, positions = self.segments[0].cache.parent, self.segments[0].positions
+        k_rows = view.store.k[layer][view.slot : view.slot + 1, :, : view.seq_len]
+        v_rows = view.store.v[layer][view.slot : view.slot + 1, :, : view.seq_len]
+        _, key_mask = self._on(k_rows.device)
+        at, rows = positions.to(k_rows.device), k.shape[0]
+        keys = k_rows.expand(rows, -1, -1, -1).index_copy(2, at, k.to(k_rows.dtype))
+        values = v_rows.expand(rows, -1, -1, -1).index_copy(2, at, v.to(v_rows.dtype))
+        return _sdpa(q, keys, values, key_mask)
+
+    def _packed(self, layer: int, q, k, v) -> torch.Tensor:
+        k_store, v_store = self.segments[0].cache.store.k[layer], self.segments[0].cache.store.v[layer]
+        token_slot, index, token_row, token_at, key_mask, rows = self._on(k_store.device)
+        k, v = k.to(k_store.dtype), v.to(v_store.dtype)
+        for s, (begin, count) in zip(self.segments, self._spans):
+            for observer in s.observers:
+                at = index[begin : begin + count]
+                observer.on_write(layer, k_store[s.cache.slot : s.cache.slot + 1], v_store[s.cache.slot : s.cache.slot + 1],
+                                  at, k[:, :, begin : begin + count], v[:, :, begin : begin + count])
+        # Advanced indices on dims 0 and 2 put the N tokens first: values go in as [N, heads, dim].
+        k_store[token_slot, :, index] = k[0].transpose(0, 1)
+        v_store[token_slot, :, index] = v[0].transpose(0, 1)
+        keys = k_store if rows is None else k_store.index_select(0, rows)
+        values = v_store if rows is None else v_store.index_select(0, rows)
+        mask = key_mask
+        by_row = q.new_zeros(len(self.segments), q.shape[1], self._max_n, q.shape[3])
+        by_row[token_row, :, token_at] = q[0].transpose(0, 1)
+        for r, (s, (begin, count)) in enumerate(zip(self.segments, self._spans)):
+            for observer in s.observers:
+                observer.on_attend(layer, by_row[r : r + 1, :, :count], keys[r : r + 1, :, : s.cache.seq_len],
+                                   None if mask is None else mask[r : r + 1, ..., : s.cache.seq_len])
+        out = _sdpa(by_row, keys, values, mask)
+        return out[token_row, :, token_at].transpose(0, 1)[None]
+
+
+def begin(positions: torch.Tensor, bounds: tuple[int, int], cache: CacheView | CacheFork | None,
+          observers: Sequence[ForwardObserver], segments: Sequence[Segment] | None, layout: AttentionLayout) -> Attention:
+    """The attention of a forward over ``positions`` (their least and greatest: ``bounds``): of
+    ``segments`` (packed requests), else of one request's ``cache`` watched by ``observers``, else
+    (no cache) a plain full forward."""
+    if segments is None:
+        segments = [] if cache is None else [Segment(cache, positions, observers)]
+    return Attention(positions, bounds, segments, layout)
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+    grouped = k.shape[1] != q.shape[1]  # Dream: 4 K/V heads for 28 query heads
+    if grouped and key_mask is not None:
+        # SDPA's grouped-query path has no fused kernel that takes a mask on CUDA (flash takes
+        # none): with a mask, repeated K/V keep the memory-efficient kernel.
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    return F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=key_mask,
+                                          enable_gqa=grouped and key_mask is None)
