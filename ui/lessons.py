@@ -10,6 +10,7 @@ import html
 from dataclasses import dataclass, field
 from statistics import fmean
 
+from dllm_local.policies import registry
 from dllm_local.tiny.tasks import verdict as task_verdict
 
 from .replay import MEAN_LAYERS, Trace, drafts, is_end_token, prompt_len, prompt_of, steps_upto, theorem1
@@ -219,15 +220,18 @@ def verification_verdict(trace: Trace, step: int | None = None) -> Verdict | Non
     steps = steps_upto(trace, step)
     rejected = [i for i, s in enumerate(steps) for _ in (s.get("policy") or {}).get("rejected_at") or []]
     revoked = [i for i, s in enumerate(steps) for _ in s.get("revoked") or []]
-    policy = (trace.get("settings") or {}).get("unmask")
-    if policy not in ("self_verify", "revise") and not rejected and not revoked:
+    # A verifying policy declares the step fields it reports them in (its spec's trace fields).
+    spec = registry.UNMASK.get((trace.get("settings") or {}).get("unmask"))
+    declared = spec.trace_fields if spec is not None else {}
+    sends_back, takes_back = "rejected_at" in declared, "revoked" in declared
+    if not (sends_back or takes_back or rejected or revoked):
         return None
     numbers = {"sent_back": len(rejected), "sent_back_steps": sorted(set(rejected)), "revised": len(revoked),
                "revised_steps": sorted(set(revoked))}
     parts = []
-    if rejected or policy == "self_verify":
+    if rejected or sends_back:
         parts.append(_count(len(rejected), "draft") + " sent back" + _at_steps(rejected))
-    if revoked or policy == "revise":
+    if revoked or takes_back:
         parts.append(_count(len(revoked), "committed token") + " revised" + _at_steps(revoked))
     return Verdict("verification", "Verification sent drafts back", HOLDS if rejected or revoked else FAILS, "; ".join(parts), numbers)
 
