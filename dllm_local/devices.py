@@ -1,8 +1,9 @@
 """Device profiles (bandwidth and arithmetic rate: named GPUs, or this machine measured) and the
 rule the I/O-aware cache decides by: reuse a position's K/V when reading it beats recomputing it.
 
-Below the policies and the cost model, which both read it; torch is imported only by the
-function that measures this machine, so the registry and the page can list the devices.
+Below the policies, the cost model and the loader, which read it (the loader its working dtype per
+device); torch is imported only by the functions that ask the device, so the registry and the page
+can list the devices.
 """
 from __future__ import annotations
 
@@ -35,6 +36,24 @@ DEVICES = {
 _measured: dict[str, DeviceProfile] = {}
 
 
+def working_dtype(device: torch.device) -> torch.dtype:
+    """The dtype a model computes in on ``device`` unless told otherwise (the loader's "auto"):
+    float32 on the CPU; on CUDA bfloat16 where the GPU computes in it natively, else float16."""
+    import torch
+
+    if device.type != "cuda":
+        return torch.float32
+    return auto_cuda_dtype(torch.cuda.get_device_capability(device))
+
+
+def auto_cuda_dtype(capability: tuple[int, int]) -> torch.dtype:
+    """bfloat16 on GPUs with native bf16 math (compute capability 8.0 and later), else float16
+    (T4, V100 and RTX 20 run bf16 through slow emulated kernels)."""
+    import torch
+
+    return torch.bfloat16 if capability >= (8, 0) else torch.float16
+
+
 def measure_device(device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> DeviceProfile:
     """This machine's copy bandwidth and matmul rate in ``dtype`` (by default the working dtype:
     bf16 on CUDA, fp16 on GPUs without native bf16, float32 on the CPU), measured once per device
@@ -43,9 +62,7 @@ def measure_device(device: torch.device | str = "cpu", dtype: torch.dtype | None
 
     device = torch.device(device)
     if dtype is None:
-        from .models.loader import pick_dtype
-
-        dtype = pick_dtype("auto", device)  # the dtype a model runs in there: the rate that matters
+        dtype = working_dtype(device)  # the dtype a model runs in there: the rate that matters
     key = f"{device}:{dtype}"
     if key in _measured:
         return _measured[key]

@@ -3,15 +3,23 @@ tokens kept as text so that a prompt can neither plant masks nor forge turns."""
 from __future__ import annotations
 
 import re
+from typing import Any, Protocol
 
 from .errors import SettingsError
-from .models.loader import ModelHandle
 
 Prompt = str | list[dict]
 ROLES = ("system", "user", "assistant")
 
 
-def encode_prompt(handle: ModelHandle, prompt: Prompt) -> list[int]:
+class HasTokenizer(Protocol):
+    """What encoding reads of a loaded model (the loader's ModelHandle): its tokenizer, a
+    transformers tokenizer with a chat template or none."""
+
+    @property
+    def tokenizer(self) -> Any: ...
+
+
+def encode_prompt(handle: HasTokenizer, prompt: Prompt) -> list[int]:
     """Prompt ids through the model's chat template (multi-turn messages work). Special tokens
     typed in a message (``<|mdm_mask|>``, ``<|eot_id|>``) are plain text: only the template's own
     markers become control tokens, so a prompt can neither plant masks nor forge turns."""

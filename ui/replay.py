@@ -1,5 +1,6 @@
 """Replaying a trace: the answer region at a step, Theorem 1, a what-if threshold, the run's
-numbers and a comparison of two runs. Pure functions of the trace dict, no plotting.
+numbers and a comparison of two runs. Pure functions of the trace dict, no plotting; the parts
+they read (lengths, a token's text, the ends of text, the prompt) are ``trace_parts.py``'s.
 
 A trace is the plain dict of ``dllm_local.trace.Trace.to_dict()`` (or its JSON). Positions here
 are answer positions ``0..gen_length-1`` = absolute position - len(prompt_ids). ``upto_step`` is
@@ -8,59 +9,19 @@ the same trace as it grows.
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
-from typing import Any
 
 from .timing import speedup, spread
+from .trace_parts import (Trace, answer_length, first_end, is_end_token, prompt_len, prompt_of, steps_upto, token_text,
+                          visible)
 
-Trace = dict[str, Any]
+# The trace's parts, importable from here as before (the views and the tests read them so).
+__all__ = ["MEAN_LAYERS", "TIMED", "Trace", "answer_length", "compare", "drafts", "first_end", "is_end_token",
+           "numbers", "prompt_len", "prompt_of", "state_at", "steps_upto", "theorem1", "token_text", "visible",
+           "what_if"]
+
+
 MEAN_LAYERS = "mean"  # the KV views' and the reused-K/V verdict's "layer": the mean over all layers
-
-
-def steps_upto(trace: Trace, upto_step: int | None = None) -> list[dict]:
-    steps = trace.get("steps") or []
-    if upto_step is None:
-        return list(steps)
-    return list(steps[: max(0, int(upto_step) + 1)])
-
-
-def prompt_len(trace: Trace) -> int:
-    return len(trace.get("prompt_ids") or [])
-
-
-def answer_length(trace: Trace) -> int:
-    return int(trace.get("gen_length") or (trace.get("settings") or {}).get("gen_length") or 0)
-
-
-def token_text(trace: Trace, token_id: int | None) -> str:
-    if token_id is None:
-        return ""
-    return (trace.get("vocab") or {}).get(str(token_id), f"#{token_id}")
-
-
-def visible(text: str) -> str:
-    """Whitespace made visible so a token that is a space or newline still shows up."""
-    if text == "":
-        return "∅"
-    return text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥").replace("\r", "␍")
-
-
-_SPECIAL = re.compile(r"\s*(<\|[^|]*\|>|</s>|<eos>|<pad>)\s*")
-
-
-def is_end_token(trace: Trace, token_id: int | None) -> bool:
-    if token_id is None:
-        return False
-    if token_id in ((trace.get("model") or {}).get("stop_ids") or []):
-        return True
-    text = token_text(trace, token_id)
-    return bool(_SPECIAL.fullmatch(text)) and any(w in text.lower() for w in ("end", "eot", "eos", "pad", "/s"))
-
-
-def first_end(trace: Trace, ids: list[int | None]) -> int | None:
-    """The first answer position holding a committed end-of-text token, or None."""
-    return next((p for p, t in enumerate(ids) if is_end_token(trace, t)), None)
 
 
 # ----------------------------------------------------------------------------- state
@@ -280,39 +241,3 @@ def compare(trace_a: Trace, trace_b: Trace, repeats_a: Sequence[Trace] = (), rep
         "agreement": same / length if length else 1.0,
         "first_difference": first,
     }
-
-
-# ----------------------------------------------------------------------------- the prompt
-
-# A user turn's start and end markers: LLaDA's, Dream's (Qwen's).
-_TURNS = (("<|start_header_id|>user<|end_header_id|>", "<|eot_id|>"), ("<|im_start|>user", "<|im_end|>"))
-
-
-def _last_turn(text: str, start_mark: str, end_mark: str) -> str | None:
-    """The text of the last complete turn, found with ``str.find``: linear in the text, where a
-    regex (marker, whitespace, lazy text, marker) backtracked quadratically over a long run of
-    spaces (an 18 kB imported trace held the page for 17 s)."""
-    found, at = None, 0
-    while (start := text.find(start_mark, at)) >= 0:
-        end = text.find(end_mark, start + len(start_mark))
-        if end < 0:
-            break
-        found, at = text[start + len(start_mark) : end], end + len(end_mark)
-    return found
-
-
-def prompt_of(trace: Trace) -> str | None:
-    """The prompt of a trace: its ``prompt`` field, else the last user turn of its prompt ids
-    decoded with its vocab (the chat template taken off); None when that cannot be done."""
-    if isinstance(trace.get("prompt"), str):
-        return trace["prompt"]
-    vocab = trace.get("vocab") or {}
-    try:
-        text = "".join(vocab[str(i)] for i in trace.get("prompt_ids") or [])
-    except (KeyError, TypeError):
-        return None
-    for start_mark, end_mark in _TURNS:
-        found = _last_turn(text, start_mark, end_mark)
-        if found is not None:
-            return found.strip()
-    return None if "<|" in text or not text.strip() else text.strip()

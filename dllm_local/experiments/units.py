@@ -1,6 +1,6 @@
 """A sweep's or an evaluation's work as units a worker decodes: one grid point and a run of its
-problems. Every problem decoded becomes one record, appended to a results file (JSON lines) as it
-arrives; the report is built from the records alone. So a run in this process, on a Ray cluster
+problems. Every problem decoded becomes one record, appended to a results file (JSON lines,
+``results_file.py``) as it arrives; the report is built from the records alone. So a run in this process, on a Ray cluster
 (``cluster.py``) or resumed from its results file reports the same, problem for problem: problem
 ``i`` always decodes with the point's settings and seed + ``i``.
 
@@ -8,29 +8,25 @@ Torch-free until a worker decodes: the CLI plans units and reads results files b
 """
 from __future__ import annotations
 
-import json
-import os
-import statistics
 import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Protocol
 
-from pydantic import TypeAdapter, ValidationError
 from tqdm import tqdm
-from typing_extensions import TypedDict
 
-from ..errors import DllmError, schema_message
-from ..values import Count, Flag, Number, Text
 from ..tiny.tasks import check_task
+from .results_file import RECORD, RESULTS_FORMAT, Record, Results, row_of
 
 if TYPE_CHECKING:
     from ..models.loader import GuiderHandle, ModelHandle
     from .problems import Problem
 
-RESULTS_FORMAT = "dllm-local results v1"
+# The results file's names, importable from here as before.
+__all__ = ["DEFAULT_CHUNK", "RECORD", "RESULTS_FORMAT", "Job", "LocalRunner", "ModelSpec", "OnUnit", "Record",
+           "Results", "Runner", "Unit", "UnitDone", "Worker", "plan_units", "progress_bar", "report_unit", "row_of"]
+
 DEFAULT_CHUNK = 4  # problems per unit: small enough that a lost worker costs little, large enough to hide dispatch
 
 
@@ -90,120 +86,6 @@ def plan_units(job: Job, done: Iterable[tuple[int, int]] = (), chunk: int = DEFA
         left = [i for i in range(job.n) if (point, i) not in done]
         units += [Unit(point, tuple(left[k : k + size])) for k in range(0, len(left), size)]
     return units
-
-
-class Record(TypedDict):
-    """One problem decoded: a line of the results file, read back through this schema on --resume."""
-    point: Count
-    problem: Count
-    correct: Flag
-    kind: Text
-    prompt: Text
-    output: Text
-    token_ids: list[Count]
-    clean_end: Flag  # everything after the content is end-of-text padding
-    nfe: Count
-    tau: Number
-    tau_content: Number
-    content_tokens: Count
-    g: Number
-    model_s: Number  # this problem's share of the forwards' time (a batch's split by positions computed)
-    wall_s: Number
-    worker: Text
-
-
-RECORD = TypeAdapter(Record)
-
-
-class Results:
-    """The records of a run, by (point, problem): each kept once, however often a unit ran (a
-    lost worker's unit runs again elsewhere). With a ``path`` each new record is appended to it as
-    a JSON line as it arrives, after a first line naming the job; ``resume`` reads a file that a
-    stopped run left and goes on appending to it."""
-
-    def __init__(self, job: Job, path: str | Path | None = None, resume: bool = False) -> None:
-        self.job, self.path = job, Path(path) if path else None
-        self.records: dict[tuple[int, int], dict] = {}
-        self._header: dict | None = None  # written before the first record of a new file
-        if self.path is None:
-            return
-        self._header = {"format": RESULTS_FORMAT, "job": job.identity()}
-        if resume:
-            self._read(self._header)
-            self._header = None
-        elif self.path.is_dir() or not os.access(self.path.parent, os.W_OK):
-            if self.path.is_dir():
-                why = "it is a folder"
-            elif not self.path.parent.is_dir():
-                why = "its folder does not exist"
-            else:
-                why = "its folder is not writable"
-            raise DllmError(f"cannot write the results file {self.path}: {why}")
-        elif self.path.exists() and self.path.stat().st_size:
-            raise DllmError(f"the results file {self.path} already holds results: go on with it with "
-                            f"--resume {self.path}, or name a new file")
-
-    def _read(self, header: dict) -> None:
-        try:
-            data = self.path.read_bytes()
-        except OSError as exc:
-            raise DllmError(f"cannot read the results file {self.path}: {exc.strerror or exc}") from exc
-        # Every record ends with a newline: text after the last one is a record a stopped run did
-        # not finish writing. It is left out, and cut from the file once the file is known to be ours.
-        whole = data[: data.rfind(b"\n") + 1]
-        try:
-            lines = whole.decode("utf-8").splitlines()
-            first = json.loads(lines[0]) if lines else None
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-            first = None
-        if not isinstance(first, dict) or first.get("format") != RESULTS_FORMAT:
-            raise DllmError(f"{self.path} is not a results file of dllm-local (its first line names none)")
-        if first.get("job") != header["job"]:
-            theirs = first.get("job") if isinstance(first.get("job"), dict) else {}
-            differ = [k for k in header["job"] if theirs.get(k) != header["job"][k]]
-            raise DllmError(f"{self.path} holds the results of another run: these differ from this command's: "
-                            f"{', '.join(differ)}. Resume with the same model, task, --n, --seed-data and settings, "
-                            "or name a new results file")
-        for number, line in enumerate(lines[1:], 2):
-            try:
-                raw = json.loads(line)
-                record = RECORD.validate_python(raw)
-            except (json.JSONDecodeError, RecursionError):
-                raise DllmError(f"{self.path} line {number} is not a result record (not JSON)") from None
-            except ValidationError as exc:
-                raise DllmError(f"{self.path} line {number} is not a result record: "
-                                f"{schema_message(exc, raw, subject='the record')}") from None
-            key = (record["point"], record["problem"])
-            if key[0] < len(self.job.points) and key[1] < self.job.n:
-                self.records.setdefault(key, record)
-        if len(whole) < len(data):
-            with self.path.open("rb+") as f:
-                f.truncate(len(whole))
-
-    def _write(self, rows: list[dict], mode: str = "a") -> None:
-        with self.path.open(mode, encoding="utf-8") as f:
-            f.writelines(json.dumps(row) + "\n" for row in rows)
-
-    def add(self, records: list[dict]) -> list[dict]:
-        """Keep the records not seen yet (appended to the file first); return those."""
-        new = [r for r in records if (r["point"], r["problem"]) not in self.records]
-        if new and self.path is not None:
-            # The file starts with the first record: a run that fails before any leaves no file.
-            try:
-                self._write(([self._header] if self._header else []) + new, "w" if self._header else "a")
-            except OSError as exc:
-                raise DllmError(f"cannot append to the results file {self.path} ({exc.strerror or exc}); the "
-                                f"{len(self.records)} problems before these are in it") from None
-            self._header = None
-        for r in new:
-            self.records[(r["point"], r["problem"])] = r
-        return new
-
-    def of_point(self, point: int) -> list[dict]:
-        return [self.records[(point, i)] for i in range(self.job.n) if (point, i) in self.records]
-
-    def complete(self, point: int) -> bool:
-        return all((point, i) in self.records for i in range(self.job.n))
 
 
 @dataclass
@@ -312,20 +194,3 @@ def progress_bar(results: Results, desc: str, disable: bool = False) -> Iterator
             bar.update(len(progress.records))
             bar.set_postfix_str(" ".join(f"{w} {v:.2f}/s" for w, v in progress.throughput.items()), refresh=False)
         yield on_unit
-
-
-def row_of(records: list[dict]) -> dict:
-    """One point's figures from its problems' records: accuracy, the means of NFE, tokens per
-    forward (all, and content only) and G, content tokens per second of model time, and the
-    model and wall time per answer."""
-    model_total = sum(r["model_s"] for r in records)
-    return {
-        "accuracy": sum(r["correct"] for r in records) / len(records),
-        "nfe": statistics.mean(r["nfe"] for r in records),
-        "tau": statistics.mean(r["tau"] for r in records),
-        "tau_content": statistics.mean(r["tau_content"] for r in records),
-        "g": statistics.mean(r["g"] for r in records),
-        "model_tok_s": sum(r["content_tokens"] for r in records) / model_total if model_total else 0.0,
-        "model_s": model_total / len(records),
-        "wall_s": statistics.mean(r["wall_s"] for r in records),
-    }

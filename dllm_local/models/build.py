@@ -2,32 +2,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 from huggingface_hub.errors import StrictDataclassError
 
 from ..errors import ModelLoadError
 from . import FAMILIES
+from .protocol import DiffusionLM, FamilyConfig
 
 if TYPE_CHECKING:
     from transformers import BitsAndBytesConfig, PreTrainedTokenizerBase
-
-
-class FamilyConfig(Protocol):
-    """What the loader reads from a family's config: LLaDAConfig and DreamConfig both declare it."""
-
-    @property
-    def vocab_size(self) -> int: ...
-
-    @property
-    def num_hidden_layers(self) -> int: ...
-
-    @property
-    def max_positions(self) -> int: ...
-
-    @property
-    def eos_token_id(self) -> int | None: ...
 
 
 def family_config(raw: dict, family: str, config_file: Path) -> FamilyConfig:
@@ -64,7 +49,7 @@ def load_tokenizer(path: Path, family: str) -> PreTrainedTokenizerBase:
 
 
 def build_model(path: Path, family: str, config: FamilyConfig, dtype: torch.dtype, device: torch.device,
-                qconfig: BitsAndBytesConfig | None, device_map: str | dict | None) -> torch.nn.Module:
+                qconfig: BitsAndBytesConfig | None, device_map: str | dict | None) -> DiffusionLM:
     """The family's model with the weights in ``path``, in ``dtype`` (quantized by ``qconfig``),
     on ``device`` or spread by ``device_map``, in eval mode. Weights that leave a parameter unset,
     or name one the architecture lacks, are refused."""

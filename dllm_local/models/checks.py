@@ -18,7 +18,7 @@ import torch
 from ..errors import ModelLoadError
 from ..hub import OPENED_SUFFIXES
 from . import FAMILIES
-from .build import FamilyConfig
+from .protocol import FamilyConfig
 from .quantize import BYTES_PER_VALUE, FULL_PRECISION
 
 if TYPE_CHECKING:

@@ -1,11 +1,23 @@
 """What a loaded model holds and reads: its parameter count before quantization (the FLOP term
 of the cost model) and the bytes one forward reads (its weight term). bitsandbytes' quantized
-parameters are read by their attributes; bitsandbytes itself is never imported here."""
+parameters are read by their attributes; bitsandbytes itself is never imported here.
+
+A family's model (a ``DiffusionLM``) names its input embedding and says whether its head reuses it;
+of any other module (a test's, a block of one), the first ``nn.Embedding`` is the input embedding,
+tied when another module holds its weight.
+"""
 from __future__ import annotations
 
 import math
 
 import torch
+
+from .dream import DreamModel
+from .llada import LLaDAModelLM
+from .protocol import DiffusionLM
+
+# The families' classes: each keeps the DiffusionLM protocol.
+FAMILY_MODELS = (LLaDAModelLM, DreamModel)
 
 
 def logical_parameters(model: torch.nn.Module) -> int:
@@ -18,7 +30,7 @@ def logical_parameters(model: torch.nn.Module) -> int:
     return sum(math.prod(_logical_shape(p)) for p in model.parameters())
 
 
-def arithmetic_parameters(model: torch.nn.Module) -> int:
+def arithmetic_parameters(model: DiffusionLM | torch.nn.Module) -> int:
     """The parameters a position's arithmetic uses (2 FLOP each): all of them before quantization,
     less the input embedding, from which a forward only gathers rows (unless the head reuses it)."""
     embedding = _input_embedding_weight(model)
@@ -27,7 +39,7 @@ def arithmetic_parameters(model: torch.nn.Module) -> int:
     return logical_parameters(model) - embedding.numel()
 
 
-def weight_read_bytes(model: torch.nn.Module) -> int:
+def weight_read_bytes(model: DiffusionLM | torch.nn.Module) -> int:
     """Bytes one forward reads from memory: every parameter as stored (packed 4-bit or int8 with
     its quantization constants), except the input embedding, from which a forward only gathers the
     rows of its tokens (1 GB of LLaDA-8B's 16 GB), unless the output head reads it whole (tied)."""
@@ -64,18 +76,17 @@ def _quant_state_bytes(state) -> int:
     return sum(t.numel() * t.element_size() for t in tensors) + _quant_state_bytes(nested)
 
 
-def _input_embedding_weight(model: torch.nn.Module) -> torch.Tensor | None:
-    get = getattr(model, "get_input_embeddings", None)  # transformers models name theirs
-    if get is not None:
-        embedding = get()
+def _input_embedding_weight(model: DiffusionLM | torch.nn.Module) -> torch.Tensor | None:
+    if isinstance(model, FAMILY_MODELS):
+        embedding = model.get_input_embeddings()
     else:
         embedding = next((m for m in model.modules() if isinstance(m, torch.nn.Embedding)), None)
     return None if embedding is None else embedding.weight
 
 
-def _tied_to_head(model: torch.nn.Module, weight: torch.Tensor) -> bool:
+def _tied_to_head(model: DiffusionLM | torch.nn.Module, weight: torch.Tensor) -> bool:
     # LLaDA's tied head is F.linear on the embedding weight, held by no module: only its config says.
-    if getattr(getattr(model, "config", None), "tie_word_embeddings", False):
+    if isinstance(model, FAMILY_MODELS) and model.config.tie_word_embeddings:
         return True
     return any(p is weight for m in model.modules() if not isinstance(m, torch.nn.Embedding)
                for p in m.parameters(recurse=False))

@@ -14,12 +14,13 @@ from typing import Any, NamedTuple
 import torch
 
 from ..errors import ModelLoadError
-from .build import FamilyConfig, build_model, family_config, load_tokenizer
+from .build import build_model, family_config, load_tokenizer
 from .checks import (check_chat_template, check_family, check_folder, check_guider_type, check_mask_id, check_memory,
                      check_tensors, check_weights, needed_bytes, read_json_object)
 from .find import ALIASES, ASSETS, TINY_GUIDER, TINY_MODEL, resolve_path
 from .footprint import logical_parameters, weight_read_bytes
 from .placement import apply_threads, auto_cuda_dtype, free_bytes, free_device_memory, pick_device, pick_dtype
+from .protocol import DiffusionLM
 from .quantize import quantization_config, quiet_bitsandbytes
 
 __all__ = ["ALIASES", "ASSETS", "TINY_GUIDER", "TINY_MODEL", "GuiderHandle", "ModelHandle", "apply_threads",
@@ -36,7 +37,7 @@ class ModelHandle:
     name: str
     path: Path
     family: str
-    model: Any
+    model: DiffusionLM
     tokenizer: Any
     mask_id: int
     eos_id: int
@@ -55,14 +56,13 @@ class ModelHandle:
 
     def summary(self) -> dict:
         """What the handle holds, as JSON values (``python -m dllm_local info`` prints it)."""
-        config: FamilyConfig = self.model.config
         return {
             "name": self.name, "path": str(self.path), "family": self.family, "device": str(self.device),
             "dtype": str(self.dtype).replace("torch.", ""), "quantization": self.quantization or "none",
             "parameters": self.num_parameters, "memory_mb": round(self.memory_bytes / 2**20, 1),
             "weight_read_mb": round(self.weight_read_bytes / 2**20, 1),
             "max_length": self.max_length, "trained_length": self.trained_length, "mask_id": self.mask_id, "stop_ids": list(self.stop_ids),
-            "layers": config.num_hidden_layers,
+            "layers": self.model.config.num_hidden_layers,
         }
 
 

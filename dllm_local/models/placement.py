@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import gc
 import os
-from typing import TYPE_CHECKING
+from typing import Iterator, Protocol
 
 import torch
 
+from ..devices import auto_cuda_dtype, working_dtype
 from ..errors import ModelLoadError
 
-if TYPE_CHECKING:
-    from .loader import GuiderHandle, ModelHandle
+__all__ = ["SMALL_MODEL_PARAMETERS", "apply_threads", "auto_cuda_dtype", "free_bytes", "free_device_memory",
+           "pick_device", "pick_dtype"]
 
 # A model this small runs a forward as hundreds of tiny kernels: on the CPU, one thread beats
 # several (a thread team costs more to wake than it saves; see the README's "Threads" section).
@@ -42,20 +43,11 @@ def pick_dtype(dtype: str | torch.dtype, device: torch.device, quantization: str
     V100 and RTX 20 run bf16 through slow emulated kernels). 8-bit always computes in float16:
     bitsandbytes casts anything else to it (and warns)."""
     if dtype == "auto":
-        if quantization == "8bit":
-            return torch.float16
-        if device.type != "cuda":
-            return torch.float32
-        return auto_cuda_dtype(torch.cuda.get_device_capability(device))
+        return torch.float16 if quantization == "8bit" else working_dtype(device)
     value = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
     if not isinstance(value, torch.dtype) or not value.is_floating_point:
         raise ModelLoadError(f"dtype must be auto, float32, bfloat16 or float16, not {dtype!r}")
     return value
-
-
-def auto_cuda_dtype(capability: tuple[int, int]) -> torch.dtype:
-    """bfloat16 on GPUs with native bf16 math (compute capability 8.0 and later), else float16."""
-    return torch.bfloat16 if capability >= (8, 0) else torch.float16
 
 
 def free_bytes(device: torch.device) -> int | None:
@@ -77,7 +69,21 @@ def free_device_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def apply_threads(requested: int | None, handle: ModelHandle | GuiderHandle, batched: bool = False) -> None:
+class _Weights(Protocol):
+    def parameters(self, recurse: bool = True) -> Iterator[torch.nn.Parameter]: ...
+
+
+class LoadedModel(Protocol):
+    """What ``apply_threads`` reads of a handle: the loader's ModelHandle and GuiderHandle both hold it."""
+
+    @property
+    def model(self) -> _Weights: ...
+
+    @property
+    def num_parameters(self) -> int: ...
+
+
+def apply_threads(requested: int | None, handle: LoadedModel, batched: bool = False) -> None:
     """Set torch's thread count for this command: ``requested`` (--threads), else one thread for
     a small model on the CPU decoding one request at a time, and torch's default (every core)
     for anything else: a batch's forwards are large kernels, which a thread team does speed up."""
