@@ -17,6 +17,7 @@ from checkpoints import build_dream, build_llada
 from dllm_local import Settings
 from dllm_local.errors import EngineError, ModelLoadError, OutOfMemory
 from dllm_local.experiments.probes import AllocationPeak, HostSyncCounter
+from dllm_local.models.attention import BIDIRECTIONAL, Attention, ForwardObserver, Segment
 from dllm_local.models.loader import auto_cuda_dtype, pick_device, pick_dtype
 from dllm_local.serving import engine as engine_module
 
@@ -90,13 +91,18 @@ def test_each_layers_kv_is_allocated_on_its_blocks_device(tiny):
     assert [v.device.type for v in cache.v] == [k.device.type for k in cache.k]
     assert cache.valid.device.type == "cpu"
     # A forward writes each layer's K/V where the layer is: positions and the key mask follow.
+    view, seen = cache.alloc(64), {}
+
+    class Where(ForwardObserver):
+        def on_attend(self, layer, q, keys, key_mask):
+            seen[layer] = (keys.device.type, key_mask.device.type)
+
     positions = torch.tensor([0, 2, 5])  # not a run: written through an index tensor
-    cache.begin_forward(positions)
-    fresh = torch.ones(1, cache.k[3].shape[1], 3, cache.k[3].shape[3], device="meta")
-    keys, values, mask = cache.update(3, positions.to("meta"), fresh, fresh)
-    assert keys.device.type == values.device.type == mask.device.type == "meta"
-    keys, _, mask = cache.update(0, positions, fresh.new_ones(fresh.shape, device="cpu"), torch.ones(fresh.shape))
-    assert mask.device.type == "cpu" and bool(keys[0, :, 2].eq(1).all())
+    attention = Attention(positions, (0, 5), [Segment(view, positions, (Where(),))], BIDIRECTIONAL)
+    shape = (1, cache.k[3].shape[1], 3, cache.k[3].shape[3])
+    assert attention(3, *(torch.ones(shape, device="meta") for _ in range(3))).device.type == "meta"
+    attention(0, *(torch.ones(shape) for _ in range(3)))
+    assert seen == {3: ("meta", "meta"), 0: ("cpu", "cpu")} and bool(cache.k[0][0, :, 2].eq(1).all())
 
 
 # ---------------------------------------------------------------- memory of a full-trace step

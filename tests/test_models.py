@@ -534,3 +534,27 @@ def test_a_chat_template_that_does_not_render_is_told_at_load(tmp_path):
     (path / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content | no_such_filter }}{% endfor %}")
     with pytest.raises(dllm_local.ModelLoadError, match="the chat template in .* does not render .*no_such_filter"):
         dllm_local.load(str(path))
+
+
+class _Causal:
+    """A layout no family uses yet: each query attends its own position and those before it."""
+
+    def key_mask(self, live, queries, keys):
+        return (live[:, None, :] & (keys[None, None, :] <= queries[:, :, None]))[:, None]
+
+
+@torch.no_grad()
+def test_the_model_attends_as_its_layout_says_with_the_cache_and_without():
+    model = _random_model("llada")
+    ids = torch.randint(0, 700, (1, 24))
+    bidirectional = model(ids).logits
+    model.layout = _Causal()
+    causal = model(ids).logits
+    assert not torch.allclose(causal[:, :20], bidirectional[:, :20], atol=1e-3)  # the layout is applied
+    later = ids.clone()
+    later[0, 20:] = 3
+    torch.testing.assert_close(model(later).logits[:, :20], causal[:, :20])  # nothing attends a later position
+    cache = model.new_cache(slots=1, max_len=24).alloc()
+    model(ids, torch.arange(24), cache)
+    block = torch.arange(8, 16)
+    torch.testing.assert_close(model(ids[:, block], block, cache).logits, causal[:, block], atol=1e-5, rtol=1e-4)

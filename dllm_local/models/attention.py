@@ -38,17 +38,20 @@ class ForwardObserver:
 
 
 class AttentionLayout(Protocol):
-    """Which keys each query may attend, beyond the cache's validity: a model family's own rule."""
+    """Which keys each query may attend, beyond the cache's validity: a model family's own rule
+    (bidirectional for masked diffusion; causal between blocks for block diffusion)."""
 
-    def key_mask(self, live: torch.Tensor) -> torch.Tensor | None:
-        """``[rows, 1, 1 or n, keys]`` from each row's valid keys ``live`` (``[rows, keys]``);
-        None when every query attends every key (SDPA's fastest path)."""
+    def key_mask(self, live: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor | None:
+        """``[rows, 1, 1 or n, keys]`` (True: may attend), or None when every query attends every
+        key (SDPA's fastest path). ``live``: each row's keys that hold an entry (``[rows, keys]``);
+        ``queries``: the positions of each row's queries (``[rows, n]``); ``keys``: the position of
+        each key column (``[keys]``)."""
 
 
 class Bidirectional:
     """Every position attends every valid entry (LLaDA, Dream): the masked-diffusion layout."""
 
-    def key_mask(self, live: torch.Tensor) -> torch.Tensor | None:
+    def key_mask(self, live: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor | None:
         return None if bool(live.all()) else live.view(live.shape[0], 1, 1, live.shape[-1])
 
 
@@ -78,8 +81,10 @@ class Attention:
                  layout: AttentionLayout) -> None:
         self.layout, self.segments = layout, list(segments)
         self._per_device: dict[torch.device, tuple] = {}
-        if not self.segments:
-            self._key_mask = None
+        if not self.segments:  # the keys are the queries' own positions, all of them live
+            live = torch.ones(1, positions.numel(), dtype=torch.bool, device=positions.device)
+            self._key_mask = self.layout.key_mask(live, positions[None], positions)
+            self._per_device[positions.device] = (self._key_mask,)
             return
         if len(self.segments) == 1:
             self._begin_one(self.segments[0], *bounds)
@@ -96,7 +101,7 @@ class Attention:
             view = cache.parent
             live = view.valid[: view.seq_len].clone()
             live[positions.to(live.device)] = True
-            self._key_mask = self.layout.key_mask(live[None])
+            self._key_mask = self.layout.key_mask(live[None], positions.to(live.device)[None], _key_positions(live))
             self._per_device[live.device] = (None, self._key_mask)
             return
         if hi >= cache.max_len:
@@ -109,7 +114,7 @@ class Attention:
         was_valid = cache.valid[positions]
         cache.valid[positions] = True
         live = cache.valid[: cache.seq_len]
-        self._key_mask = self.layout.key_mask(live[None])
+        self._key_mask = self.layout.key_mask(live[None], positions[None], _key_positions(live))
         self._per_device[cache.valid.device] = (index, self._key_mask)
         for observer in segment.observers:
             observer.on_begin(positions, was_valid, live)
@@ -132,7 +137,10 @@ class Attention:
         was_valid = store.valid[token_slot, positions]
         store.valid[token_slot, positions] = True
         live = store.valid if self._rows is None else store.valid.index_select(0, self._rows)
-        self._key_mask = self.layout.key_mask(live)
+        self._max_n = max(counts)
+        queries = torch.zeros(len(slots), self._max_n, dtype=positions.dtype, device=device)  # padding: never read
+        queries[token_row, token_at] = positions
+        self._key_mask = self.layout.key_mask(live, queries, _key_positions(live))
         self._per_device[device] = (token_slot, positions, token_row, token_at, self._key_mask, self._rows)
         self._spans = []
         begin = 0
@@ -142,7 +150,6 @@ class Attention:
             for observer in s.observers:
                 observer.on_begin(s.positions, was_valid[begin : begin + count], store.valid[s.cache.slot, : s.cache.seq_len])
             begin += count
-        self._max_n = max(counts)
 
     def _on(self, device: torch.device) -> tuple:
         """This forward's indices and mask on ``device`` (copied once to each other device)."""
@@ -157,7 +164,7 @@ class Attention:
         """``q``: ``[batch, heads, n, head_dim]``; ``k``/``v``: ``[batch, kv_heads, n, head_dim]``.
         Returns ``[batch, n, heads * head_dim]``."""
         if not self.segments:
-            out = _sdpa(q, k, v, None)
+            out = _sdpa(q, k, v, self._on(q.device)[0])
         elif len(self.segments) > 1:
             out = self._packed(layer, q, k, v)
         elif isinstance(self.segments[0].cache, CacheFork):
@@ -224,6 +231,11 @@ def begin(positions: torch.Tensor, bounds: tuple[int, int], cache: CacheView | C
     if segments is None:
         segments = [] if cache is None else [Segment(cache, positions, observers)]
     return Attention(positions, bounds, segments, layout)
+
+
+def _key_positions(live: torch.Tensor) -> torch.Tensor:
+    """The position of each key column of a cache: its index."""
+    return torch.arange(live.shape[-1], device=live.device)
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:

@@ -2,22 +2,18 @@
 of the cost model) and the bytes one forward reads (its weight term). bitsandbytes' quantized
 parameters are read by their attributes; bitsandbytes itself is never imported here.
 
-A family's model (a ``DiffusionLM``) names its input embedding and says whether its head reuses it;
-of any other module (a test's, a block of one), the first ``nn.Embedding`` is the input embedding,
-tied when another module holds its weight.
+A transformers model (every family's, a ``DiffusionLM``) names its input embedding and its config
+says whether its head reuses it; of any other module (a test's, a block of one), the first
+``nn.Embedding`` is the input embedding, tied when another module holds its weight.
 """
 from __future__ import annotations
 
 import math
 
 import torch
+from transformers import PreTrainedModel
 
-from .dream import DreamModel
-from .llada import LLaDAModelLM
 from .protocol import DiffusionLM
-
-# The families' classes: each keeps the DiffusionLM protocol.
-FAMILY_MODELS = (LLaDAModelLM, DreamModel)
 
 
 def logical_parameters(model: torch.nn.Module) -> int:
@@ -77,7 +73,7 @@ def _quant_state_bytes(state) -> int:
 
 
 def _input_embedding_weight(model: DiffusionLM | torch.nn.Module) -> torch.Tensor | None:
-    if isinstance(model, FAMILY_MODELS):
+    if isinstance(model, PreTrainedModel):
         embedding = model.get_input_embeddings()
     else:
         embedding = next((m for m in model.modules() if isinstance(m, torch.nn.Embedding)), None)
@@ -86,7 +82,7 @@ def _input_embedding_weight(model: DiffusionLM | torch.nn.Module) -> torch.Tenso
 
 def _tied_to_head(model: DiffusionLM | torch.nn.Module, weight: torch.Tensor) -> bool:
     # LLaDA's tied head is F.linear on the embedding weight, held by no module: only its config says.
-    if isinstance(model, FAMILY_MODELS) and model.config.tie_word_embeddings:
+    if isinstance(model, PreTrainedModel) and model.config.tie_word_embeddings:
         return True
     return any(p is weight for m in model.modules() if not isinstance(m, torch.nn.Embedding)
                for p in m.parameters(recurse=False))
