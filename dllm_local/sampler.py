@@ -164,7 +164,9 @@ class Run:
         if self.recorder.reads_masked:  # what the trace shows of every still-masked position scored
             masked = state.masked[positions]
             masked_positions, masked_logits = positions[masked], self._allowed(logits[masked])
-        candidates = self.draft(positions, logits)  # 4. draft
+            candidates = self.draft(masked_positions, masked_logits, allowed=True)  # 4. draft
+        else:
+            candidates = self.draft(positions, logits)  # 4. draft
         selection = self.unmask_policy.select(state, candidates, self.calls)  # 5. select
         self.commit(candidates, selection)  # 6. commit
         self.cache_policy.end_step(state, self._cache_access)  # 7. evict
@@ -207,13 +209,14 @@ class Run:
         """``logits`` with the ids a draft may never be at -inf."""
         return logits.index_fill(-1, self._banned, float("-inf"))
 
-    def draft(self, positions: torch.Tensor, logits: torch.Tensor) -> Candidates:
+    def draft(self, positions: torch.Tensor, logits: torch.Tensor, allowed: bool = False) -> Candidates:
         """4. draft: the block's masked positions among ``positions`` with their draft token and its
-        probability, renormalised over the ids a draft may be."""
+        probability, renormalised over the ids a draft may be (``allowed``: the others are at -inf
+        in ``logits`` already)."""
         state = self.state
         in_block = (positions >= state.block_start) & (positions < state.block_end) & state.masked[positions]
         rows = in_block.nonzero().flatten()
-        block_logits = self._allowed(logits[rows])
+        block_logits = logits[rows] if allowed else self._allowed(logits[rows])
         tokens = draft_tokens(block_logits, self.settings.temperature, self.rng)
         return Candidates(positions[rows], tokens, draft_probability(block_logits, tokens))
 
