@@ -5,6 +5,7 @@ import argparse
 
 import gradio as gr
 import pytest
+from described_session import DescribedSession
 
 from dllm_local.policies import registry
 from dllm_local.policies.registry import Param, PolicySpec
@@ -31,23 +32,6 @@ def toy():
         yield TOY
     finally:
         registry.unregister("unmask", "toy")
-
-
-class DescribedSession:
-    """What ``page.build`` asks of a session, answered from this process's registry (no engine)."""
-
-    def info(self) -> dict:
-        return {"name": "tiny", "family": "llada", "parameters": 1e6, "device": "cpu", "dtype": "float32",
-                "quantization": "none", "memory_mb": 1, "layers": 2}
-
-    def quantization_options(self) -> list:
-        return [("none", True, "")]
-
-    def model_options(self) -> list:
-        return [("tiny", True, "")]
-
-    def policy_specs(self) -> dict:
-        return registry.all_specs()
 
 
 def _component(page: gr.Blocks, elem_id: str):

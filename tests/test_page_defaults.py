@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gradio as gr
 import pytest
+from described_session import DescribedSession
 
 from dllm_local.limits import SWEEP_BLOCK_SIZES, SWEEP_GEN_LENGTH, SWEEP_THRESHOLDS
 from dllm_local.policies import registry
@@ -15,23 +16,6 @@ from ui.page import build
 from ui.tune_tab import parse_numbers
 
 LENGTHS = ("gen_length", "block_size", "steps")
-
-
-class DescribedSession:
-    """What ``page.build`` asks of a session, answered from this process's registry (no engine)."""
-
-    def info(self) -> dict:
-        return {"name": "tiny", "family": "llada", "parameters": 1e6, "device": "cpu", "dtype": "float32",
-                "quantization": "none", "memory_mb": 1, "layers": 2}
-
-    def quantization_options(self) -> list:
-        return [("none", True, "")]
-
-    def model_options(self) -> list:
-        return [("tiny", True, "")]
-
-    def policy_specs(self) -> dict:
-        return registry.all_specs()
 
 
 @pytest.fixture(scope="module")
