@@ -27,19 +27,21 @@ Length = integer(1, MAX_GEN_LENGTH)
 Params = optional(dict[str, Any])  # a policy's parameters, read through its spec (null: none given)
 
 
-def about(kind: Any, label: str, help_: str) -> Any:
-    """``kind`` with the label and help text its knob shows on the command line and the page."""
-    return Annotated[kind, Field(title=label, description=help_)]
+def about(kind: Any, label: str, help_: str, top: float | None = None) -> Any:
+    """``kind`` with the label and help text its knob shows on the command line and the page, and
+    ``top``: where the page's slider ends when the bound is past what a slider shows well."""
+    return Annotated[kind, Field(title=label, description=help_, json_schema_extra={"top": top})]
 
 
 @dataclass(frozen=True)
 class Settings:
-    gen_length: about(Length, "Generation length", "tokens in the answer region") = 128
+    gen_length: about(Length, "Generation length", "tokens in the answer region", top=1024) = 128
     block_size: about(Length, "Block size", "tokens decoded together, block after block; divides the generation "
-                      "length") = 32
+                      "length", top=128) = 32
     steps: about(optional(Length), "Steps (fixed schedule)",
-                 "forwards for the fixed schedule, LLaDA's steps; none: one token per step") = None
-    temperature: about(number(0), "Temperature", "0 decodes greedily; above 0 each token is sampled") = 0.0
+                 "forwards for the fixed schedule, LLaDA's steps; none: one token per step", top=1024) = None
+    # Any finite temperature samples; past 2 the tokens are near uniform, so the page's slider ends there.
+    temperature: about(number(0), "Temperature", "0 decodes greedily; above 0 each token is sampled", top=2.0) = 0.0
     seed: about(integer(0, SEED_MAX), "Seed", "the sampling seed; the same seed and settings give the same "
                 "tokens") = 0
     cache: about(WORD, "Cache policy", "what each forward recomputes and what it reuses from the KV cache") = "none"
@@ -131,6 +133,7 @@ class Knob:
     low: float | None = None
     high: float | None = None
     choices: tuple = ()
+    top: float | None = None  # the page's slider ends here (within low..high): the useful range, at a glance
 
 
 def knob(name: str) -> Knob:
@@ -148,7 +151,7 @@ def knob(name: str) -> Knob:
     else:
         choices = next((get_args(p) for p in parts if get_origin(p) is Literal), ())
     default = field_.default_factory() if callable(field_.default_factory) else field_.default
-    return Knob(name, default, about_.title, about_.description, low, high, choices)
+    return Knob(name, default, about_.title, about_.description, low, high, choices, about_.json_schema_extra["top"])
 
 
 def _parts(kind: Any) -> Iterator[Any]:

@@ -11,10 +11,6 @@ from dllm_local.settings import knob
 
 from .controls import KINDS, Specs, knobs, policy_choices, spec_named, visible_knobs
 
-# The temperature has no upper bound (any finite value samples); its slider needs one: past 2 the
-# tokens are near uniform.
-TEMPERATURE_TOP = 2.0
-
 
 def knob_widget(param: dict, value: Any, visible: bool, elem_id: str) -> gr.Component:
     """The component for one policy parameter (a ``Param.to_dict()``): a dropdown for choices, a
@@ -45,18 +41,17 @@ def policy_knobs(specs: Specs, kind: str, values: dict, shown: dict[str, bool]) 
     return {key: knob_widget(param, values[key], shown[key], ids[key]) for key, param in knobs(specs, kind).items()}
 
 
-def setting_widget(name: str, value: Any, step: float | None = None, top: float | None = None,
-                   **options: Any) -> gr.Component:
+def setting_widget(name: str, value: Any, step: float | None = None, **options: Any) -> gr.Component:
     """The component for the setting ``name``, labelled, explained and bounded by its knob: a
-    checkbox for a flag; with a ``step``, a slider from its low bound to its high one (``top`` where
-    it has none); else a box of whole numbers within its bounds."""
+    checkbox for a flag; with a ``step``, a slider from its low bound to its knob's ``top`` (else its
+    high bound); else a box of whole numbers within its bounds."""
     spec = knob(name)
     common = {"label": spec.label, "info": spec.help, "elem_id": name.replace("_", "-"), **options}
     if isinstance(spec.default, bool):
         return gr.Checkbox(value, **common)
     if step is None:
         return gr.Number(value, precision=0, minimum=spec.low, maximum=spec.high, **common)
-    return gr.Slider(spec.low, top if spec.high is None else spec.high, value, step=step, **common)
+    return gr.Slider(spec.low, spec.high if spec.top is None else spec.top, value, step=step, **common)
 
 
 def run_controls(specs: Specs, start: dict) -> tuple[dict[str, gr.Component], dict[str, gr.Markdown], gr.Markdown]:
@@ -78,7 +73,7 @@ def run_controls(specs: Specs, start: dict) -> tuple[dict[str, gr.Component], di
     length_notice = gr.Markdown("", elem_id="length-notice")
     controls["steps"] = setting_widget("steps", start["steps"], step=1, visible=shown["steps"])
     with gr.Row():
-        controls["temperature"] = setting_widget("temperature", start["temperature"], step=0.1, top=TEMPERATURE_TOP)
+        controls["temperature"] = setting_widget("temperature", start["temperature"], step=0.1)
         controls["seed"] = setting_widget("seed", start["seed"])
     controls["exact_drift"] = setting_widget("exact_drift", start["exact_drift"])
     return controls, policy_info, length_notice
