@@ -70,7 +70,7 @@ class Recorder:
                  banned: torch.Tensor) -> None:
         self.handle, self.settings, self.level = handle, settings, settings.trace
         self.banned = banned  # ids no draft may be: the exact diagnostic renormalises as the drafts do
-        self.cache, self.gpus = cache, model_gpus(handle.model)
+        self.gpus = model_gpus(handle.model)
         self.trace = Trace(settings=settings.to_dict(), model=handle.summary(), prompt_ids=list(prompt_ids),
                            gen_length=settings.gen_length, mask_id=handle.mask_id)
         layers = handle.model.config.num_hidden_layers
