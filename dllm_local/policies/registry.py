@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from importlib import import_module, metadata
-from typing import Any, Callable, Iterable
+from typing import Annotated, Any, Callable, Iterable
 
-from pydantic import TypeAdapter
+from pydantic import Field, TypeAdapter
 
 from ..devices import DEVICES
 from ..errors import SettingsError
@@ -270,7 +270,7 @@ register(PolicySpec(
         Param("ratio", float, 0.5, "Guider ratio", "for the relative rule", low=0, high=1, low_open=True,
               slider=(0.05, 1.0, 0.05)),
     ),
-    needs_guider=True, trace_fields={"guider_accepted": Count}))
+    needs_guider=True, trace_fields={"guider_accepted": Annotated[Count, Field(le=MAX_GEN_LENGTH)]}))
 register(PolicySpec(
     "unmask", "self_verify", "Self-verifying parallel decoding",
     "Threshold candidates, capped as the block fills; close candidates whose joint probability is much lower "
