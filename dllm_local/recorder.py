@@ -120,15 +120,15 @@ class Recorder:
             return
         t = time.perf_counter()
         self.trace.stats.exact_forwards += 1
-        L = x.shape[1]
-        everything = torch.arange(L, device=x.device)
+        everything = torch.arange(x.shape[1], device=x.device)
         logits = self.handle.model(x, everything, self.shadow, observers=(self.shadow_drift,)).logits[0]
+        shown = len(self.trace.prompt_ids) + self.settings.gen_length  # not a cache policy's padding
         cache_error = {}
         for layer in range(len(cache.k)):
-            ck = position_cosine(cache.k[layer][:, :, :L], self.shadow.k[layer][:, :, :L])
-            cv = position_cosine(cache.v[layer][:, :, :L], self.shadow.v[layer][:, :, :L])
+            ck = position_cosine(cache.k[layer][:, :, :shown], self.shadow.k[layer][:, :, :shown])
+            cv = position_cosine(cache.v[layer][:, :, :shown], self.shadow.v[layer][:, :, :shown])
             cache_error[str(layer)] = {"k": _round(ck.tolist()), "v": _round(cv.tolist())}
-        drift_k, drift_v = self.shadow_drift.cosines()
+        drift_k, drift_v = (cosines[:, :shown] for cosines in self.shadow_drift.cosines())
         true_drift = {str(layer): {"k": _round(k), "v": _round(v)}
                       for layer, (k, v) in enumerate(zip(drift_k.tolist(), drift_v.tolist()))}
         self._exact = {"logits": logits, "true_drift": true_drift, "cache_vs_exact": cache_error}
@@ -156,9 +156,11 @@ class Recorder:
             logits = step.masked_logits.float()
             best = (logits.amax(-1) - logits.logsumexp(-1)).exp()  # the top softmax probability, one exp per row
             record.masked_confidence = (torch.round(best * 1e6) / 1e6).tolist()
-            record.kv = self._kv_record()
+            # A cache policy's end-of-text padding past the answer is computed too; the trace shows the sequence.
+            shown = self.counter.positions < len(self.trace.prompt_ids) + self.settings.gen_length
+            record.kv = self._kv_record(shown)
             if self.level == "full":
-                record.recomputed = self.counter.positions.tolist()
+                record.recomputed = self.counter.positions[shown].tolist()
                 record.top_candidates = _top_candidates(cand.positions, step.masked_positions, logits)
             self.trace.steps.append(record)
         self._count(record)
@@ -190,9 +192,9 @@ class Recorder:
         self._reads += record.reads
         self._main_forwards += 1
 
-    def _kv_record(self) -> dict:
+    def _kv_record(self, shown: torch.Tensor) -> dict:
         if self.level == "full":
-            ks, vs = (cosines.tolist() for cosines in self.drift.cosines())  # [layers, n]
+            ks, vs = (cosines[:, shown].tolist() for cosines in self.drift.cosines())  # [layers, n]
             return {str(layer): {"k": _round(ks[layer]), "v": _round(vs[layer])} for layer in range(len(ks))}
         summary = self.drift.summary()
         names = ("k_mean", "k_min", "v_mean", "v_min")
@@ -217,7 +219,7 @@ class Recorder:
     def finish(self, state: DecodeState, stopped: bool) -> Trace:
         h, trace, st = self.handle, self.trace, self.trace.stats
         st.stopped = stopped
-        answer = state.x[0, state.prompt_len:].tolist()
+        answer = state.x[0, state.prompt_len : state.prompt_len + state.gen_length].tolist()
         trace.final_ids = answer
         cut = next((i for i, t in enumerate(answer) if t in h.stop_ids or t == h.mask_id), len(answer))
         trace.text = h.tokenizer.decode(answer[:cut], skip_special_tokens=True)

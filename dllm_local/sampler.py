@@ -1,13 +1,14 @@
 """The decoding loop, as LLaDA's ``generate``: one step record per model forward, yielded as it happens.
 
-For each block, while it has masks:
+For each block, while it has masks (or, when the cache policy slides a window over the undecoded
+positions instead, while the answer has any: ``policies/window.py``):
 
-1. **plan**: the cache policy picks the positions to recompute; the block's masks join them.
+1. **plan**: the cache policy picks the positions to recompute; the block's masks (the window) join them.
 2. **forward**: the model computes those positions; the rest are read from the KV cache.
 3. **observe**: the cache policy reads the forward (its signals are computed when it asks).
-4. **draft**: a token and its probability at each of the block's masked positions.
+4. **draft**: a token and its probability at each of the block's masked positions (the window's).
 5. **select**: the unmasking policy picks the drafts to commit (and may take earlier ones back).
-6. **commit**: the picked drafts replace their masks.
+6. **commit**: the picked drafts replace their masks; a sliding window re-ranks its order.
 7. **evict**: the cache policy may drop entries, now that the step's bookkeeping is done.
 8. **record**: the step record is built, timed and yielded.
 
@@ -22,13 +23,14 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import torch
-import torch.nn.functional as F
 
 from .errors import DecodingError, SequenceTooLongError, SettingsError
 from .models.cache import CacheView
 from .models.loader import GuiderHandle, ModelHandle
 from .policies.base import CacheAccess, DecodeState, StepSignals
-from .policies.unmask import Candidates, Selection, StepCalls
+from .policies.unmask import Candidates, Selection
+from .policies.window import SlidingWindow
+from .model_calls import run_calls
 from .prompts import Prompt, encode_prompt
 from .recorder import Recorder, Step, timed
 from .settings import Settings
@@ -67,10 +69,12 @@ class Run:
             if guider.tokenizer.get_vocab() != handle.tokenizer.get_vocab():
                 raise SettingsError("the guider's tokenizer differs from the model's; guided decoding needs the same tokenizer")
         self.prompt_ids = encode_prompt(handle, prompt)
-        total = len(self.prompt_ids) + settings.gen_length
+        self.padding = self.cache_policy.padding(len(self.prompt_ids), settings.gen_length)
+        total = len(self.prompt_ids) + settings.gen_length + self.padding
         if total > handle.max_length:
+            padded = f" and {self.padding} end-of-text positions of the cache policy's span" if self.padding else ""
             raise SequenceTooLongError(
-                f"gen_length {settings.gen_length} plus the prompt's {len(self.prompt_ids)} tokens is {total}, "
+                f"gen_length {settings.gen_length} plus the prompt's {len(self.prompt_ids)} tokens{padded} is {total}, "
                 f"beyond the model's maximum of {handle.max_length}"
             )
         self._stop = threading.Event()
@@ -83,8 +87,8 @@ class Run:
 
     @property
     def state_length(self) -> int:
-        """Prompt plus answer: the positions this run decodes over."""
-        return len(self.prompt_ids) + self.settings.gen_length
+        """Prompt, answer and the cache policy's end-of-text padding: the positions this run attends over."""
+        return len(self.prompt_ids) + self.settings.gen_length + self.padding
 
     def stop(self) -> None:
         self._stop.set()
@@ -112,9 +116,12 @@ class Run:
         """Whether another step follows, starting the next block when this one has no masks left.
         False: the run is over and ``result`` is set."""
         state, s = self.state, self.settings
-        if s.early_stop and state.step and self._answer_complete():
+        if state.window is not None:
+            if state.window.done():
+                return self._finish()
+        elif s.early_stop and state.step and self._answer_complete():
             return self._finish()
-        while not bool(state.masked[state.block_start : state.block_end].any()):
+        while state.window is None and not bool(state.masked[state.block_start : state.block_end].any()):
             if state.block + 1 == s.num_blocks:
                 return self._finish()
             self.start_block(state.block + 1)
@@ -139,8 +146,15 @@ class Run:
         self._plan = self.cache_policy.plan(state, self._cache_access)
         computed = torch.zeros(state.total_len, dtype=torch.bool, device=state.x.device)
         computed[self._plan.positions] = True
-        block = slice(state.block_start, state.block_end)
-        computed[block] |= state.masked[block]
+        self._decodable = torch.zeros_like(computed)
+        if state.window is not None:
+            self._decodable[state.window.positions()] = True
+            computed |= self._decodable
+            self._decodable[state.window.length :] = False  # step 3 of window.py: scored, never committed
+        else:
+            block = slice(state.block_start, state.block_end)
+            self._decodable[block] = state.masked[block]
+            computed |= self._decodable
         self.positions = computed.nonzero().flatten()
         return self.positions
 
@@ -163,7 +177,7 @@ class Run:
         masked_positions = masked_logits = None
         if self.recorder.reads_masked:  # what the trace shows of every still-masked position scored
             masked = state.masked[positions]
-            masked_positions, masked_logits = positions[masked], self._allowed(logits[masked])
+            masked_positions, masked_logits = positions[masked], self.allowed(logits[masked])
             candidates = self.draft(masked_positions, masked_logits, allowed=True)  # 4. draft
         else:
             candidates = self.draft(positions, logits)  # 4. draft
@@ -184,14 +198,17 @@ class Run:
         P, L = len(self.prompt_ids), self.state_length
         x = torch.full((1, L), h.mask_id, dtype=torch.long, device=h.device)
         x[0, :P] = torch.tensor(self.prompt_ids, device=h.device)
+        x[0, P + s.gen_length :] = h.eos_id  # the cache policy's padding
         steps_per_block = (s.steps // s.num_blocks) if s.steps else s.block_size
-        self.state = DecodeState(x, P, s.gen_length, s.block_size, h.mask_id, steps_per_block)
+        window = (SlidingWindow(L, P, P + s.gen_length, s.block_size, h.eos_id, h.device)
+                  if self.cache_policy.sliding else None)
+        self.state = DecodeState(x, P, s.gen_length, s.block_size, h.mask_id, steps_per_block, window=window)
         self.cache = cache if cache is not None else h.model.new_cache(1, L).alloc(L)
         self._cache_access = CacheAccess(self.cache, L)
         self.cache_policy.reset(self.state, self._cache_access, h.model)
         self.unmask_policy.start_block(self.state)
         self.rng = torch.Generator(device=h.device).manual_seed(s.seed)
-        self.calls = StepCalls(self.rng, self.verify, self.current_probabilities, self.guider_forward)
+        self.calls = run_calls(self)
         # Ids a draft may never be: the mask itself (a "committed" mask never finishes its block) and
         # padding rows of the embedding that the tokenizer has no token for.
         rows = h.model.get_input_embeddings().weight.shape[0]
@@ -205,27 +222,33 @@ class Run:
         self.state.block, self.state.step_in_block = block, 0
         self.unmask_policy.start_block(self.state)
 
-    def _allowed(self, logits: torch.Tensor) -> torch.Tensor:
+    def allowed(self, logits: torch.Tensor) -> torch.Tensor:
         """``logits`` with the ids a draft may never be at -inf."""
         return logits.index_fill(-1, self._banned, float("-inf"))
 
     def draft(self, positions: torch.Tensor, logits: torch.Tensor, allowed: bool = False) -> Candidates:
-        """4. draft: the block's masked positions among ``positions`` with their draft token and its
-        probability, renormalised over the ids a draft may be (``allowed``: the others are at -inf
-        in ``logits`` already)."""
-        state = self.state
-        in_block = (positions >= state.block_start) & (positions < state.block_end) & state.masked[positions]
-        rows = in_block.nonzero().flatten()
-        block_logits = logits[rows] if allowed else self._allowed(logits[rows])
+        """4. draft: the block's masked positions (the window's) among ``positions`` with their draft
+        token and its probability, renormalised over the ids a draft may be (``allowed``: the others
+        are at -inf in ``logits`` already)."""
+        rows = self._decodable[positions].nonzero().flatten()
+        block_logits = logits[rows] if allowed else self.allowed(logits[rows])
         tokens = draft_tokens(block_logits, self.settings.temperature, self.rng)
         return Candidates(positions[rows], tokens, draft_probability(block_logits, tokens))
 
     def commit(self, candidates: Candidates, selection: Selection) -> None:
         """6. commit."""
-        x = self.state.x[0]
+        x, window = self.state.x[0], self.state.window
         x[selection.positions] = candidates.tokens[torch.searchsorted(candidates.positions, selection.positions)]
+        if window is not None:
+            ranked = candidates.positions[torch.sort(candidates.confidence, descending=True, stable=True).indices]
+            committed = ranked[torch.isin(ranked, selection.positions)]
+            newest = committed.numel() if selection.newest is None else selection.newest
+            window.commit(ranked, committed, x[committed], newest, self.cache_policy.ranking())
         if selection.revoked:
-            x[[r[0] for r in selection.revoked]] = self.handle.mask_id
+            revoked = [r[0] for r in selection.revoked]
+            x[revoked] = self.handle.mask_id
+            if window is not None:
+                window.revoke(torch.tensor(revoked, device=x.device))
             self._max_forwards += len(selection.revoked)  # each one a token to commit again, boundedly often
 
     def _answer_complete(self) -> bool:
@@ -241,38 +264,13 @@ class Run:
         return True
 
     def _finish(self, stopped: bool = False) -> bool:
+        window = self.state.window
+        if window is not None and not stopped:  # past the first end-of-text: never decoded, end-of-text
+            tail = self.state.x[0, window.length : window.answer_end]
+            tail[tail == self.handle.mask_id] = self.handle.eos_id
         self.result = Result(self.recorder.finish(self.state, stopped))
         self.positions = self.logits = None  # in a batch, views of the batch's logits
         return False
-
-    # ---------------------------------------------------------------- model calls for policies (StepCalls)
-    def verify(self, rows: torch.Tensor, at: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """For ``k`` variant sequences, the probability of ``tokens[r]`` at position ``at[r]`` in row r
-        (``[k]``, float64), from one forward over a fork of the cache (which it leaves unchanged)."""
-        positions, cache = self.positions, self.cache.fork()
-        logits, seconds = timed(lambda: self.handle.model(rows[:, positions], positions, cache, sequence=rows).logits,
-                                self.recorder.gpus)
-        self.recorder.count_forward(seconds)  # this request's alone, in a batch too
-        picked = logits[torch.arange(rows.shape[0], device=logits.device), torch.searchsorted(positions, at)]
-        return F.log_softmax(picked.double(), dim=-1).gather(-1, tokens[:, None]).squeeze(-1).exp()
-
-    def current_probabilities(self, positions: torch.Tensor) -> torch.Tensor:
-        """The probability this step's forward gives the tokens now at ``positions`` (float64)."""
-        index = torch.searchsorted(self.positions, positions)
-        if not torch.equal(self.positions[index.clamp(max=len(self.positions) - 1)], positions):
-            raise ValueError("current_probabilities: a position outside this step's forward")
-        return draft_probability(self._allowed(self.logits[index]), self.state.x[0, positions])
-
-    def guider_forward(self, input_ids: torch.Tensor, past):
-        """The guider's logits for ``input_ids`` read after its cache ``past`` (None: a new one)."""
-        from transformers import DynamicCache
-
-        model = self.guider.model
-        past = past if past is not None else DynamicCache(config=model.config)
-        out, seconds = timed(lambda: model(input_ids=input_ids[None].to(model.device), cache=past, use_cache=True),
-                             self.recorder.gpus)
-        self.recorder.count_guider_forward(seconds)
-        return out.logits[0].to(self.handle.device), out.cache
 
 
 def stream(handle: ModelHandle, prompt: Prompt, settings: Settings | None = None, guider: GuiderHandle | None = None) -> Run:

@@ -30,6 +30,7 @@ LAYERS = {
     "dllm_local.tiny.train": 3,        # a training script: builds LLaDA models
     "dllm_local.batch": 4,             # BatchRun: several Runs over one packed forward
     "dllm_local.sampler": 5,           # Run: the decoding loop
+    "dllm_local.model_calls": 5,       # the model calls a run's policies make (StepCalls)
     "dllm_local.recorder": 6,          # one Step per step -> the trace
     "dllm_local.policies": 7,          # cache and unmasking behaviour, the decoding state they read
     "dllm_local.models": 8,            # families, KV cache, loader
@@ -382,7 +383,7 @@ MAX_LINES = 300
 LONG_FILES_ALLOWED = {
     "dllm_local/trace.py": (346, "the trace file's schema: each validator beside the field it bounds, and the "
                                  "policy fields the specs declare into it; one module for one input boundary"),
-    "dllm_local/policies/registry.py": (330, "the spec types and the built-in policies' Param tables "
+    "dllm_local/policies/registry.py": (360, "the spec types and the built-in policies' Param tables "
                                              "(declarative data)"),
 }
 

@@ -65,11 +65,15 @@ def test_cache_refreshed_every_step_equals_none(tiny, cache):
     assert got == expected
 
 
-def test_threshold_that_no_position_reaches_equals_one_token_per_step(tiny):
+def test_threshold_one_commits_the_most_confident_and_only_certain_others(tiny):
+    # As both released generators compare (Fast-dLLM, Flash-dLLM): p >= 1 passes where float64 rounds to 1.
     base = Settings(gen_length=64, block_size=32, cache="dual")
     run = dllm_local.generate(tiny, PROMPT, base.with_(unmask="threshold", unmask_params={"threshold": 1.0}))
-    assert run.token_ids == tokens(tiny, base.with_(unmask="fixed"))
-    assert all(len(s.committed) == 1 for s in run.trace.steps)
+    for s in run.trace.steps:
+        ranked = sorted((c for _, _, c in s.committed), reverse=True)
+        assert all(c == 1.0 for c in ranked[1:])
+    if all(len(s.committed) == 1 for s in run.trace.steps):  # nothing certain: one token per step, as fixed
+        assert run.token_ids == tokens(tiny, base.with_(unmask="fixed"))
 
 
 def test_threshold_commits_several_tokens_per_forward(tiny):

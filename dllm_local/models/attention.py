@@ -73,7 +73,8 @@ class Attention:
 
     No segment: a plain full forward, the keys are the given positions. One segment over a view:
     its slot is read and written in place (a run of positions as a slice: a view instead of a
-    gather). One fork: each variant row attends the view's entries plus its own fresh K/V. Several
+    gather). One fork: each variant row attends the view's entries plus its own fresh K/V (or one
+    query attends the view's other entries and its own rows, as the fork's ``visible`` says). Several
     segments: packed rows, each request's queries over its own slot.
     """
 
@@ -100,8 +101,12 @@ class Attention:
         if isinstance(cache, CacheFork):
             view = cache.parent
             live = view.valid[: view.seq_len].clone()
-            live[positions.to(live.device)] = True
-            self._key_mask = self.layout.key_mask(live[None], positions.to(live.device)[None], _key_positions(live))
+            at = positions.to(live.device)
+            live[at] = cache.visible is None  # a query's own positions: its fresh K/V, appended, replace them
+            self._key_mask = self.layout.key_mask(live[None], at[None], _key_positions(live))
+            if cache.visible is not None:
+                cached = live.expand(at.numel(), -1) if self._key_mask is None else self._key_mask[0, 0].expand(at.numel(), -1)
+                self._key_mask = torch.cat([cached, cache.visible.to(live.device)], -1)[None, None]
             self._per_device[live.device] = (None, self._key_mask)
             return
         if hi >= cache.max_len:
@@ -193,6 +198,9 @@ class Attention:
         k_rows = view.store.k[layer][view.slot : view.slot + 1, :, : view.seq_len]
         v_rows = view.store.v[layer][view.slot : view.slot + 1, :, : view.seq_len]
         _, key_mask = self._on(k_rows.device)
+        if self.segments[0].cache.visible is not None:  # one query: the cache, then its own rows
+            keys, values = torch.cat([k_rows, k.to(k_rows.dtype)], 2), torch.cat([v_rows, v.to(v_rows.dtype)], 2)
+            return _sdpa(q, keys, values, key_mask)
         at, rows = positions.to(k_rows.device), k.shape[0]
         keys = k_rows.expand(rows, -1, -1, -1).index_copy(2, at, k.to(k_rows.dtype))
         values = v_rows.expand(rows, -1, -1, -1).index_copy(2, at, v.to(v_rows.dtype))

@@ -109,10 +109,13 @@ class CacheView:
 
     evict = invalidate  # what a cache policy with a budget calls it
 
-    def fork(self) -> "CacheFork":
-        """A copy-on-write view for verification forwards: they see this cache plus their own
-        fresh K/V, one row per variant sequence, and write nothing back."""
-        return CacheFork(self)
+    def fork(self, visible: torch.Tensor | None = None) -> "CacheFork":
+        """A view for verification forwards, which write nothing back. Without ``visible``: one row
+        per variant sequence, each seeing this cache with its own fresh K/V in place of the cached
+        entries at its positions. With ``visible`` (``[n, n]`` bool): one query of ``n`` tokens
+        (positions may repeat) that reads this cache everywhere but at its own positions, and whose
+        row i sees row j's fresh K/V where ``visible[i, j]``."""
+        return CacheFork(self, visible)
 
     def bytes_per_position(self) -> int:
         return self.store.bytes_per_position()
@@ -121,5 +124,5 @@ class CacheView:
 class CacheFork:
     """A forward over a ``CacheView`` that writes nothing back (see ``CacheView.fork``)."""
 
-    def __init__(self, parent: CacheView) -> None:
-        self.parent = parent
+    def __init__(self, parent: CacheView, visible: torch.Tensor | None = None) -> None:
+        self.parent, self.visible = parent, visible

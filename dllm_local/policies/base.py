@@ -9,6 +9,7 @@ import torch
 
 from ..softmax import entropy
 from .registry import PolicySpec
+from .window import SlidingWindow
 
 
 class Policy:
@@ -33,6 +34,7 @@ class DecodeState:
     block: int = 0
     step: int = 0  # forwards so far (0-based index of the step being planned)
     step_in_block: int = 0
+    window: SlidingWindow | None = None  # decoding slides over the undecoded positions instead of fixed blocks
 
     @property
     def total_len(self) -> int:
@@ -59,6 +61,13 @@ class DecodeState:
 
     def all_positions(self) -> torch.Tensor:
         return torch.arange(self.total_len, device=self.x.device)
+
+    def decoded_order(self) -> torch.Tensor:
+        """Every decoded position, the newest last: the sliding window's order, else (fixed blocks
+        decode left to right) position order."""
+        if self.window is not None:
+            return self.window.decoded_order()
+        return (~self.masked).nonzero().flatten()
 
 
 class CacheSlot(Protocol):

@@ -26,6 +26,17 @@ class CachePolicy(Policy):
     # This request's share of a batch's cache budget, when its policy has a budget (``max_cached``) and
     # the batch shares budgets: set by ``set_quota`` each step.
     quota: int | None = None
+    # Decoding slides a window over the undecoded positions (``window.py``) instead of fixed blocks.
+    sliding = False
+
+    def padding(self, prompt_len: int, gen_length: int) -> int:
+        """End-of-text positions after the answer that every forward attends (context, never decoded)."""
+        return 0
+
+    def ranking(self) -> torch.Tensor | None:
+        """A score per position after the step: a sliding window orders its decoded positions by
+        it, ascending (None: by commit)."""
+        return None
 
     def reset(self, state: DecodeState, cache: CacheAccess, model: torch.nn.Module) -> None:
         """A new generation starts."""

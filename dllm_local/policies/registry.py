@@ -18,7 +18,7 @@ from pydantic import Field, TypeAdapter
 from ..devices import DEVICES
 from ..errors import SettingsError
 from ..limits import MAX_GEN_LENGTH
-from ..trace import Rejected, declare_policy_fields
+from ..trace import AnswerPosition, Rejected, SequencePosition, declare_policy_fields
 from ..values import FLAG, TYPE_WORDS, WORD, Count, Flag, Number, Text, integer, number, one_of, optional, read
 
 
@@ -214,9 +214,9 @@ register(PolicySpec(
     "One full forward, then finished blocks stay frozen: the active window shrinks, no refresh.",
     f"{_CACHE_IMPL}:FreeCache"))
 register(PolicySpec(
-    "cache", "adaptive", "Adaptive I/O-aware cache",
-    "Recompute where cache confidence (prediction certainty and age) is low or recomputing beats reading; "
-    "a budget evicts the least confident positions.",
+    "cache", "adaptive", "Adaptive I/O-aware cache (the write-up's Flash-Cache)",
+    "As the write-up describes Flash-Cache: recompute where cache confidence (prediction certainty and age) is "
+    "low or recomputing beats reading; a budget evicts the least confident positions.",
     f"{_CACHE_IMPL}:AdaptiveCache",
     (
         Param("alpha", float, 0.7, "Certainty weight (alpha)", "weight of 1 - H/H_max in the cache confidence", low=0,
@@ -237,7 +237,8 @@ register(PolicySpec(
     trace_fields={"device": Text | None, "reuse_wins": Flag | None, "evicted": Count, "quota": Count}))
 
 _THRESHOLD = Param("threshold", float, 0.9, "Confidence threshold (tau)",
-                   "commit every masked position with confidence >= tau (1: one per step)",
+                   "commit every masked position with confidence >= tau (1: the most confident and any the "
+                   "model is certain of, probability 1 in float64)",
                    low=0, high=1, low_open=True, slider=(0.05, 1.0, 0.05), headline=True)
 
 register(PolicySpec(
@@ -272,9 +273,10 @@ register(PolicySpec(
     ),
     needs_guider=True, trace_fields={"guider_accepted": Annotated[Count, Field(le=MAX_GEN_LENGTH)]}))
 register(PolicySpec(
-    "unmask", "self_verify", "Self-verifying parallel decoding",
-    "Threshold candidates, capped as the block fills; close candidates whose joint probability is much lower "
-    "than the product of marginals go back to mask and are decided one at a time.",
+    "unmask", "self_verify", "Self-verifying parallel decoding (the write-up's Flash-Verify)",
+    "As the write-up describes Flash-Verify: threshold candidates, capped as the block fills; close candidates "
+    "whose joint probability is much lower than the product of marginals go back to mask and are decided one "
+    "at a time.",
     f"{_UNMASK_IMPL}:SelfVerify",
     (
         _THRESHOLD,
@@ -321,3 +323,33 @@ register(PolicySpec(
               slider=(1, 64, 1)),
     ),
     trace_fields={"drift": Number | None, "refresh_next": Flag}))
+register(PolicySpec(
+    "cache", "flash", "Flash-Cache (Flash-dLLM as released)",
+    "As VILA-Lab/Flash-dLLM's generator does it: a window sliding over the next block of undecoded positions; "
+    "after one full forward, recompute only the window, the newest and most-attended decoded positions and the "
+    "next masks; the span padded with end-of-text; the first end-of-text ends the answer.",
+    "dllm_local.policies.flash:FlashCache",
+    (
+        Param("track_num", int, 4, "Tracked blocks (track_num)",
+              "decoded positions recomputed each step, in blocks: the newest commits, then the most attended "
+              "(-1: recompute everything)", low=-1, high=64, slider=(-1, 8, 1), headline=True),
+        Param("mask_num", int, 4, "Mask blocks (mask_num)",
+              "the window and the next mask_num - 1 blocks of masks are recomputed each step", low=1, high=64,
+              slider=(1, 8, 1)),
+        Param("pad_to", int, 128, "Pad the span to", "attention covers prompt + answer padded with end-of-text "
+              "up to the next multiple of this (0: no padding)", low=0, high=1024, slider=(0, 256, 16)),
+    ),
+    trace_fields={"window": list[AnswerPosition], "tracked": list[SequencePosition]}))
+register(PolicySpec(
+    "unmask", "flash_verify", "Flash-Verify (Flash-dLLM as released)",
+    "As VILA-Lab/Flash-dLLM's generator does it: commit by the threshold, then verify up to block/2 more drafts "
+    "in one extra forward that reads the cache; accept the longest prefix whose running product of "
+    "P(draft | masked) stays >= gamma.",
+    "dllm_local.policies.flash:FlashVerify",
+    (
+        _THRESHOLD,
+        Param("gamma", float, 0.8, "Acceptance (gamma)",
+              "accept drafts while the product of their verified probabilities stays >= gamma",
+              low=0, high=1, low_open=True, slider=(0.05, 1.0, 0.05), headline=True),
+    ),
+    trace_fields={"verify_candidates": Count, "verify_accepted": Count, "accepted_at": list[Rejected]}))

@@ -33,12 +33,16 @@ class StepCalls:
       now at ``positions`` (float64).
     - ``guider_forward(input_ids, past)``: the guider's logits ``[n, vocab]`` for ``input_ids`` read
       after its KV cache ``past`` (None: a new one), and the cache grown by them.
+    - ``read_cache(tokens, positions, visible)``: logits ``[n, vocab]`` (ids no draft may be at -inf)
+      of a query of ``tokens`` at ``positions`` (repeats allowed) that reads the cache at every
+      other position, and row i sees row j's fresh K/V where ``visible[i, j]``; it writes nothing.
     """
 
     rng: torch.Generator
     verify: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     current_probabilities: Callable[[torch.Tensor], torch.Tensor]
     guider_forward: Callable[[torch.Tensor, Any], tuple[torch.Tensor, Any]]
+    read_cache: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -47,6 +51,9 @@ class Selection:
     info: dict = field(default_factory=dict)
     # Committed tokens taken back to mask: [position, token, confidence at commit, probability now].
     revoked: list[list] = field(default_factory=list)
+    # How many of the commits, the lowest ranked, are the step's newest: a sliding window keeps them
+    # last in its decoding order (None: all of them).
+    newest: int | None = None
 
 
 class UnmaskPolicy(Policy):
@@ -81,9 +88,8 @@ class Fixed(UnmaskPolicy):
 
 
 def _threshold_mask(conf: torch.Tensor, threshold: float) -> torch.Tensor:
-    # tau = 1 is "never confident enough": one token per step, even where a float rounds to 1.
-    if threshold >= 1:
-        return torch.zeros_like(conf, dtype=torch.bool)
+    # As both released generators (Fast-dLLM, Flash-dLLM) compare: at tau = 1 a probability that
+    # rounds to 1 in float64 still passes.
     return conf >= threshold
 
 
