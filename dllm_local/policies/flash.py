@@ -106,7 +106,8 @@ class FlashVerify(UnmaskPolicy):
         keep = max(int((cand.confidence >= self.threshold).sum()), 1)  # 1. threshold
         drafts = order[keep : keep + state.block_size // 2]  # 2. candidates
         if not drafts.numel():
-            return Selection(cand.positions[order[:keep]], {"verify_candidates": 0, "verify_accepted": 0}, newest=0)
+            return Selection(cand.positions[order[:keep]], {"verify_candidates": 0, "verify_accepted": 0, "accepted_at": []},
+                             newest=0)
         sequence = state.x[0].clone()
         sequence[cand.positions[order[:keep]]] = cand.tokens[order[:keep]]
         decoded = torch.cat([state.decoded_order(), cand.positions[order[:keep]]])
