@@ -330,11 +330,11 @@ def test_guider_cache_reuse_matches_a_fresh_guider_forward(tiny, tiny_guider):
     P = len(run.prompt_ids)
     seq = torch.tensor(run.prompt_ids + list(range(100, 132)))
     first = torch.arange(P, P + 20)
-    guided.guider_logits(run, seq, first)
+    guided.guider_logits(run.calls, seq, first)
     seq2 = seq.clone()
     seq2[P + 5 :] += 1  # the first five answer tokens stay: their guider K/V are reused
     later = torch.arange(P + 5, P + 25)
-    got = guided.guider_logits(run, seq2, later)
+    got = guided.guider_logits(run.calls, seq2, later)
     fresh = tiny_guider.model(seq2[None, : P + 25]).logits[0, later - 1]
     torch.testing.assert_close(got, fresh, atol=1e-4, rtol=1e-4)
     assert guided._past.get_seq_length() == P + 24
