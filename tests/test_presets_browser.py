@@ -145,7 +145,7 @@ def _check_verdicts(pg, preset: dict, tmp_path: Path) -> None:
     layer = pg.input_value("#kv-layer input").removeprefix("layer ")
     which = preset.get("view", {}).get("which", "v")
     expected = {"#grid-verdicts": [*trace_facts.theorem1_lines(trace), *trace_facts.answer_lines(trace, preset["prompt"]),
-                                   *trace_facts.verification_lines(trace)],
+                                   *trace_facts.verification_lines(trace), *trace_facts.acceptance_lines(trace)],
                 "#kv-verdicts": trace_facts.kv_lines(trace, "mean" if layer.startswith("all") else layer, which),
                 "#cache-verdicts": trace_facts.cache_lines(trace)}
     for box, lines in expected.items():
@@ -173,3 +173,88 @@ def _slug(name: str) -> str:
 
 
 OUT.mkdir(exist_ok=True)
+
+
+# ---------------------------------------------------------------- Flash-dLLM as released
+
+FLASH = "Flash-dLLM as released"
+
+
+def _flash_maps(pg) -> dict:
+    """The cache panel's position map as plotly holds it: per kind (a heatmap named after it), the
+    answer positions (x) of its cells in each step's row."""
+    return pg.evaluate(
+        """() => { const gd = document.querySelector('#cache-plot .js-plotly-plot');
+             const flat = (a) => {
+               if (Array.isArray(a)) return {v: a.flat(), shape: Array.isArray(a[0]) ? [a.length, a[0].length] : [a.length]};
+               const bytes = Uint8Array.from(atob(a.bdata), (c) => c.charCodeAt(0));
+               const kind = {f4: Float32Array, f8: Float64Array, i1: Int8Array, u1: Uint8Array, i2: Int16Array,
+                             i4: Int32Array, u2: Uint16Array, u4: Uint32Array}[a.dtype];
+               const v = Array.from(new kind(bytes.buffer));
+               const shape = typeof a.shape === 'string' ? a.shape.split(',').map(Number) : (a.shape || [v.length]);
+               return {v, shape}; };
+             const maps = {};
+             for (const t of gd.data.filter((t) => t.type === 'heatmap')) {
+               const z = flat(t.z), x = flat(t.x).v, cols = z.shape[1], rows = [];
+               for (let r = 0; r < z.shape[0]; r++) {
+                 rows.push(x.filter((_, c) => z.v[r * cols + c] === 1)); }
+               maps[t.name] = rows; }
+             return maps; }""")
+
+
+def _grid_positions(pg, css: str) -> list[int]:
+    """Answer positions of the grid's boxes with the class ``css`` (inside collapsed chips too)."""
+    return pg.evaluate("""(css) => Array.from(document.querySelectorAll(`#token-grid .dl-tok.${css}`),
+                              (b) => Number(b.title.match(/^pos (\\d+) /)[1]))""", css)
+
+
+def test_flash_dllm_as_released_shows_its_window_tracked_positions_and_accepted_drafts(pg, tmp_path):
+    """The released pair's preset, run in the browser: at every step the grid bars exactly the
+    positions the trace's window scored and ticks the drafts its verify forward accepted, the cache
+    panel's map holds the window and the tracked positions of every step up to the one shown, and
+    the verdict under the grid counts the accepted drafts and verify forwards of the exported trace."""
+    preset = PRESETS[FLASH]
+    _choose(pg, "#preset", FLASH)
+    pg.wait_for_function("(d) => document.querySelector('#preset-info').innerText.includes(d)",
+                         arg=preset["description"][:40])
+    before = _shown_run(pg)
+    pg.click("#run-btn")
+    assert _wait_run_ended(pg, before).startswith("Done")
+    trace = json.loads(export_trace(pg, tmp_path / "flash.json").read_text())
+    steps, P = trace["steps"], len(trace["prompt_ids"])
+    assert trace["settings"]["cache"] == "flash" and trace["settings"]["unmask"] == "flash_verify"
+    accepted = {i: len(s["policy"]["accepted_at"]) for i, s in enumerate(steps) if s["policy"]["accepted_at"]}
+    assert accepted, "the preset's prompt must have drafts accepted by the verify forward"
+
+    verdict = pg.locator("#grid-verdicts .dl-verdict[data-lesson='acceptance']")
+    total, forwards = sum(accepted.values()), sum(s["forwards"] - 1 for s in steps)
+    assert verdict.get_attribute("data-status") == "holds"
+    assert f"{total} draft{'s' if total > 1 else ''} accepted over {forwards} verify forward" in verdict.inner_text()
+    for i, n in accepted.items():
+        assert f"{n} at step {i}" in verdict.inner_text()
+
+    if len(steps) > 1:
+        pg.locator("#follow input").uncheck()
+    for shown, record in enumerate(steps):
+        if len(steps) > 1:
+            _set_slider(pg, "#scrubber", shown)
+        pg.wait_for_function("(s) => document.querySelector('#token-grid').innerText.includes(`after step ${s} `)",
+                             arg=shown)
+        window = sorted(p - P for p in record["policy"]["window"])
+        assert sorted(_grid_positions(pg, "dl-window")) == window, f"step {shown}"
+        assert f"the {len(window)} positions Flash-Cache scored this step" in pg.inner_text("#token-grid .dl-legend")
+        assert sorted(_grid_positions(pg, "dl-accepted")) == sorted(p - P for p, _, _ in record["policy"]["accepted_at"])
+        pg.wait_for_function("(n) => document.querySelector('#cache-plot .js-plotly-plot').data"
+                             ".some((t) => t.name === 'window' && (t.z.shape ? String(t.z.shape).split(',')[0] == n"
+                             " : t.z.length == n))", arg=shown + 1)
+        maps = _flash_maps(pg)
+        assert len(maps["window"]) == shown + 1
+        for row, earlier in enumerate(steps[: shown + 1]):
+            assert maps["window"][row] == sorted(p - P for p in earlier["policy"]["window"])
+            assert maps.get("tracked", [[]] * (shown + 1))[row] == sorted(p - P for p in earlier["policy"]["tracked"])
+    assert maps["tracked"][-1], "a step after the first recomputes tracked positions"
+    # The bar under a window box is the window's purple, outside the box (no other mark uses it).
+    shadow = pg.evaluate("() => getComputedStyle(document.querySelector('#token-grid .dl-tok.dl-window')).boxShadow")
+    assert "rgb(106, 61, 154)" in shadow, shadow
+    pg.locator("#follow input").check()
+    pg.screenshot(path=str(OUT / "flash-dllm-as-released.png"), full_page=True)

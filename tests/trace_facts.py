@@ -98,3 +98,21 @@ def verification_lines(trace: dict) -> list[str]:
             lines.append(f"{len(found)} {noun}{'s' if len(found) > 1 else ''} {verb} at step"
                          f"{'s' if len(distinct) > 1 else ''} {', '.join(map(str, distinct))}")
     return lines
+
+
+def acceptance_lines(trace: dict) -> list[str]:
+    """Flash-Verify's line: the drafts its verify forwards accepted, counted from the steps' accepted
+    drafts and their forwards (a step with a verify forward ran two)."""
+    if trace["settings"]["unmask"] != "flash_verify":
+        return []
+    accepted = [(i, len(s["policy"]["accepted_at"])) for i, s in enumerate(trace["steps"]) if s["policy"]["accepted_at"]]
+    verify_forwards = sum(s["forwards"] - 1 for s in trace["steps"])
+    total = sum(n for _, n in accepted)
+    status = "holds" if total else "does not hold" if verify_forwards else "not measurable in this run"
+    lines = [f"Verification accepted drafts: {status}"]
+    if verify_forwards:
+        lines.append(f"{total} draft{'' if total == 1 else 's'} accepted over {verify_forwards} verify "
+                     f"forward{'' if verify_forwards == 1 else 's'}")
+    if 0 < len(accepted) <= 4:
+        lines.append(", ".join(f"{n} at step {i}" for i, n in accepted))
+    return lines

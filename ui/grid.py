@@ -8,6 +8,7 @@ import re
 
 from dllm_local.tiny.tasks import TASKS, recognise
 
+from . import policy_marks
 from .replay import Trace, drafts, first_end, is_end_token, prompt_len, prompt_of, state_at, theorem1, token_text, visible, \
     what_if
 
@@ -80,7 +81,8 @@ _BOX = ("display:inline-flex;flex-direction:column;align-items:center;margin:2px
         "font-family:ui-monospace,monospace;font-size:18px;white-space:pre;min-width:1.6em;vertical-align:top;")
 # This step's commits are outlined inside the box, τ′'s frame lies outside it: a box can show both.
 _COMMIT_OUTLINE = "outline:3px solid #e4572e;outline-offset:-3px;"
-_WHAT_IF_FRAME = "box-shadow:0 0 0 3px #1a9850;border-radius:6px;"
+_WHAT_IF_SHADOW = "0 0 0 3px #1a9850"
+_WHAT_IF_FRAME = f"box-shadow:{_WHAT_IF_SHADOW};border-radius:6px;"
 _POS = '<span class="dl-pos" style="font-size:14px;opacity:0.85;line-height:1.1;">{}</span>'
 
 
@@ -127,16 +129,6 @@ def _what_if_line(replay: dict | None, threshold: float | None, shown: int) -> s
             f"run with τ′ to see the rest.</div>")
 
 
-def _sent_back(trace: Trace, upto: int) -> dict[int, list[tuple[int, int, float]]]:
-    """Per answer position, the drafts self-verify sent back to mask up to step ``upto``:
-    (step, token, conflict score), read from the steps' ``policy.rejected_at``."""
-    P, found = prompt_len(trace), {}
-    for index, record in enumerate((trace.get("steps") or [])[: max(0, upto + 1)]):
-        for position, token, score in (record.get("policy") or {}).get("rejected_at") or []:
-            found.setdefault(int(position) - P, []).append((index, int(token), float(score)))
-    return found
-
-
 def _theorem_line(trace: Trace, record: dict, shown: int) -> str:
     """Theorem 1 for the step shown. Where self-verify sent drafts back, the theorem is told for
     what was drafted (the commits and the sent-back drafts, at their confidences this step) and
@@ -160,22 +152,6 @@ def _theorem_line(trace: Trace, record: dict, shown: int) -> str:
             f"{html.escape(drafted['text'])}. On the {kept['n']} kept: {html.escape(kept['text'])}.</div>")
 
 
-def _guider_line(trace: Trace, record: dict, shown: int) -> str:
-    """What the guider accepted at the step shown (guided decoding's ``policy.guider_accepted``)."""
-    accepted = (record.get("policy") or {}).get("guider_accepted")
-    if accepted is None:
-        return ""
-    committed = len(record.get("committed") or [])
-    block_size = int((trace.get("settings") or {}).get("block_size") or 0)
-    start = prompt_len(trace) + int(record.get("block") or 0) * block_size
-    drafted = sum(start <= int(p) < start + block_size for p in record.get("masked_positions") or [])
-    of = f" of the {drafted} drafted" if drafted else ""
-    told = (f"the guider agreed with the first {accepted}{of} token(s); {committed} committed"
-            if accepted else "the guider rejected the first drafted token; it is committed anyway")
-    return (f'<div class="dl-guider-line" data-accepted="{accepted}" style="font-size:16px;color:#1a4f8a;">'
-            f"Step {shown}: {told}.</div>")
-
-
 def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_threshold: float | None = None) -> str:
     """HTML boxes for the answer region after ``step``; ``color_by`` is "step" or "confidence".
 
@@ -183,7 +159,8 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
     text are marked (they are not part of the answer); each run of end-of-text tokens collapses into
     one chip that expands on click. Drafts self-verify sent back stay struck through under their
     position. With ``what_if_threshold`` (τ′), the positions τ′ would have committed at this step
-    get a green frame (see :func:`what_if`) outside the red outline of this step's commits.
+    get a green frame (see :func:`what_if`) outside the red outline of this step's commits. In a
+    Flash-dLLM run (a sliding window) the window's boxes are barred: see ``policy_marks``.
     """
     if color_by not in ("step", "confidence"):
         raise ValueError(f"color_by must be 'step' or 'confidence', not {color_by!r}")
@@ -198,15 +175,16 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
                  for q, pairs in r.get("top_candidates") or []}
     top = {int(pos) - P: pairs for pos, pairs in record.get("top_candidates") or []}
     scored = {int(pos) - P: c for pos, c in zip(record.get("masked_positions") or [], record.get("masked_confidence") or [])}
-    sent_back = _sent_back(trace, shown)
+    sent_back = policy_marks.sent_back(trace, shown)
     guided = "guider_accepted" in (record.get("policy") or {})
+    window, accepted = policy_marks.window(trace, record), policy_marks.accepted(trace, record)  # Flash-dLLM
     replay = what_if(trace, what_if_threshold) if what_if_threshold is not None else None
     would = set()
     if replay and 0 <= shown < len(replay["commits"]):
         would = set(replay["commits"][shown])
     boxes, stray = [], False
     for p, (token, s, conf) in enumerate(zip(ids, state["commit_step"], state["confidence"])):
-        number = _POS.format(p)
+        number = _POS.format(f"{p}{policy_marks.ACCEPTED_MARK}" if p in accepted else p)
         past, past_title = _history(trace, state["history"][p])
         drafts = sent_back.get(p, [])
         past += "".join(f'<s class="dl-sent-back" data-step="{at}" style="font-size:14px;color:#d73027;">'
@@ -228,6 +206,9 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
             if p in would:
                 style += _WHAT_IF_FRAME
                 classes += " dl-whatif-box"
+            if window and p in window:
+                style += policy_marks.WINDOW_MASKED + policy_marks.window_bar(_WHAT_IF_SHADOW if p in would else "")
+                classes += " dl-window"
             boxes.append(f'<span class="{classes}" title="{_attr(title)}" style="{style}">{number}▢{past}</span>')
             continue
         vis = token_label(trace, token)
@@ -244,6 +225,9 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
             classes.append("dl-new")
             if guided:
                 title += " · accepted by the guider"
+            if p in accepted:
+                title += f" · accepted by the verify forward (P(draft | masked) {accepted[p]:.2f})"
+                classes.append("dl-accepted")
         if is_end_token(trace, token):
             style += "opacity:0.35;font-style:italic;"
             classes.append("dl-end")
@@ -258,11 +242,19 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
             classes.append("dl-whatif-box")
         if past:
             classes.append("dl-revised")
+        if window and p in window:
+            style += policy_marks.window_bar(_WHAT_IF_SHADOW if p in would else "")
+            classes.append("dl-window")
         boxes.append(f'<span class="{" ".join(classes)}" title="{_attr(title)}" style="{style}">'
                      f"{number}{html.escape(vis)}{past}</span>")
+    tail = policy_marks.masked_tail(trace, ids) if window is not None else None
+    if tail and tail[1] - tail[0] >= COLLAPSE_PADDING:  # the positions a sliding-window run never decodes
+        chip = policy_marks.tail_chip(*tail, sum(tail[0] <= p < tail[1] for p in window), _BOX)
+        boxes[tail[0]:] = [f'<details class="dl-pad" style="display:inline;">{chip}{"".join(boxes[tail[0]:])}</details>']
     for start, stop in reversed(_end_runs(trace, ids)):  # from the end, so earlier indices stay valid
+        bar = policy_marks.window_bar() if window and any(start <= p < stop for p in window) else ""
         chip = (f'<summary class="dl-pad-chip" style="{_BOX}display:inline-block;background:#f0f0f0;color:#555;'
-                f'cursor:pointer;">× {stop - start} end of text (pos {start}–{stop - 1})</summary>')
+                f'cursor:pointer;{bar}">× {stop - start} end of text (pos {start}–{stop - 1})</summary>')
         boxes[start:stop] = [f'<details class="dl-pad" style="display:inline;">{chip}{"".join(boxes[start:stop])}</details>']
     swatch = "display:inline-block;width:1.1em;height:0.9em;border-radius:3px;vertical-align:middle;margin:0 3px;"
     if color_by == "confidence":
@@ -280,12 +272,14 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
         marks += f' · <span style="{swatch}border:3px solid #d73027;"></span>sent back by self-verify this step'
     if sent_back:
         marks += ' · <s style="color:#d73027;">red struck</s> under a box: a draft self-verify sent back'
+    if window is not None:
+        marks += policy_marks.window_legend(window, accepted, swatch)
     if stray:
         marks += f' · <span style="{swatch}border:2px dashed #b00020;"></span>committed after the end of text'
     notice = off_task_notice(prompt_of(trace), (trace.get("model") or {}).get("name"))
     head = (f'<div class="dl-off-task" style="font-size:16px;color:#8a4b00;font-weight:600;">⚠ {html.escape(notice)}'
             "</div>" if notice else "")
-    lines = _theorem_line(trace, record, shown) + _guider_line(trace, record, shown) if record else ""
+    lines = _theorem_line(trace, record, shown) + policy_marks.guider_line(trace, record, shown) if record else ""
     lines += _what_if_line(replay, what_if_threshold, shown)
     legend = (f'{lines}<div class="dl-legend" style="font-size:14px;color:#444;margin-top:4px;">'
               f"{where} · {committed}/{len(ids)} committed · {scale} · "

@@ -99,8 +99,8 @@ def drafts(record: dict) -> list[list]:
 
 def what_if(trace: Trace, threshold: float) -> dict:
     """Replay the run's stored confidences under the threshold rule with ``threshold`` (τ′),
-    without the model: at each step, the block's masked positions with confidence >= τ′ (at
-    least the most confident one) are what τ′ would commit.
+    without the model: at each step, the block's masked positions (a sliding window's, in a
+    Flash-dLLM run) with confidence >= τ′ (at least the most confident one) are what τ′ would commit.
 
     The replay is exact while its commits equal the run's: the model then saw the same tokens.
     ``diverges_at`` is the first step where they differ (None if never); from there on the run
@@ -113,11 +113,15 @@ def what_if(trace: Trace, threshold: float) -> dict:
         return {"commits": [], "diverges_at": None, "reason": "what-if needs a greedy run (temperature 0)"}
     P, block_size = prompt_len(trace), int(settings.get("block_size") or answer_length(trace) or 1)
     commits: list[list[int]] = []
+    length = None  # a sliding window's answer ends after the end-of-text tokens of the first step committing one
     for i, record in enumerate(trace.get("steps") or []):
-        start = P + int(record.get("block") or 0) * block_size
+        start, window = P + int(record.get("block") or 0) * block_size, (record.get("policy") or {}).get("window")
         scored = [(int(p), float(c)) for p, c in zip(record.get("masked_positions") or [],
                                                       record.get("masked_confidence") or [])
-                  if start <= int(p) < start + block_size]
+                  if (start <= int(p) < start + block_size if window is None
+                      else int(p) in window and (length is None or int(p) < length))]
+        ends = [int(p) for p, t, _ in record.get("committed") or [] if is_end_token(trace, t)]
+        length = max(ends) + 1 if length is None and ends and window is not None else length
         if not scored:
             return {"commits": commits, "diverges_at": None, "reason": "this trace has no per-step confidences"}
         chosen = [p for p, c in scored if c >= threshold] if threshold < 1 else []

@@ -10,7 +10,7 @@ import gradio as gr
 from dllm_local.devices import DEVICES
 from dllm_local.experiments.costmodel import TARGET_MODELS, project
 
-from . import grid, lessons, run_figures, tables
+from . import acceptance, grid, lessons, run_figures, tables
 from .inputs import Choice, ColorBy, DeviceName, Fraction, KVView, PageState, StepIndex, TargetName, Which, checked
 from .replay import MEAN_LAYERS, numbers
 
@@ -26,7 +26,8 @@ def draw(trace: dict, step: int | None, color_by: str, layer: str, which: str, k
     upto = at if steps else None
     views = {"grid": grid_at(trace, at, color_by, what_if),
              "numbers": tables.numbers_html(numbers(trace, upto)),
-             "grid_verdicts": lessons.verdicts_html(lessons.grid_verdicts(trace, at) if steps else [])}
+             "grid_verdicts": lessons.verdicts_html(
+                 [*lessons.grid_verdicts(trace, at), acceptance.acceptance_verdict(trace, at)] if steps else [])}
     if with_plots:
         views.update(confidence=run_figures.confidence_heatmap(trace, upto),
                      kv=run_figures.kv_heatmap(trace, layer=layer, which=which, upto_step=upto, view=kv_view),

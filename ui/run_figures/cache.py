@@ -7,9 +7,12 @@ import plotly.graph_objects as go
 from ..figure_style import message_figure, styled
 from ..replay import Trace, steps_upto
 from .axes import EMPTY_MESSAGE, axis_ticks, cell_range
+from .tracked import HEIGHT as MAP_HEIGHT, add_position_map, has_window
 
 CAPTION = ("Bars: positions recomputed per forward (G); lines: share of K/V read from cache, per step and "
-           "cumulative; fewer recomputes at a high hit rate is where the speedup comes from.")
+           "cumulative; fewer recomputes at a high hit rate is where the speedup comes from. With Flash-Cache as "
+           "released, a map below: per step, the window, the tracked decoded positions it recomputed, the next "
+           "masks, and what was read from the cache.")
 HIT_RATE_TICKS = [0.0, 0.25, 0.5, 0.75, 1.0]
 
 
@@ -50,4 +53,7 @@ def cache_panel(trace: Trace, upto_step: int | None = None) -> go.Figure:
                       yaxis={"title": {"text": "G (positions)"}, "rangemode": "tozero"},
                       yaxis2={"title": {"text": "hit rate"}, "overlaying": "y", "side": "right", "range": [0, 1.12],
                               "tickmode": "array", "tickvals": HIT_RATE_TICKS, "tickformat": ".0%", "showgrid": False})
+    if has_window(steps):  # a sliding window: which positions each step recomputed, tracked or read
+        add_position_map(fig, trace, steps)
+        return styled(fig, title, height=MAP_HEIGHT)
     return styled(fig, title)
