@@ -11,8 +11,9 @@ Sections (each prints PASS, FAIL or SKIP with its reason and wall time; a summar
      over one step: CUDA kernels per forward, CPU time against GPU time
   c  bench/gpu_check.py, called once: the LLaDA-8B-shaped bf16 model with random weights at gen
      256 and 1024 (trace off and summary), a 4-layer 8B-width checkpoint loaded by dllm_local.load
-     in bf16, 4-bit and 8-bit, the batch sweep; checked here: the build's peak memory against the
-     weights, the quantized module types, and the host syncs of a dual step on each model
+     in bf16, 4-bit and 8-bit, the batch sweep, Flash-dLLM as released (flash + flash_verify) at
+     batch 1 and 32; checked here: the build's peak memory against the weights, the quantized
+     module types, and the host syncs of a dual step on each model
   d  the engine process on CUDA: the parent never initialises CUDA, a forced out-of-memory run is
      recovered from, a model switch works
 
@@ -476,7 +477,7 @@ def section_c(ctx: Context) -> tuple[str, str, dict]:
     quantized = ", ".join(q["weights"] for q in rows["quantized"]) or "none (no bitsandbytes)"
     syncs = ", ".join(f"{label} {(p['cached'] or {}).get('syncs', '-')}" for label, p in rows["probes"].items())
     note = (f"{len(rows['policies'])} policy rows, {len(rows['generate'])} generate runs, {len(rows['batches'])} batch "
-            f"rows, quantized: {quantized}; syncs per cached dual step: {syncs}")
+            f"rows, {len(rows['released'])} released-pair rows, quantized: {quantized}; syncs per cached dual step: {syncs}")
     return ("FAIL", "; ".join(problems), rows) if problems else ("PASS", note, rows)
 
 

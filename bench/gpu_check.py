@@ -12,7 +12,7 @@ For each generation length (prompt about 256 tokens, block 32) every registered 
 decodes through ``dllm_local.stream`` up to the middle block; the steps of that block are
 timed from the step records (``model_ms``: device-synchronised forwards). Rows give the block's
 first step (a full refresh for all but freecache, whose is the finished block's hand-over) and the
-median of its later steps, beside the roofline floor max(weight bytes / bandwidth, G x 2 params
+median of its later steps (``flash`` slides a window instead: its prefill and the steps after it), beside the roofline floor max(weight bytes / bandwidth, G x 2 params
 / FLOP rate). A ``generate`` run (dual + threshold 0.9) at each ``--traces`` level (summary
 by default) follows end to end, stopped at a time budget: random weights never reach the
 threshold, so it commits one token per step, the slowest case.
@@ -27,6 +27,13 @@ The batch sweep (``--batches``, default 1-32) decodes B requests together throug
 ``dllm_local.stream_batch`` on the bf16 model and on the 4-bit checkpoint: a cached step's time
 and tokens/s against B, beside the floor of B x block positions (the weight read, shared by the
 batch, until the arithmetic overtakes it).
+
+Flash-dLLM as released (``flash`` + ``flash_verify``, the authors' block 16, ``--released-block``)
+follows beside Fast-dLLM's pair (``dual`` + ``threshold`` 0.9) and the released cache without its
+verify forward (``flash`` + ``threshold`` 0.9), on the bf16 model: batch 1 at every length, and the
+other ``--released-batches`` (default 32) at the first. Each forward is timed apart, so a step's
+main forward (packed for the whole batch) and its verify forwards (one per request, as
+``dllm_local.batch`` runs an unmasking policy's extra forwards) show separately.
 
 As a library (bench/cuda_smoke.py): ``check(parse_args([...]), probe)`` returns every row, with
 the random model's build time and peak memory, and ``probe``'s measurement of each model loaded.
@@ -136,17 +143,20 @@ def quantized_types(model: torch.nn.Module) -> dict[str, int]:
 # ---------------------------------------------------------------- timing
 class BlockTimer:
     """Times the transformer blocks of every forward (CUDA events on a GPU, the clock on the CPU),
-    so that a model shallower than the real one can be projected onto it."""
+    so that a model shallower than the real one can be projected onto it. With ``whole``, each
+    forward of the model from end to end instead (a step's main forward and its verify forwards
+    apart: ``take_each``)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, whole: bool = False) -> None:
         self.blocks = model.model.transformer.blocks
+        self._first, self._last = (model, model) if whole else (self.blocks[0], self.blocks[-1])
         self.cuda = next(model.parameters()).device.type == "cuda"
         self._spans: list[tuple] = []
         self._hooks: list = []
 
     def __enter__(self) -> "BlockTimer":
-        self._hooks = [self.blocks[0].register_forward_pre_hook(lambda m, a: self._mark(start=True)),
-                       self.blocks[-1].register_forward_hook(lambda m, a, o: self._mark(start=False))]
+        self._hooks = [self._first.register_forward_pre_hook(lambda m, a: self._mark(start=True)),
+                       self._last.register_forward_hook(lambda m, a, o: self._mark(start=False))]
         return self
 
     def __exit__(self, *exc) -> None:
@@ -166,17 +176,21 @@ class BlockTimer:
 
     def take(self) -> float:
         """Milliseconds in the blocks since the last call (the recorder has synchronised by then)."""
-        total = 0.0
+        return sum(self.take_each())
+
+    def take_each(self) -> list[float]:
+        """Milliseconds of each forward since the last call, in order."""
+        each = []
         for begin, end in self._spans:
             if end is None:
                 continue
             if self.cuda:
                 end.synchronize()
-                total += begin.elapsed_time(end)
+                each.append(begin.elapsed_time(end))
             else:
-                total += (end - begin) * 1e3
+                each.append((end - begin) * 1e3)
         self._spans.clear()
-        return total
+        return each
 
 
 def profile_for(device: torch.device, dtype: torch.dtype) -> DeviceProfile:
@@ -206,9 +220,12 @@ def _reset_peak(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def middle_block_steps(handle: ModelHandle, settings: Settings, prompt: str, timer: BlockTimer) -> list[tuple]:
+def middle_block_steps(handle: ModelHandle, settings: Settings, prompt: str, timer: BlockTimer,
+                       sliding_steps: int = 4) -> list[tuple]:
     """``(record, blocks_ms)`` for each step of the middle block of a real run with ``settings``;
-    the run is closed as soon as that block is done."""
+    the run is closed as soon as that block is done. A sliding window (``flash``) has no blocks:
+    its first ``sliding_steps`` steps instead, the first of them its one full forward (the prefill;
+    what a later step recomputes does not depend on where the window is)."""
     middle = settings.num_blocks // 2
     steps = []
     run = dllm_local.stream(handle, prompt, settings)
@@ -216,6 +233,11 @@ def middle_block_steps(handle: ModelHandle, settings: Settings, prompt: str, tim
     try:
         for record in it:
             blocks_ms = timer.take()
+            if run.cache_policy.sliding:
+                if record.step >= sliding_steps:
+                    break
+                steps.append((record, blocks_ms))
+                continue
             if record.block > middle:
                 break
             if record.block == middle:
@@ -246,7 +268,7 @@ def policy_rows(handle: ModelHandle, label: str, lengths: list[int], prompt: int
                                 unmask="fixed", cache=policy, trace="off")
             _reset_peak(device)
             with BlockTimer(model) as timer:
-                steps = middle_block_steps(handle, settings, text, timer)
+                steps = middle_block_steps(handle, settings, text, timer, repeats + 1)
             first, rest = steps[0], steps[1:] or steps[:1]
             step_ms = statistics.median(r.model_ms for r, _ in rest)
             blocks_ms = statistics.median(b for _, b in rest)
@@ -336,6 +358,77 @@ def batch_rows(handle: ModelHandle, label: str, batches: list[int], gen: int, pr
     return rows
 
 
+# Flash-dLLM as released (cache flash, unmasking flash_verify, the authors' defaults) beside
+# Fast-dLLM's pair and the released cache without its verify forward, at the authors' block size.
+RELEASED_PAIRS = {
+    "dual + threshold": {"cache": "dual", "unmask": "threshold", "unmask_params": {"threshold": 0.9}},
+    "flash + threshold": {"cache": "flash", "unmask": "threshold", "unmask_params": {"threshold": 0.9}},
+    "flash + flash_verify": {"cache": "flash", "unmask": "flash_verify", "unmask_params": {}},
+}
+
+
+def released_rows(handle: ModelHandle, label: str, gen: int, prompt: int, block: int, batch: int, steps: int,
+                  profile: DeviceProfile) -> list[dict]:
+    """The released pair and its two references, ``batch`` requests of the same prompt decoded
+    together (``dllm_local.stream`` at 1, ``stream_batch`` above): per step, after the first (the
+    prefill), the main forward, the verify forwards (each timed apart: a batch's main forward is
+    packed, its verify forwards run per request), the step's wall time and the tokens it
+    committed, medians over ``steps`` steps that refresh nothing. Random weights never reach the
+    threshold: one token per request per step, and flash_verify checks block / 2 drafts every step
+    and accepts none, so its rows are the verify forward's cost without its gain. The floor: the
+    main forward's at its G, plus one weight read (at 2 x block rows) per verify forward."""
+    model, device = handle.model, handle.device
+    layers = model.config.n_layers
+    blocks = model.model.transformer.blocks
+    read_bytes = weight_read_bytes(model) + (REAL_LAYERS - layers) * stored_bytes(blocks[0])
+    params = logical_parameters(model) + (REAL_LAYERS - layers) * logical_parameters(blocks[0])
+    text = prompt_text(handle, prompt)
+    rows = []
+    for pair, changes in RELEASED_PAIRS.items():
+        settings = Settings(gen_length=gen, block_size=block, trace="off", **changes)
+        _reset_peak(device)
+        run = (dllm_local.stream(handle, text, settings) if batch == 1
+               else dllm_local.stream_batch(handle, [text] * batch, settings))
+        per_step: dict[int, dict] = {}  # step -> what the batch's step did
+        with BlockTimer(model, whole=True) as timer:
+            it = iter(run)
+            last = time.perf_counter()
+            try:
+                for item in it:
+                    request, record = item if batch > 1 else (0, item)
+                    if request == 0:  # a step's records all come after its forwards
+                        if len(per_step) > steps:
+                            break
+                        now = time.perf_counter()
+                        spans = timer.take_each()
+                        per_step[record.step] = {"wall_ms": (now - last) * 1e3, "main_ms": spans[0] if spans else 0.0,
+                                                 "verify_ms": sum(spans[1:]), "forwards": len(spans),
+                                                 "refresh": record.full_refresh, "g": 0, "committed": 0}
+                        last = now
+                    step = per_step.get(record.step)
+                    if step is not None:
+                        step["g"] += record.g
+                        step["committed"] += len(record.committed)
+            finally:
+                it.close()
+                run.release()
+        timed_steps = [v for k, v in per_step.items() if k > 0 and not v["refresh"]] or list(per_step.values())
+        median = lambda key: statistics.median(v[key] for v in timed_steps)  # noqa: E731
+        g, forwards = int(median("g")), statistics.mean(v["forwards"] for v in timed_steps)
+        floor_ms = (step_floor_s(read_bytes, params, g, profile)
+                    + (forwards - 1) * step_floor_s(read_bytes, params, 2 * block, profile)) * 1e3
+        step_ms = median("wall_ms")
+        tokens = statistics.mean(v["committed"] for v in timed_steps)
+        rows.append({"weights": label, "layers": layers, "gen": gen, "block": block, "batch": batch, "pair": pair,
+                     "steps": len(timed_steps), "prefill_ms": per_step[0]["wall_ms"] if 0 in per_step else None,
+                     "G": g, "forwards": forwards, "main_ms": median("main_ms"), "verify_ms": median("verify_ms"),
+                     "step_ms": step_ms, "tokens_per_step": tokens, "tokens_per_s": tokens / step_ms * 1e3,
+                     "floor_ms_32L": floor_ms, "peak_gb": _peak_gb(device)})
+        del run, it
+        free_device_memory()
+    return rows
+
+
 # ---------------------------------------------------------------- the report
 def _print_table(columns: list[tuple[str, int, str]], rows: list[dict]) -> None:
     """Columns as (row key, width, format spec); a None value prints as "-"."""
@@ -365,6 +458,13 @@ def print_batch_rows(rows: list[dict]) -> None:
                   ("peak_gb", 7, ".1f")], rows)
 
 
+def print_released_rows(rows: list[dict]) -> None:
+    _print_table([("weights", 10, ""), ("gen", 5, ""), ("block", 5, ""), ("batch", 5, ""), ("pair", 20, ""),
+                  ("G", 5, ""), ("forwards", 8, ".1f"), ("prefill_ms", 10, ".2f"), ("main_ms", 8, ".2f"),
+                  ("verify_ms", 9, ".2f"), ("step_ms", 8, ".2f"), ("tokens_per_s", 12, ".1f"),
+                  ("floor_ms_32L", 12, ".3f"), ("peak_gb", 7, ".1f")], rows)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -383,6 +483,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="folder for that checkpoint (reused when it holds one); default: a temporary folder")
     ap.add_argument("--batches", default="1,2,4,8,16,32",
                     help="the batch sweep's sizes (empty: no sweep), at the first --lengths, bf16 and 4-bit")
+    ap.add_argument("--released-batches", default="1,32",
+                    help="Flash-dLLM as released beside dual + threshold and flash + threshold: batch 1 at every "
+                         "--lengths, the larger sizes at the first (empty: none)")
+    ap.add_argument("--released-block", type=int, default=16, help="their block size (16: the authors')")
+    ap.add_argument("--released-steps", type=int, default=4, help="timed steps per released row, after the prefill")
     ap.add_argument("--json", default=None, help="also write the rows here")
     return ap.parse_args(argv)
 
@@ -419,6 +524,10 @@ def check(args: argparse.Namespace, probe: Probe | None = None) -> dict:
     generated = [{"weights": label, **generate_run(handle, gen, args.prompt, args.block, trace, args.generate_budget)}
                  for gen in lengths for trace in args.traces.split(",")]
     swept = batch_rows(handle, label, batches, lengths[0], args.prompt, args.block, profile)
+    released_batches = [int(x) for x in args.released_batches.split(",") if x.strip()]
+    released = [row for gen in lengths for batch in released_batches if batch == 1 or gen == lengths[0]
+                for row in released_rows(handle, label, gen, args.prompt, args.released_block, batch,
+                                         args.released_steps, profile)]
     probes = {label: probe(handle)} if probe else {}
     del handle
     free_device_memory()
@@ -432,14 +541,23 @@ def check(args: argparse.Namespace, probe: Probe | None = None) -> dict:
     print_generate_rows(generated)
     print()
     print_batch_rows(swept)
+    if released:
+        print()
+        print_released_rows(released)
     for q in quantized:
         print(f"{q['weights']}: {q['types']}; {q['params_true'] / 1e9:.3f}B parameters (handle says "
               f"{q['params_handle'] / 1e9:.3f}B); footprint {q['footprint_gb']:.2f} GB, projected to {REAL_LAYERS} layers "
               f"{q['footprint_gb_32L']:.2f} GB")
     print(f"total {time.perf_counter() - t0:.0f}s. 'first' is the middle block's first step (a full refresh for every "
-          f"policy but freecache), 'step' the median of its later steps; '32L' projects the blocks onto {REAL_LAYERS} layers")
+          f"policy but freecache; for flash, which slides a window instead of blocks, its one full forward, the "
+          f"prefill), 'step' the median of its later steps; '32L' projects the blocks onto {REAL_LAYERS} layers")
+    if released:
+        print("released rows: Flash-dLLM as released (flash + flash_verify) beside dual + threshold 0.9 and flash + "
+              "threshold 0.9; per step after the prefill: G and forwards over the whole batch, main_ms the (packed) "
+              "main forward, verify_ms the verify forwards (one per request), step_ms the step's wall time; random "
+              "weights commit one token per request per step and flash_verify accepts none")
     out = {"build": build, "policies": rows, "generate": generated, "quantized": quantized, "batches": swept,
-           "probes": probes}
+           "released": released, "probes": probes}
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
     return out
