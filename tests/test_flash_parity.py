@@ -67,6 +67,23 @@ def test_flash_decodes_as_the_released_generator(unmask, tau, verify, gen, track
         assert got["verify_forwards"][0] == got["verify_forwards"][1], prompt
 
 
+def test_a_short_history_still_verifies_where_the_release_cannot():
+    """Where prompt + decoded < 2 x block - 2 x drafts, the released verify query slices from a negative
+    index and accepts nothing; ours carries the decoded positions there are: the same tokens, drafts
+    accepted, and no more steps."""
+    handle, accepted = _tiny(), 0
+    for prompt in PROMPTS[:6]:  # arithmetic and poker: prompts of 19 to 30 tokens
+        ours = dllm_local.generate(handle, prompt, Settings(gen_length=64, block_size=32, cache="flash",
+                                                           unmask="flash_verify", trace="summary"))
+        theirs = released_generate(str(TINY_MODEL), encode_prompt(handle, prompt), gen_length=64, block_length=32,
+                                   threshold=0.9, gamma=GAMMA, verify=True, mask_id=handle.mask_id, eos_id=handle.eos_id)
+        assert theirs["short_history"] and not any(theirs["verify_kept"])
+        assert ours.token_ids == [handle.eos_id if t == handle.mask_id else t for t in theirs["tokens"][:64]]
+        assert len(ours.trace.steps) <= theirs["steps"]
+        accepted += sum(s.policy["verify_accepted"] for s in ours.trace.steps)
+    assert accepted
+
+
 if __name__ == "__main__":
     print("| case | prompts | tokens identical | steps (ours / released) | verify forwards (ours / released with drafts / released) |")
     print("|---|---|---|---|---|")
