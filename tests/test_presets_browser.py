@@ -57,15 +57,20 @@ def pg(browser, server):  # noqa: F811 - the fixtures imported above
     page.close()
 
 
+def _run_preset(pg, name: str) -> str:
+    """Choose the preset ``name``, run it, and return the status line once the run has ended."""
+    _choose(pg, "#preset", name)
+    pg.wait_for_function("(d) => document.querySelector('#preset-info').innerText.includes(d)",
+                         arg=PRESETS[name]["description"][:40])
+    before = _shown_run(pg)
+    pg.click("#run-btn")
+    return _wait_run_ended(pg, before)
+
+
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_every_preset_draws_its_lesson(pg, name, tmp_path):
     preset = PRESETS[name]
-    _choose(pg, "#preset", name)
-    pg.wait_for_function("(d) => document.querySelector('#preset-info').innerText.includes(d)",
-                         arg=preset["description"][:40])
-    before = _shown_run(pg)
-    pg.click("#run-btn")
-    status = _wait_run_ended(pg, before)
+    status = _run_preset(pg, name)
     assert status.startswith("Done"), status
     for selector in PLOTS:
         pg.wait_for_function("(s) => { const gd = document.querySelector(`${s} .js-plotly-plot`);"
@@ -213,13 +218,7 @@ def test_flash_dllm_as_released_shows_its_window_tracked_positions_and_accepted_
     positions the trace's window scored and ticks the drafts its verify forward accepted, the cache
     panel's map holds the window and the tracked positions of every step up to the one shown, and
     the verdict under the grid counts the accepted drafts and verify forwards of the exported trace."""
-    preset = PRESETS[FLASH]
-    _choose(pg, "#preset", FLASH)
-    pg.wait_for_function("(d) => document.querySelector('#preset-info').innerText.includes(d)",
-                         arg=preset["description"][:40])
-    before = _shown_run(pg)
-    pg.click("#run-btn")
-    assert _wait_run_ended(pg, before).startswith("Done")
+    assert _run_preset(pg, FLASH).startswith("Done")
     trace = json.loads(export_trace(pg, tmp_path / "flash.json").read_text())
     steps, P = trace["steps"], len(trace["prompt_ids"])
     assert trace["settings"]["cache"] == "flash" and trace["settings"]["unmask"] == "flash_verify"
