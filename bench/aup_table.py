@@ -35,7 +35,12 @@ KNOBS = {
     "guided": [{"rule": "topk", "ratio": r} for r in (0.9, 0.5, 0.2)],
     "self_verify": [{"threshold": t} for t in (0.9, 0.7, 0.5)],
     "revise": [{"draft_threshold": t} for t in (0.9, 0.7, 0.5)],
+    "flash_verify": [{"threshold": t} for t in (0.9, 0.7, 0.5)],
 }
+
+
+def decodes(cache: str, unmask: str) -> bool:
+    return registry.pair_problem(registry.get("cache", cache), registry.get("unmask", unmask)) is None
 
 
 def settings_of(cache: str, unmask: str, knob: dict) -> Settings:
@@ -59,7 +64,7 @@ def main() -> None:
     points, settings = [], []
     for cache in registry.CACHE:
         for unmask, knobs in KNOBS.items():
-            for knob in knobs:
+            for knob in knobs if decodes(cache, unmask) else ():
                 points.append({"cache": cache, "unmask": unmask, **knob})
                 settings.append(settings_of(cache, unmask, knob).to_dict())
     job = Job(ModelSpec("tiny", device="cpu"), args.task, args.n, 1000, tuple(points), tuple(settings))
@@ -77,6 +82,9 @@ def main() -> None:
     for cache in registry.CACHE:
         cells = []
         for unmask in KNOBS:
+            if not decodes(cache, unmask):
+                cells.append("—")
+                continue
             c = curves[f"{cache} + {unmask}"]
             cells.append(f"{c['aup']:.0f} ({max(c['accuracy']):.0f}%, τc ≤ {max(c['tau_content']):.1f})")
         print(f"| {cache} | " + " | ".join(cells) + " |")

@@ -233,7 +233,7 @@ def middle_block_steps(handle: ModelHandle, settings: Settings, prompt: str, tim
     try:
         for record in it:
             blocks_ms = timer.take()
-            if run.cache_policy.sliding:
+            if run.settings.cache_spec.slides:
                 if record.step >= sliding_steps:
                     break
                 steps.append((record, blocks_ms))
@@ -264,8 +264,10 @@ def policy_rows(handle: ModelHandle, label: str, lengths: list[int], prompt: int
     rows = []
     for gen in lengths:
         for policy in policies or tuple(registry.CACHE):
-            settings = Settings(gen_length=gen, block_size=block, steps=min(gen, (repeats + 1) * (gen // block)),
-                                unmask="fixed", cache=policy, trace="off")
+            slides = registry.CACHE[policy].slides  # a sliding window takes no fixed schedule: tau 1, near one per step
+            settings = Settings(gen_length=gen, block_size=block, cache=policy, trace="off",
+                                steps=None if slides else min(gen, (repeats + 1) * (gen // block)),
+                                unmask="threshold" if slides else "fixed", unmask_params={"threshold": 1.0} if slides else {})
             _reset_peak(device)
             with BlockTimer(model) as timer:
                 steps = middle_block_steps(handle, settings, text, timer, repeats + 1)

@@ -26,8 +26,10 @@ from dllm_local.policies import registry  # noqa: E402
 
 
 def step_syncs(handle, cache: str, unmask: str, trace: str) -> HostSyncCounter | None:
-    """Syncs of the third step (the first two set the cache up); None when the pair needs a guider."""
-    if registry.get("unmask", unmask).needs_guider:
+    """Syncs of the third step (the first two set the cache up); None when the pair needs a guider
+    or cannot decode together."""
+    spec = registry.get("unmask", unmask)
+    if spec.needs_guider or registry.pair_problem(registry.get("cache", cache), spec):
         return None
     settings = Settings.from_dict({"gen_length": 64, "block_size": 32, "cache": cache, "unmask": unmask, "trace": trace})
     steps = iter(dllm_local.stream(handle, "What is 3 + 4?", settings))

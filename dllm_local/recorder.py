@@ -196,7 +196,7 @@ class Recorder:
         if self.level == "full":
             ks, vs = (cosines[:, shown].tolist() for cosines in self.drift.cosines())  # [layers, n]
             return {str(layer): {"k": _round(ks[layer]), "v": _round(vs[layer])} for layer in range(len(ks))}
-        summary = self.drift.summary()
+        summary = self.drift.summary(shown)
         names = ("k_mean", "k_min", "v_mean", "v_min")
         return {str(layer): {name: None if value != value else round(value, 6) for name, value in zip(names, row)}
                 for layer, row in enumerate(summary.tolist())}

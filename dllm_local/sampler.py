@@ -63,6 +63,10 @@ class Run:
         self.handle, self.settings, self.guider = handle, settings, guider
         self.cache_policy = settings.cache_spec.build(settings.cache_params)
         self.unmask_policy = settings.unmask_spec.build(settings.unmask_params)
+        if settings.unmask_spec.position_wise_model and not handle.model.packs_requests:
+            raise SettingsError(f"unmask policy {settings.unmask!r} verifies with a query that repeats positions: it "
+                                f"needs a model whose logits at a position come from that position alone, as LLaDA's "
+                                f"(this model's head reads the position before)")
         if settings.unmask_spec.needs_guider:
             if guider is None:
                 raise SettingsError(f"unmask policy {settings.unmask!r} needs a guider model")
@@ -201,7 +205,7 @@ class Run:
         x[0, P + s.gen_length :] = h.eos_id  # the cache policy's padding
         steps_per_block = (s.steps // s.num_blocks) if s.steps else s.block_size
         window = (SlidingWindow(L, P, P + s.gen_length, s.block_size, h.eos_id, h.device)
-                  if self.cache_policy.sliding else None)
+                  if s.cache_spec.slides else None)
         self.state = DecodeState(x, P, s.gen_length, s.block_size, h.mask_id, steps_per_block, window=window)
         self.cache = cache if cache is not None else h.model.new_cache(1, L).alloc(L)
         self._cache_access = CacheAccess(self.cache, L)

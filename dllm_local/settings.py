@@ -75,6 +75,12 @@ class Settings:
             valid = spec.validate(given)
             # Keep only the parameters given (typed), so a saved setting stays as written.
             object.__setattr__(self, f"{kind}_params", {k: valid[k] for k in given})
+        problem = registry.pair_problem(self.cache_spec, self.unmask_spec)
+        if problem:
+            raise SettingsError(problem)
+        if self.early_stop and self.cache_spec.slides:
+            raise SettingsError(f"early_stop: the {self.cache} cache ends the answer at its first committed end of "
+                                f"text by itself; leave early_stop off")
 
     @property
     def cache_spec(self) -> registry.PolicySpec:

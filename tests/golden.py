@@ -28,10 +28,11 @@ PROMPTS = [
 
 
 def pairs() -> list[tuple[str, str]]:
-    """Every registered (cache, unmask) pair, in registration order."""
+    """Every registered (cache, unmask) pair that decodes together, in registration order."""
     from dllm_local.policies import registry
 
-    return [(cache, unmask) for cache in registry.CACHE for unmask in registry.UNMASK]
+    return [(cache, unmask) for cache, c in registry.CACHE.items() for unmask, u in registry.UNMASK.items()
+            if registry.pair_problem(c, u) is None]
 
 
 def golden_settings(cache: str, unmask: str, temperature: float, seed: int, remasking: str):

@@ -381,3 +381,11 @@ def test_at_a_tiny_temperature_the_noise_leaves_the_greedy_draft(tiny):
     banned = torch.tensor([[0.0, float("-inf"), 0.0]] * 200)
     picks = dllm_local.softmax.draft_tokens(banned, 1e308, torch.Generator().manual_seed(1))
     assert 1 not in picks.tolist() and set(picks.tolist()) == {0, 2}
+
+
+def test_threshold_rule_at_one_passes_only_what_float64_rounds_to_one():
+    from dllm_local.policies.unmask import _threshold_mask
+
+    conf = torch.tensor([1.0, 1 - 1e-12, 0.9999996, 0.5], dtype=torch.float64)
+    assert _threshold_mask(conf, 1.0).tolist() == [True, False, False, False]
+    assert _threshold_mask(conf, 0.9).tolist() == [True, True, True, False]

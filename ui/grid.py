@@ -247,7 +247,7 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
             classes.append("dl-window")
         boxes.append(f'<span class="{" ".join(classes)}" title="{_attr(title)}" style="{style}">'
                      f"{number}{html.escape(vis)}{past}</span>")
-    tail = policy_marks.masked_tail(trace, ids) if window is not None else None
+    tail = policy_marks.masked_tail(trace, record, ids) if window is not None else None
     if tail and tail[1] - tail[0] >= COLLAPSE_PADDING:  # the positions a sliding-window run never decodes
         chip = policy_marks.tail_chip(*tail, sum(tail[0] <= p < tail[1] for p in window), _BOX)
         boxes[tail[0]:] = [f'<details class="dl-pad" style="display:inline;">{chip}{"".join(boxes[tail[0]:])}</details>']

@@ -3,7 +3,7 @@ for Flash-dLLM as released the sliding window, the drafts its verify forward acc
 positions left masked after the end of text. Pure functions of the trace dict, HTML pieces out."""
 from __future__ import annotations
 
-from .replay import Trace, first_end, prompt_len
+from .replay import Trace, prompt_len
 
 # The sliding window: a purple bar under each box it scored (a masked one also turns lavender),
 # drawn outside the box so that it shows under every step colour and beside the commit outline.
@@ -64,15 +64,17 @@ def accepted(trace: Trace, record: dict) -> dict[int, float]:
     return {int(p) - P: float(q) for p, _, q in (record.get("policy") or {}).get("accepted_at") or []}
 
 
-def masked_tail(trace: Trace, ids: list[int | None]) -> tuple[int, int] | None:
+def masked_tail(trace: Trace, record: dict, ids: list[int | None]) -> tuple[int, int] | None:
     """(start, stop) of the masked positions that end the answer after its first committed end of
     text, in a sliding-window run: Flash-dLLM as released ends the answer there and decodes none
-    of them (the finished answer holds end of text). None when there is no such run."""
-    end = first_end(trace, ids)
+    of them (the finished answer holds end of text). The engine says where (``policy.length`` of
+    the step ``record``, after its commits). None when there is no such run."""
+    end = (record.get("policy") or {}).get("length")
     if end is None:
         return None
+    end -= prompt_len(trace)
     start = len(ids)
-    while start > end + 1 and ids[start - 1] is None:
+    while start > end and ids[start - 1] is None:
         start -= 1
     return (start, len(ids)) if start < len(ids) else None
 

@@ -113,18 +113,18 @@ def what_if(trace: Trace, threshold: float) -> dict:
         return {"commits": [], "diverges_at": None, "reason": "what-if needs a greedy run (temperature 0)"}
     P, block_size = prompt_len(trace), int(settings.get("block_size") or answer_length(trace) or 1)
     commits: list[list[int]] = []
-    length = None  # a sliding window's answer ends after the end-of-text tokens of the first step committing one
+    length = None  # where a sliding window's answer ends, as the engine said after the step before
     for i, record in enumerate(trace.get("steps") or []):
-        start, window = P + int(record.get("block") or 0) * block_size, (record.get("policy") or {}).get("window")
+        policy = record.get("policy") or {}
+        start, window = P + int(record.get("block") or 0) * block_size, policy.get("window")
         scored = [(int(p), float(c)) for p, c in zip(record.get("masked_positions") or [],
                                                       record.get("masked_confidence") or [])
                   if (start <= int(p) < start + block_size if window is None
                       else int(p) in window and (length is None or int(p) < length))]
-        ends = [int(p) for p, t, _ in record.get("committed") or [] if is_end_token(trace, t)]
-        length = max(ends) + 1 if length is None and ends and window is not None else length
+        length = policy.get("length", length)
         if not scored:
             return {"commits": commits, "diverges_at": None, "reason": "this trace has no per-step confidences"}
-        chosen = [p for p, c in scored if c >= threshold] if threshold < 1 else []
+        chosen = [p for p, c in scored if c >= threshold]  # at 1 too, as the engine's threshold rule
         chosen = chosen or [max(scored, key=lambda pc: pc[1])[0]]
         commits.append(sorted(p - P for p in chosen))
         actual = sorted(int(p) - P for p, _, _ in record.get("committed") or [])

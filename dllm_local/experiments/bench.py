@@ -62,7 +62,8 @@ def _unmask_rules() -> list[dict]:
 
 
 def _cache_x_unmask() -> list[Strategy]:
-    return [Strategy({"cache": cache, **rule}) for cache in registry.CACHE for rule in _unmask_rules()]
+    return [Strategy({"cache": cache, **rule}) for cache, spec in registry.CACHE.items() for rule in _unmask_rules()
+            if registry.pair_problem(spec, registry.get("unmask", rule["unmask"])) is None]
 
 
 def _headline() -> list[Strategy]:

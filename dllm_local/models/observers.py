@@ -58,13 +58,15 @@ class DriftMeter(ForwardObserver):
         cos = torch.where(self._was_valid, cos, torch.tensor(float("nan"), device=cos.device))
         return cos[:, 0], cos[:, 1]
 
-    def summary(self) -> torch.Tensor:
+    def summary(self, shown: torch.Tensor | None = None) -> torch.Tensor:
         """Four numbers per layer, ``[layers, 4]``: K mean, K min, V mean, V min of the cosines over
-        the positions replaced (NaN where none was): the trace's summary level, the same cosines as
-        ``cosines`` without the NaN bookkeeping over every position."""
+        the positions replaced (of those ``shown``, a mask over the recomputed ones; NaN where none
+        was): the trace's summary level, the same cosines as ``cosines`` without the NaN
+        bookkeeping over every position."""
         if not self._products:
             return torch.full((self.n_layers, 4), float("nan"), device=self._was_valid.device)
-        cos = _cosines(torch.stack(self._products)[..., self._was_valid])  # [layers, 2, replaced]
+        replaced = self._was_valid if shown is None else self._was_valid & shown.to(self._was_valid.device)
+        cos = _cosines(torch.stack(self._products)[..., replaced])  # [layers, 2, replaced]
         return torch.stack([cos.mean(-1), cos.amin(-1)], -1).flatten(1)
 
 

@@ -26,8 +26,6 @@ class CachePolicy(Policy):
     # This request's share of a batch's cache budget, when its policy has a budget (``max_cached``) and
     # the batch shares budgets: set by ``set_quota`` each step.
     quota: int | None = None
-    # Decoding slides a window over the undecoded positions (``window.py``) instead of fixed blocks.
-    sliding = False
 
     def padding(self, prompt_len: int, gen_length: int) -> int:
         """End-of-text positions after the answer that every forward attends (context, never decoded)."""

@@ -42,20 +42,19 @@ class WindowAttention(ForwardObserver):
 
     def on_begin(self, positions, was_valid, live):
         self.scores.zero_()
-        self._rows = torch.isin(positions, self.window.to(positions.device)).nonzero().flatten()
+        self._rows = torch.searchsorted(positions, self.window.to(positions.device))  # the positions are sorted
 
     def on_attend(self, layer, q, keys, key_mask):
         if layer < SCORED_FROM_LAYER:
             return
-        q = q[:, :, self._rows.to(q.device)]
-        keys = keys.repeat_interleave(q.shape[1] // keys.shape[1], dim=1).to(q.dtype)  # grouped K/V heads
-        raw = torch.matmul(q, keys.transpose(-1, -2)).float()  # [1, heads, window, keys]
+        q = q[:, :, self._rows.to(q.device)].float()  # float32, as the released kernel scores
+        if keys.shape[1] != q.shape[1]:  # grouped K/V heads
+            keys = keys.repeat_interleave(q.shape[1] // keys.shape[1], dim=1)
+        raw = torch.matmul(q, keys.float().transpose(-1, -2))  # [1, heads, window, keys]
         self.scores[: raw.shape[-1]] += raw.mean(dim=(0, 1, 2)).to(self.scores.device)
 
 
 class FlashCache(CachePolicy):
-    sliding = True
-
     def padding(self, prompt_len, gen_length):
         if self.pad_to == 0:
             return 0
@@ -65,18 +64,19 @@ class FlashCache(CachePolicy):
     def reset(self, state, cache, model):
         self._attention = WindowAttention(state.total_len, state.x.device)
         self._tracked = state.x.new_zeros(0)
+        self._window = state.window
 
     def observers(self):
         return (self._attention,)
 
     def plan(self, state, cache):
         window = state.window
-        self._attention.window = window.positions()
-        if state.step == 0 or self.track_num < 0:
-            self._tracked = state.x.new_zeros(0)
-            return Plan(state.all_positions(), True)
+        self._attention.window = window.positions().clone()  # the order moves on; the record reads these after
         decoded = window.decoded_order()
-        self._tracked = decoded[max(0, decoded.numel() - self.track_num * state.block_size):].clone()  # the order moves on
+        if state.step == 0 or self.track_num < 0:  # everything recomputed: the decoded positions too
+            self._tracked = decoded.clone() if state.step else state.x.new_zeros(0)
+            return Plan(state.all_positions(), True)
+        self._tracked = decoded[max(0, decoded.numel() - self.track_num * state.block_size):].clone()
         upcoming = window.undecoded_after_window((self.mask_num - 1) * state.block_size)
         return Plan(torch.cat([self._tracked, upcoming]), False)
 
@@ -84,7 +84,9 @@ class FlashCache(CachePolicy):
         return self._attention.scores
 
     def info(self):
-        return {"window": self._attention.window.tolist(), "tracked": sorted(self._tracked.tolist())}
+        # "length": where the answer ends for the window (nothing at or past it is decoded), as of this step.
+        return {"window": self._attention.window.tolist(), "tracked": sorted(self._tracked.tolist()),
+                "length": self._window.length}
 
 
 def _verify_visibility(tracked: int, drafts: int, device: torch.device) -> torch.Tensor:
@@ -104,24 +106,24 @@ class FlashVerify(UnmaskPolicy):
     def select(self, state, cand, calls):
         order = torch.sort(cand.confidence, descending=True, stable=True).indices
         keep = max(int((cand.confidence >= self.threshold).sum()), 1)  # 1. threshold
+        committed = cand.positions[order[:keep]]
         drafts = order[keep : keep + state.block_size // 2]  # 2. candidates
         if not drafts.numel():
-            return Selection(cand.positions[order[:keep]], {"verify_candidates": 0, "verify_accepted": 0, "accepted_at": []},
-                             newest=0)
+            return Selection(committed, {"verify_candidates": 0, "verify_accepted": 0, "accepted_at": []}, newest=0)
         sequence = state.x[0].clone()
-        sequence[cand.positions[order[:keep]]] = cand.tokens[order[:keep]]
-        decoded = torch.cat([state.decoded_order(), cand.positions[order[:keep]]])
+        sequence[committed] = cand.tokens[order[:keep]]
+        decoded = torch.cat([state.decoded_order(), committed])
         tracked = decoded[max(0, decoded.numel() - 2 * state.block_size + 2 * drafts.numel()):]  # what there is
         at, tokens = cand.positions[drafts], cand.tokens[drafts]
         masks = torch.full_like(tokens, state.mask_id)
         logits = calls.read_cache(torch.cat([sequence[tracked], tokens, masks]), torch.cat([tracked, at, at]),  # 3. verify
                                   _verify_visibility(tracked.numel(), drafts.numel(), at.device))
         p = torch.softmax(logits[-drafts.numel():].double(), -1).gather(-1, tokens[:, None]).squeeze(-1)
-        length = self._length(state, sequence, cand.positions[order[:keep]])
+        length = self._length(state, sequence, committed)
         if length is not None:
             p = torch.where(at >= length, torch.zeros_like(p), p)
         accepted = int((torch.cumprod(p, 0) >= self.gamma).sum())  # 4. accept
-        return Selection(torch.cat([cand.positions[order[:keep]], at[:accepted]]),
+        return Selection(torch.cat([committed, at[:accepted]]),
                          {"verify_candidates": int(drafts.numel()), "verify_accepted": accepted,
                           "accepted_at": [[pos, token, round(prob, 6)] for pos, token, prob in
                                           zip(at[:accepted].tolist(), tokens[:accepted].tolist(), p[:accepted].tolist())]},

@@ -82,6 +82,13 @@ class PolicySpec:
     impl: str | type  # "module:Class" (imported on first use, so specs never import torch) or the class
     params: tuple[Param, ...] = ()
     needs_guider: bool = False  # guided decoding: the run needs the autoregressive guider
+    # A cache policy whose decoding slides a window over the undecoded positions (policies/window.py).
+    slides: bool = False
+    # An unmasking policy that decodes block by block (a schedule per block, state kept per block).
+    block_by_block: bool = False
+    # An unmasking policy whose extra forward repeats positions: only a model whose every layer but
+    # attention works position by position (``packs_requests``: LLaDA, not Dream's shifted head).
+    position_wise_model: bool = False
     uses_steps: bool = False  # the settings' ``steps`` (LLaDA's schedule length) applies
     # A cross-parameter rule: a message when ``params`` break it, else None.
     check: Callable[[dict], str | None] | None = None
@@ -129,7 +136,7 @@ class PolicySpec:
     def to_dict(self) -> dict:
         return {"kind": self.kind, "name": self.name, "label": self.label, "description": self.description,
                 "params": [p.to_dict() for p in self.params], "needs_guider": self.needs_guider,
-                "uses_steps": self.uses_steps}
+                "uses_steps": self.uses_steps, "slides": self.slides, "block_by_block": self.block_by_block}
 
 
 CACHE: dict[str, PolicySpec] = {}
@@ -142,6 +149,15 @@ def register(spec: PolicySpec) -> PolicySpec:
     declare_policy_fields(spec.trace_fields)
     _KINDS[spec.kind][spec.name] = spec
     return spec
+
+
+def pair_problem(cache: PolicySpec, unmask: PolicySpec) -> str | None:
+    """Why the cache policy ``cache`` and the unmasking policy ``unmask`` cannot decode together, or None."""
+    if cache.slides and unmask.block_by_block:
+        sliding = [u.name for u in UNMASK.values() if not u.block_by_block]
+        return (f"the {cache.name} cache slides a window over the undecoded positions, and the {unmask.name} "
+                f"unmasking policy decodes block by block; with {cache.name}, use {', '.join(sliding)}")
+    return None
 
 
 def unregister(kind: str, name: str) -> None:
@@ -247,7 +263,7 @@ register(PolicySpec(
     f"{_UNMASK_IMPL}:Fixed",
     (Param("remasking", str, "low_confidence", "Order", "low_confidence: most confident first; random: random order",
            choices=("low_confidence", "random")),),
-    uses_steps=True))
+    uses_steps=True, block_by_block=True))
 register(PolicySpec(
     "unmask", "threshold", "Confidence threshold (Fast-dLLM)",
     "Commit every masked position of the block with confidence >= tau, always at least the most confident.",
@@ -291,6 +307,7 @@ register(PolicySpec(
               high=MAX_GEN_LENGTH),
     ),
     check=lambda p: None if p["cap_min"] <= p["cap_max"] else f"cap_min ({p['cap_min']}) must be <= cap_max ({p['cap_max']})",
+    block_by_block=True,
     trace_fields={"verified": Count, "rejected": Count, "min_conflict_score": Number, "rejected_at": list[Rejected]}))
 register(PolicySpec(
     "unmask", "revise", "Draft wide, verify narrow (WINO)",
@@ -306,7 +323,7 @@ register(PolicySpec(
         Param("max_revisions", int, 1, "Revisions per position", "how often one position may be taken back",
               low=0, high=16, slider=(0, 4, 1)),
     ),
-    trace_fields={"revoked": Count}))
+    block_by_block=True, trace_fields={"revoked": Count}))
 register(PolicySpec(
     "cache", "drift_refresh", "Drift-triggered refresh (Elastic-Cache)",
     "Reuse like DualCache; refresh the whole cache when the block's attention, at a probe layer over its "
@@ -337,9 +354,11 @@ register(PolicySpec(
               "the window and the next mask_num - 1 blocks of masks are recomputed each step", low=1, high=64,
               slider=(1, 8, 1)),
         Param("pad_to", int, 128, "Pad the span to", "attention covers prompt + answer padded with end-of-text "
-              "up to the next multiple of this (0: no padding)", low=0, high=1024, slider=(0, 256, 16)),
+              "up to the next multiple of this, which counts against the model's length (0: no padding)",
+              low=0, high=1024, slider=(0, 256, 16)),
     ),
-    trace_fields={"window": list[AnswerPosition], "tracked": list[SequencePosition]}))
+    slides=True,
+    trace_fields={"window": list[AnswerPosition], "tracked": list[SequencePosition], "length": Count}))
 register(PolicySpec(
     "unmask", "flash_verify", "Flash-Verify (Flash-dLLM as released)",
     "As VILA-Lab/Flash-dLLM's generator does it: commit by the threshold, then verify up to block/2 more drafts "
@@ -352,4 +371,5 @@ register(PolicySpec(
               "accept drafts while the product of their verified probabilities stays >= gamma",
               low=0, high=1, low_open=True, slider=(0.05, 1.0, 0.05), headline=True),
     ),
+    position_wise_model=True,
     trace_fields={"verify_candidates": Count, "verify_accepted": Count, "accepted_at": list[Rejected]}))

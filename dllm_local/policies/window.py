@@ -34,8 +34,9 @@ class SlidingWindow:
 
     def positions(self) -> torch.Tensor:
         """1. The window, in its order (confidence order for positions that stayed in it)."""
-        window = self.order[self.decoded : self.decoded + self.block_size]
-        return window[window < self.answer_end]  # a prefix: undecoded answer positions precede the padding
+        # Every decoded position lies in the answer or before it, and the undecoded answer positions
+        # precede the padding in the order: the window is a prefix known without asking the device.
+        return self.order[self.decoded : self.decoded + min(self.block_size, self.answer_end - self.decoded)]
 
     def undecoded_after_window(self, count: int) -> torch.Tensor:
         """The ``count`` undecoded positions that follow a full window in the order (padding included)."""
