@@ -57,6 +57,16 @@ def test_controls_show_only_the_chosen_policies_knobs_and_fit_the_block():
     assert (length, block) == (128, 32) and "adjusted from 100 to 128" in notice
 
 
+def test_a_sliding_cache_with_a_block_by_block_policy_runs_by_threshold_and_says_so():
+    from dllm_local import Settings
+
+    values = controls_from_settings({"cache": "flash", "unmask": "fixed"})
+    settings, notice = settings_from_controls(values)
+    assert settings["unmask"] == "threshold" and "commits by threshold instead" in notice
+    Settings.from_dict(settings)  # a pair that decodes together
+    assert settings_from_controls(controls_from_settings({"cache": "flash", "unmask": "flash_verify"}))[1] == ""
+
+
 def test_throttled_redraws_keep_the_first_step_and_the_final_state():
     from dllm_local.trace import fold
     from ui.engine_queue import throttled

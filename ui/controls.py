@@ -90,7 +90,14 @@ def settings_from_controls(v: dict, specs: Specs | None = None) -> tuple[dict, s
     once, with messages naming the knob."""
     specs = specs or registry.all_specs()
     gen_length, block_size, notice = fit_block(v["gen_length"], v["block_size"])
-    chosen = _chosen(specs, v["cache"], v["unmask"])
+    unmask = v["unmask"]
+    if spec_named(specs, "cache", v["cache"]).get("slides") and spec_named(specs, "unmask", unmask).get("block_by_block"):
+        # As a length the block does not divide is rounded: the run goes on, and the notice says how.
+        notice = " ".join(filter(None, [notice, f"The {v['cache']} cache slides a window over the undecoded positions, "
+                                                f"which {unmask} cannot follow (it decodes block by block): this run "
+                                                f"commits by threshold instead."]))
+        unmask = "threshold"
+    chosen = _chosen(specs, v["cache"], unmask)
     steps = None
     if chosen["unmask"]["uses_steps"] and v.get("steps"):
         blocks = gen_length // block_size
