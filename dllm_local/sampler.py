@@ -248,11 +248,8 @@ class Run:
             committed = ranked[torch.isin(ranked, selection.positions)]
             newest = committed.numel() if selection.newest is None else selection.newest
             window.commit(ranked, committed, x[committed], newest, self.cache_policy.ranking())
-        if selection.revoked:
-            revoked = [r[0] for r in selection.revoked]
-            x[revoked] = self.handle.mask_id
-            if window is not None:
-                window.revoke(torch.tensor(revoked, device=x.device))
+        if selection.revoked:  # never with a sliding window: the policies that revoke decode block by block
+            x[[r[0] for r in selection.revoked]] = self.handle.mask_id
             self._max_forwards += len(selection.revoked)  # each one a token to commit again, boundedly often
 
     def _answer_complete(self) -> bool:

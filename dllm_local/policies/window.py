@@ -68,10 +68,3 @@ class SlidingWindow:
         if ranking is not None:
             older = self.order[: self.decoded - newest]
             self.order[: older.numel()] = older[torch.sort(ranking[older], stable=True).indices]
-
-    def revoke(self, positions: torch.Tensor) -> None:
-        """Committed positions taken back: undecoded again, first in the next window."""
-        decoded = self.order[: self.decoded]
-        back = torch.isin(decoded, positions)
-        self.order[: self.decoded] = torch.cat([decoded[~back], decoded[back]])
-        self.decoded -= int(back.sum())
