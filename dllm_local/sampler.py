@@ -35,7 +35,7 @@ from .prompts import Prompt, encode_prompt
 from .recorder import Recorder, Step, timed
 from .settings import Settings
 from .softmax import draft_probability, draft_tokens
-from .trace import StepRecord, Trace
+from .trace import Branch, StepRecord, Trace
 
 
 @dataclass
@@ -59,14 +59,18 @@ class Result:
 class Run:
     """One generation in progress: iterate for step records; ``stop()`` ends it between steps."""
 
-    def __init__(self, handle: ModelHandle, prompt: Prompt, settings: Settings, guider: GuiderHandle | None = None):
-        self.handle, self.settings, self.guider = handle, settings, guider
+    def __init__(self, handle: ModelHandle, prompt: Prompt, settings: Settings, guider: GuiderHandle | None = None,
+                 branch: Branch | None = None):
+        self.handle, self.settings, self.guider, self.branch = handle, settings, guider, branch
         self.cache_policy = settings.cache_spec.build(settings.cache_params)
         self.unmask_policy = settings.unmask_spec.build(settings.unmask_params)
         if settings.unmask_spec.position_wise_model and not handle.model.packs_requests:
             raise SettingsError(f"unmask policy {settings.unmask!r} verifies with a query that repeats positions: it "
                                 f"needs a model whose logits at a position come from that position alone, as LLaDA's "
                                 f"(this model's head reads the position before)")
+        if branch is not None and settings.cache_spec.slides:
+            raise SettingsError(f"cache policy {settings.cache!r} slides a window whose order a forced token would "
+                                f"break: branch a run that decodes block by block")
         if settings.unmask_spec.needs_guider:
             if guider is None:
                 raise SettingsError(f"unmask policy {settings.unmask!r} needs a guider model")
@@ -120,6 +124,8 @@ class Run:
         """Whether another step follows, starting the next block when this one has no masks left.
         False: the run is over and ``result`` is set."""
         state, s = self.state, self.settings
+        if self.branch is not None and state.step == self.branch.after_step + 1:
+            self._intervene(self.branch)
         if state.window is not None:
             if state.window.done():
                 return self._finish()
@@ -252,6 +258,24 @@ class Run:
             x[[r[0] for r in selection.revoked]] = self.handle.mask_id
             self._max_forwards += len(selection.revoked)  # each one a token to commit again, boundedly often
 
+    def _intervene(self, branch: Branch) -> None:
+        """A branch's one change, between step ``after_step`` and the next: the position forced to a
+        token, or sent back to mask; a mask sent back before the current block would never decode."""
+        state, p = self.state, branch.position
+        if not state.prompt_len <= p < state.prompt_len + state.gen_length:
+            raise SettingsError(f"position {p} is outside the answer ({state.prompt_len}.."
+                                f"{state.prompt_len + state.gen_length - 1})")
+        if branch.token is None and p < state.block_start:
+            block = (p - state.prompt_len) // state.block_size
+            raise SettingsError(f"answer position {p - state.prompt_len} is in block {block}, finished before step "
+                                f"{branch.after_step + 1}: re-mask a position of block {state.block} or later")
+        if branch.token is not None and not 0 <= branch.token < len(self.handle.tokenizer):
+            raise SettingsError(f"token id {branch.token} is not in the tokenizer's vocabulary "
+                                f"(0..{len(self.handle.tokenizer) - 1})")
+        branch.replaced = None if bool(state.masked[p]) else int(state.x[0, p])
+        state.x[0, p] = self.handle.mask_id if branch.token is None else branch.token
+        self._max_forwards += branch.token is None
+
     def _answer_complete(self) -> bool:
         """Early stop: a stop token with no mask before it ends the answer; its masks become EOS."""
         answer = self.state.x[0, self.state.prompt_len:]
@@ -270,17 +294,21 @@ class Run:
             tail = self.state.x[0, window.length : window.answer_end]
             tail[tail == self.handle.mask_id] = self.handle.eos_id
         self.result = Result(self.recorder.finish(self.state, stopped))
+        self.result.trace.branch = self.branch
         self.positions = self.logits = None  # in a batch, views of the batch's logits
         return False
 
 
-def stream(handle: ModelHandle, prompt: Prompt, settings: Settings | None = None, guider: GuiderHandle | None = None) -> Run:
-    """Start a generation; iterate the returned run for one step record per forward."""
-    return Run(handle, prompt, settings or Settings(), guider)
+def stream(handle: ModelHandle, prompt: Prompt, settings: Settings | None = None, guider: GuiderHandle | None = None,
+           branch: Branch | None = None) -> Run:
+    """Start a generation; iterate the returned run for one step record per forward. ``branch``:
+    the run repeated with one change after one of its steps (``trace.Branch``)."""
+    return Run(handle, prompt, settings or Settings(), guider, branch)
 
 
-def generate(handle: ModelHandle, prompt: Prompt, settings: Settings | None = None, guider: GuiderHandle | None = None) -> Result:
-    run = stream(handle, prompt, settings, guider)
+def generate(handle: ModelHandle, prompt: Prompt, settings: Settings | None = None, guider: GuiderHandle | None = None,
+             branch: Branch | None = None) -> Result:
+    run = stream(handle, prompt, settings, guider, branch)
     for _ in run:
         pass
     return run.result

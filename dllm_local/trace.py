@@ -165,7 +165,7 @@ class StepRecord:
     g: Count  # positions recomputed by the main forward
     reads: Count  # cached K/V entries read instead of recomputed
     committed: list[Committed]  # [position, token id, confidence at commit]
-    forwards: Count  # main forward plus any verification forwards
+    forwards: Count  # the diffusion model's: the step's main forward plus any verification forwards
     model_ms: Number  # forwards of the diffusion model (and the guider), device-synchronised
     other_ms: Number  # policies, sampling and trace bookkeeping
     masked_positions: list[AnswerPosition] = field(default_factory=list)  # still-masked positions scored this step
@@ -179,6 +179,7 @@ class StepRecord:
     # Full trace only: the block's masked positions this forward scored, each with its three
     # likeliest tokens: [position, [[token, probability], ...]].
     top_candidates: list[Candidates] = field(default_factory=list)
+    guider_forwards: Count = 0  # the guider's forwards this step (apart from ``forwards``; 0 in older traces)
 
     def to_dict(self) -> dict:
         """The record as a dict sharing its lists: a record is never changed once emitted, and a
@@ -253,6 +254,18 @@ def _known_settings(settings: dict) -> dict:
 
 
 @dataclass
+class Branch:
+    """A lecturer's intervention: after step ``after_step`` the answer's ``position`` (absolute)
+    was set to ``token`` (None: sent back to mask), and decoding went on with the same settings."""
+    __pydantic_config__ = ConfigDict(extra="forbid")
+
+    after_step: Count
+    position: AnswerPosition
+    token: TokenId | None = None
+    replaced: TokenId | None = None  # what stood there after that step (None: a mask)
+
+
+@dataclass
 class Trace:
     settings: Annotated[dict[str, Any], AfterValidator(_known_settings)]
     model: Annotated[ModelInfo, InOrder]
@@ -266,6 +279,7 @@ class Trace:
     stats: Stats = field(default_factory=Stats)
     text: Text = ""
     schema_version: Count = SCHEMA_VERSION
+    branch: Branch | None = None  # set on a branch: where it left the run it was branched from
 
     @property
     def prompt_len(self) -> int:
@@ -273,9 +287,10 @@ class Trace:
 
     def to_dict(self) -> dict:
         """Plain dict of the trace; step records are shared, not copied (see ``StepRecord.to_dict``)."""
-        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "branch"}
+        branch = {"branch": asdict(self.branch)} if self.branch else {}  # a run's file stays as it was
         return {**data, "steps": [s.to_dict() for s in self.steps], "stats": asdict(self.stats),
-                "settings": dict(self.settings), "vocab": dict(self.vocab)}
+                "settings": dict(self.settings), "vocab": dict(self.vocab), **branch}
 
     def to_json(self, indent: int | None = None) -> str:
         return json.dumps(self.to_dict(), indent=indent)

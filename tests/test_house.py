@@ -381,7 +381,7 @@ def test_no_capability_probes():
 MAX_LINES = 300
 # file -> (the most lines it may have, why it may pass MAX_LINES). The cap stops it growing.
 LONG_FILES_ALLOWED = {
-    "dllm_local/trace.py": (346, "the trace file's schema: each validator beside the field it bounds, and the "
+    "dllm_local/trace.py": (380, "the trace file's schema: each validator beside the field it bounds, and the "
                                  "policy fields the specs declare into it; one module for one input boundary"),
     "dllm_local/policies/registry.py": (380, "the spec types and the built-in policies' Param tables "
                                              "(declarative data)"),

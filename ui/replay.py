@@ -33,7 +33,8 @@ def state_at(trace: Trace, step: int) -> dict:
     position, or None), ``confidence`` (confidence at commit, or None), ``history`` (per position,
     the tokens a revising policy took back: [token, step committed, step taken back, confidence
     then, probability when taken back]), ``step`` (the step shown, clamped to the recorded range)
-    and ``masked`` (count of still-masked positions).
+    and ``masked`` (count of still-masked positions). On a branch (``trace["branch"]``) the forced
+    token stands from the step it follows, with no confidence: no forward chose it.
     """
     P, n = prompt_len(trace), answer_length(trace)
     steps = trace.get("steps") or []
@@ -42,6 +43,7 @@ def state_at(trace: Trace, step: int) -> dict:
     commit_step: list[int | None] = [None] * n
     confidence: list[float | None] = [None] * n
     history: list[list] = [[] for _ in range(n)]
+    branch = trace.get("branch")
     for index, record in enumerate(steps[: step + 1]):
         for position, token, conf in record.get("committed") or []:
             p = int(position) - P
@@ -53,6 +55,10 @@ def state_at(trace: Trace, step: int) -> dict:
             if 0 <= p < n:
                 history[p].append([int(token), commit_step[p], index, float(then), float(now)])
                 ids[p] = commit_step[p] = confidence[p] = None
+        if branch and index == branch["after_step"]:  # the branch's one change, after the step it follows
+            p = int(branch["position"]) - P
+            ids[p], confidence[p] = branch["token"], None
+            commit_step[p] = None if branch["token"] is None else index
     return {"ids": ids, "commit_step": commit_step, "confidence": confidence, "history": history, "step": step,
             "masked": sum(t is None for t in ids)}
 
@@ -141,8 +147,10 @@ def numbers(trace: Trace, upto_step: int | None = None) -> dict:
     view covers the whole run, else running values from the step records seen so far.
 
     Keys:
-      steps            forwards recorded (rows of the trace) up to this point
-      nfe              model forwards, verification included (sum of ``forwards``)
+      steps            steps recorded (rows of the trace) up to this point: one main forward each
+      nfe              diffusion-model forwards: the steps' main forwards plus any verification
+                       forwards (sum of ``forwards``)
+      guider_forwards  the guider's forwards (guided decoding), counted apart from ``nfe``
       committed        answer tokens committed so far (net of tokens taken back to mask)
       revisions        committed tokens taken back to mask so far (policies that revise)
       gen_length       size of the answer region
@@ -157,7 +165,7 @@ def numbers(trace: Trace, upto_step: int | None = None) -> dict:
                        running, the committed tokens before the first committed end of text
       wall_s           stats.wall_s once finished, else model_s + other_s
       other_share      other_s / (model_s + other_s): the share of time the model is not running
-      mean_g           mean positions recomputed per forward (G)
+      mean_g           mean positions a step's main forward recomputed (G), per step
       hit_rate         cumulative cache hit rate: reads / (reads + G)
       finished         True when the whole recorded run is covered and its final stats exist
     """
@@ -168,6 +176,7 @@ def numbers(trace: Trace, upto_step: int | None = None) -> dict:
     revisions = sum(len(s.get("revoked") or []) for s in steps)
     committed = sum(len(s.get("committed") or []) for s in steps) - revisions
     values = _final_numbers(stats) if finished else _running_numbers(steps, committed)
+    values["guider_forwards"] = _guider_forwards(trace, steps, finished)
     if not finished:
         ids = state_at(trace, len(steps) - 1)["ids"]
         before_end = ids[:first_end(trace, ids)]
@@ -176,6 +185,17 @@ def numbers(trace: Trace, upto_step: int | None = None) -> dict:
     busy = values["model_s"] + values["other_s"]
     return {"steps": len(steps), "committed": committed, "revisions": revisions, "gen_length": answer_length(trace), **values,
             "other_share": values["other_s"] / busy if busy else 0.0, "finished": finished}
+
+
+def _guider_forwards(trace: Trace, steps: list[dict], finished: bool) -> int | None:
+    """The guider's forwards: the final stats' where the view covers the run, else the steps' so
+    far; None part way through a trace older than the per-step count, whose run had some."""
+    total = int((trace.get("stats") or {}).get("guider_forwards") or 0)
+    if finished:
+        return total
+    if any("guider_forwards" in s for s in trace.get("steps") or []):
+        return sum(int(s.get("guider_forwards") or 0) for s in steps)
+    return None if total else 0
 
 
 def _final_numbers(stats: dict) -> dict:

@@ -24,7 +24,7 @@ from ..policies import registry
 from ..models.loader import GuiderHandle, ModelHandle, free_device_memory, load, load_guider, pick_device
 from ..sampler import Run
 from ..settings import Settings
-from ..trace import SCHEMA_VERSION
+from ..trace import SCHEMA_VERSION, Branch
 
 Emit = Callable[[dict], None]
 OOM_ADVICE = ("the GPU ran out of memory; the cache was freed. Try 4-bit quantization, "
@@ -110,14 +110,16 @@ class Engine:
             self._guider = load_guider(self.guider_name, device=self.handle.device)
         return self._guider
 
-    def run(self, prompt, settings: dict | Settings, emit: Emit) -> None:
+    def run(self, prompt, settings: dict | Settings, emit: Emit, branch: dict | None = None) -> None:
         """Emit ``{"start": header}``, ``{"step": record, "vocab": {id: text}}`` per forward (texts
-        of newly seen tokens), then ``{"end": the trace without its steps}``."""
+        of newly seen tokens), then ``{"end": the trace without its steps}``. ``branch``: a
+        ``trace.Branch`` as a dict, the one change a branch makes to the run it repeats."""
         settings = settings if isinstance(settings, Settings) else Settings.from_dict(settings)
         guider = self.guider() if settings.unmask_spec.needs_guider else None
-        run = Run(self.handle, prompt, settings, guider)
+        run = Run(self.handle, prompt, settings, guider, Branch(**branch) if branch else None)
         tok = self.handle.tokenizer
         seen: set[int] = set()
+        forced = [branch["token"]] if branch and branch.get("token") is not None else []
 
         def texts(ids) -> dict:
             new = {int(i) for i in ids} - seen
@@ -126,8 +128,9 @@ class Engine:
 
         emit({"start": {"prompt_ids": run.prompt_ids, "gen_length": settings.gen_length,
                          "mask_id": self.handle.mask_id, "settings": settings.to_dict(),
-                         "model": self.handle.summary(), "vocab": texts(run.prompt_ids + [self.handle.mask_id]),
-                         "schema_version": SCHEMA_VERSION, "steps": [], "final_ids": [], "stats": {}, "text": ""}})
+                         "model": self.handle.summary(), "vocab": texts([*run.prompt_ids, self.handle.mask_id, *forced]),
+                         "schema_version": SCHEMA_VERSION, "steps": [], "final_ids": [], "stats": {}, "text": "",
+                         **({"branch": branch} if branch else {})}})
         try:
             for record in run:
                 emit({"step": record.to_dict(), "vocab": texts(t for _, t, _ in record.committed)})

@@ -159,17 +159,19 @@ class Session:
         return self.info()
 
     # ---------------------------------------------------------------- runs
-    def run(self, prompt, settings: dict | Settings, run_id: str | None = None) -> Iterator[dict]:
+    def run(self, prompt, settings: dict | Settings, run_id: str | None = None,
+            branch: dict | None = None) -> Iterator[dict]:
         """Stream one generation as plain dicts, each with ``"trace"``: the trace so far (see
         ``dllm_local.trace.fold``).
 
         First ``{"start": header}`` (prompt ids, lengths, settings: enough to draw the empty grid),
         then ``{"step": record, "vocab": {id: text}}`` per forward (texts of newly seen tokens),
         then ``{"end": ...}``, whose ``"trace"`` is the whole trace. Bad settings raise here,
-        before anything streams. ``run_id``: who started it, for ``stop(run_id)``.
+        before anything streams. ``run_id``: who started it, for ``stop(run_id)``. ``branch``: the
+        run repeated with one change after one step (``dllm_local.trace.Branch`` as a dict).
         """
         settings = settings if isinstance(settings, Settings) else Settings.from_dict(settings)
-        return fold(self._request("run", run_id=run_id, prompt=prompt, settings=settings))  # validation errors raise here
+        return fold(self._request("run", run_id=run_id, prompt=prompt, settings=settings, branch=branch))  # validation errors raise here
 
     def stop(self, run_id: str | None = None) -> bool:
         """Stop the run or sweep in progress (within one step / one unit of problems) if it was started
