@@ -28,7 +28,7 @@ def test_info_takes_the_model_as_its_argument_and_threads_default_to_one_for_the
     assert cli_main(["info", "tiny"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["family"] == "llada" and summary["trained_length"] == 512
-    assert torch.get_num_threads() == 1  # the measured default for a model this small (README "Threads")
+    assert torch.get_num_threads() == 1  # the measured default for a model this small (docs/decoding.md "Threads")
     assert cli_main(["info", "tiny", "--threads", "2"]) == 0 and torch.get_num_threads() == 2
 
 

@@ -2,7 +2,8 @@
 panel opens on a middle layer with the fixed colour scale, masked positions show their top
 candidates, the what-if slider reframes the grid without a model run, the straight-house step reads
 "no guarantee", and every verdict line states the figures of the run's exported trace.
-``DLLM_SCREENSHOTS=docs/presets`` also saves a screenshot of each preset there (the README's pictures)."""
+``DLLM_SCREENSHOTS=docs/presets`` also saves a screenshot of each preset there (the pictures of
+the README and docs/page.md)."""
 from __future__ import annotations
 
 import json

@@ -14,8 +14,8 @@ from dllm_local.tiny.tasks import TASKS, make_problems, score, training_mix
 QUICK = 30  # held-out problems per task in the guard below
 # (task, settings, floor): what the shipped checkpoint scores on held-out problems, minus a margin
 # for a 30-problem sample, so that a broken or swapped checkpoint fails (the shipped model scores
-# 93.0% / 100% / 100% / 100% on 200 / 100 / 100 / 100 problems; see README "The embedded tiny
-# models").
+# 93.0% / 100% / 100% / 100% on 200 / 100 / 100 / 100 problems; see docs/tiny-models.md,
+# "Quality").
 GUARDS = [
     ("arithmetic", Settings(gen_length=64, block_size=64), 0.85),
     ("poker", Settings(gen_length=32, block_size=32), 0.95),
