@@ -4,13 +4,14 @@ for the embedded tiny model, a word when the prompt is none of its tasks. Trace 
 from __future__ import annotations
 
 import html
-import re
 
 from dllm_local.tiny.tasks import TASKS, recognise
 
 from . import policy_marks
-from .replay import Trace, drafts, first_end, is_end_token, prompt_len, prompt_of, state_at, theorem1, token_text, visible, \
-    what_if
+from .grid_ends import COLLAPSE_PADDING, end_runs, fold_end_runs, token_label
+from .replay import Trace, drafts, first_end, is_end_token, prompt_len, prompt_of, state_at, theorem1, what_if
+
+__all__ = ["CAPTION", "COLLAPSE_PADDING", "OFF_TASK", "TINY_MODEL", "off_task_notice", "token_grid_html", "token_label"]
 
 CAPTION = ("Each box is one answer position: colour says when (or how confidently) it was committed; "
            "outlined boxes were committed in this step, grey boxes are still masked.")
@@ -30,20 +31,6 @@ def off_task_notice(prompt: str | None, model_name: str | None) -> str:
     if model_name != TINY_MODEL or prompt is None or recognise(prompt) is not None:
         return ""
     return OFF_TASK
-
-
-_SPECIAL_TOKEN = re.compile(r"\s*<\|([^|]*)\|>\s*")
-END_MARK = "⟨end⟩"
-
-
-def token_label(trace: Trace, token: int | None) -> str:
-    """A token as the grid shows it: an end of text as the end marker, any other special token
-    ``<|name|>`` as ``⟨name⟩``, whitespace made visible; a special token is never shown raw."""
-    if is_end_token(trace, token):
-        return END_MARK
-    text = token_text(trace, token)
-    special = _SPECIAL_TOKEN.fullmatch(text)
-    return f"⟨{special.group(1)}⟩" if special else visible(text)
 
 
 def _attr(text: str) -> str:
@@ -74,29 +61,14 @@ def _text_colour(rgb: tuple[int, int, int]) -> str:
     return "#fff" if luminance < 140 else "#111"
 
 
-
-# A run of end-of-text tokens collapses into one chip when at least this long.
-COLLAPSE_PADDING = 4
+# Every box is a button for the side panel: data-pos names its answer position.
 _BOX = ("display:inline-flex;flex-direction:column;align-items:center;margin:2px;padding:1px 5px;border-radius:4px;"
-        "font-family:ui-monospace,monospace;font-size:18px;white-space:pre;min-width:1.6em;vertical-align:top;")
+        "font-family:ui-monospace,monospace;font-size:18px;white-space:pre;min-width:1.6em;vertical-align:top;cursor:pointer;")
 # This step's commits are outlined inside the box, τ′'s frame lies outside it: a box can show both.
 _COMMIT_OUTLINE = "outline:3px solid #e4572e;outline-offset:-3px;"
 _WHAT_IF_SHADOW = "0 0 0 3px #1a9850"
 _WHAT_IF_FRAME = f"box-shadow:{_WHAT_IF_SHADOW};border-radius:6px;"
 _POS = '<span class="dl-pos" style="font-size:14px;opacity:0.85;line-height:1.1;">{}</span>'
-
-
-def _end_runs(trace: Trace, ids: list[int | None]) -> list[tuple[int, int]]:
-    """(start, stop) of every run of at least COLLAPSE_PADDING committed end-of-text tokens."""
-    runs, start = [], None
-    for p, token in enumerate([*ids, None]):
-        if is_end_token(trace, token):
-            start = p if start is None else start
-        elif start is not None:
-            if p - start >= COLLAPSE_PADDING:
-                runs.append((start, p))
-            start = None
-    return runs
 
 
 def _history(trace: Trace, history: list[list]) -> tuple[str, str]:
@@ -132,7 +104,8 @@ def _what_if_line(replay: dict | None, threshold: float | None, shown: int) -> s
 def _theorem_line(trace: Trace, record: dict, shown: int) -> str:
     """Theorem 1 for the step shown. Where self-verify sent drafts back, the theorem is told for
     what was drafted (the commits and the sent-back drafts, at their confidences this step) and
-    for what was kept: a guarantee of the kept commits says nothing of the drafts sent back."""
+    for what was kept: a guarantee of the kept commits says nothing of the drafts sent back, and
+    drafts without one say nothing against the commits kept (the line's colour is theirs)."""
     kept = theorem1(record)
     rejected = (record.get("policy") or {}).get("rejected_at") or []
     if not rejected:
@@ -145,7 +118,8 @@ def _theorem_line(trace: Trace, record: dict, shown: int) -> str:
     drafted = theorem1({"committed": drafted_here})
     P = prompt_len(trace)
     which = ", ".join(f"'{token_label(trace, t)}' at pos {p - P}" for p, t, _ in rejected)
-    colour = "#1a9850" if drafted["verdict"] == "guaranteed" else "#d73027"
+    # Coloured for what was kept (the commits): red only where the kept commits have no guarantee.
+    colour = {"guaranteed": "#1a9850", "no guarantee": "#d73027"}.get(kept["verdict"], "#444")
     return (f'<div class="dl-theorem" data-verdict="{kept["verdict"]}" data-drafts-verdict="{drafted["verdict"]}" '
             f'style="font-size:16px;color:{colour};font-weight:600;">Step {shown}: self-verify sent '
             f"{len(rejected)} of {len(drafted_here)} drafts back ({html.escape(which)}). On the {len(drafted_here)} drafts, "
@@ -182,7 +156,7 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
     would = set()
     if replay and 0 <= shown < len(replay["commits"]):
         would = set(replay["commits"][shown])
-    boxes, stray = [], False
+    boxes, stray, eventful, ends = [], False, set(), {}
     for p, (token, s, conf) in enumerate(zip(ids, state["commit_step"], state["confidence"])):
         number = _POS.format(f"{p}{policy_marks.ACCEPTED_MARK}" if p in accepted else p)
         past, past_title = _history(trace, state["history"][p])
@@ -209,7 +183,8 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
             if window and p in window:
                 style += policy_marks.WINDOW_MASKED + policy_marks.window_bar(_WHAT_IF_SHADOW if p in would else "")
                 classes += " dl-window"
-            boxes.append(f'<span class="{classes}" title="{_attr(title)}" style="{style}">{number}▢{past}</span>')
+            boxes.append(f'<span class="{classes}" data-pos="{p}" title="{_attr(title)}" style="{style}">'
+                         f"{number}▢{past}</span>")
             continue
         vis = token_label(trace, token)
         rgb = (_interp(_CONF_STOPS, conf) if color_by == "confidence"
@@ -228,8 +203,12 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
             if p in accepted:
                 title += f" · accepted by the verify forward (P(draft | masked) {accepted[p]:.2f})"
                 classes.append("dl-accepted")
+        if p in would or past:  # an event of its own: kept out of any folded run of ends
+            eventful.add(p)
         if is_end_token(trace, token):
-            style += "opacity:0.35;font-style:italic;"
+            ends[vis] = ends.get(vis, 0) + 1
+            # faded as padding, unless something happens to it: its marks must stay readable
+            style += "font-style:italic;" + ("" if s == shown or p in eventful else "opacity:0.35;")
             classes.append("dl-end")
             title += " · end of text"
         elif answer_end is not None and p > answer_end:
@@ -245,17 +224,16 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
         if window and p in window:
             style += policy_marks.window_bar(_WHAT_IF_SHADOW if p in would else "")
             classes.append("dl-window")
-        boxes.append(f'<span class="{" ".join(classes)}" title="{_attr(title)}" style="{style}">'
-                     f"{number}{html.escape(vis)}{past}</span>")
+        boxes.append(f'<span class="{" ".join(classes)}" data-pos="{p}" data-token="{token}" title="{_attr(title)}" '
+                     f'style="{style}">{number}{html.escape(vis)}{past}</span>')
     tail = policy_marks.masked_tail(trace, record, ids) if window is not None else None
     if tail and tail[1] - tail[0] >= COLLAPSE_PADDING:  # the positions a sliding-window run never decodes
         chip = policy_marks.tail_chip(*tail, sum(tail[0] <= p < tail[1] for p in window), _BOX)
         boxes[tail[0]:] = [f'<details class="dl-pad" style="display:inline;">{chip}{"".join(boxes[tail[0]:])}</details>']
-    for start, stop in reversed(_end_runs(trace, ids)):  # from the end, so earlier indices stay valid
-        bar = policy_marks.window_bar() if window and any(start <= p < stop for p in window) else ""
-        chip = (f'<summary class="dl-pad-chip" style="{_BOX}display:inline-block;background:#f0f0f0;color:#555;'
-                f'cursor:pointer;{bar}">× {stop - start} end of text (pos {start}–{stop - 1})</summary>')
-        boxes[start:stop] = [f'<details class="dl-pad" style="display:inline;">{chip}{"".join(boxes[start:stop])}</details>']
+    new = {p for p, s in enumerate(state["commit_step"]) if s is not None and s == shown}
+    fold_end_runs(trace, ids, boxes, end_runs(trace, ids, eventful, new), _BOX, _COMMIT_OUTLINE,
+                  lambda start, stop: policy_marks.window_bar() if window and any(start <= p < stop for p in window)
+                  else "")
     swatch = "display:inline-block;width:1.1em;height:0.9em;border-radius:3px;vertical-align:middle;margin:0 3px;"
     if color_by == "confidence":
         scale = (f'<span style="{swatch}background:{_css(_CONF_STOPS[0])}"></span>low → high confidence at commit'
@@ -276,6 +254,7 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
         marks += policy_marks.window_legend(window, accepted, swatch)
     if stray:
         marks += f' · <span style="{swatch}border:2px dashed #b00020;"></span>committed after the end of text'
+    ends_legend = (f" · faded italic {', '.join(html.escape(label) for label in ends)}: end of text" if ends else "")
     notice = off_task_notice(prompt_of(trace), (trace.get("model") or {}).get("name"))
     head = (f'<div class="dl-off-task" style="font-size:16px;color:#8a4b00;font-weight:600;">⚠ {html.escape(notice)}'
             "</div>" if notice else "")
@@ -284,6 +263,6 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
     legend = (f'{lines}<div class="dl-legend" style="font-size:14px;color:#444;margin-top:4px;">'
               f"{where} · {committed}/{len(ids)} committed · {scale} · "
               f'<span style="{swatch}outline:2px solid #e4572e;"></span>committed this step · '
-              f'<span style="{swatch}background:#e5e5e5;"></span>masked · faded {END_MARK}: end of text{marks} · '
+              f'<span style="{swatch}background:#e5e5e5;"></span>masked{ends_legend}{marks} · '
               f"small numbers: answer position</div>")
     return f'{head}<div class="dl-grid" style="line-height:1.2;">{"".join(boxes)}</div>{legend}'
