@@ -7,8 +7,9 @@ adaptive preset's settings, PrefixCache vs DualCache), each side runs as the Com
 in the engine process, once untimed (the "one run" column: what a Run-tab click shows), then in
 ``--repeats`` interleaved timed repeats (a, b, a, b, ...). The table gives each side's one-run
 speed next to its median and min–max, and the verdict of ``ui.timing.speedup`` (the page's own
-function): a ratio only when the two sides' ranges do not overlap. A benchmark, not a test: the
-figures are this machine's at this moment, so the machine's load is printed with them.
+function): the ratio of the medians, claimed only when the exact Mann–Whitney rank test puts the
+two sides' times apart (p < 0.05). A benchmark, not a test: the figures are this machine's at this
+moment, so the machine's load is printed with them.
 """
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dllm_local.serving.session import Session  # noqa: E402
 from dllm_local.settings import Settings  # noqa: E402
 from ui.presets import load_presets  # noqa: E402
-from ui.replay import compare, numbers  # noqa: E402
-from ui.timing import REPEATS, speedup, spread_text  # noqa: E402
+from ui.comparison import compare  # noqa: E402
+from ui.replay import numbers  # noqa: E402
+from ui.timing import MAX_REPEATS, MIN_REPEATS, REPEATS, speedup, spread_text  # noqa: E402
 
 DUAL, PREFIX, ADAPTIVE = "DualCache, blocks of several steps", "Fast-dLLM PrefixCache", "Adaptive I/O-aware cache"
 
@@ -51,7 +53,8 @@ def timed(session: Session, prompt: str, settings: dict) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=REPEATS, help="timed repeats of each side (Compare's count)")
+    ap.add_argument("--repeats", type=int, default=REPEATS, choices=range(MIN_REPEATS, MAX_REPEATS + 1),
+                    metavar=f"{MIN_REPEATS}..{MAX_REPEATS}", help="timed repeats of each side (Compare's control)")
     args = ap.parse_args()
     presets, _ = load_presets()
     session = Session("tiny")  # the page's engine process, with its thread count

@@ -1,4 +1,5 @@
-"""The Compare tab: two settings on one prompt and seed, each timed in interleaved repeats after a warm-up."""
+"""The Compare tab: two settings on one prompt, seed and generation length, each timed in a chosen
+number of interleaved repeats after a warm-up, their speeds judged by a rank test."""
 from __future__ import annotations
 
 import html
@@ -10,20 +11,37 @@ from typing import Any
 import gradio as gr
 
 from dllm_local.errors import SettingsError, shown
-from dllm_local.values import Text
+from dllm_local.values import Text, integer
 from dllm_local.settings import Settings
 
 from . import grid, tables
+from .comparison import compare, compare_html
 from .controls import Specs, settings_from_controls, settings_line, spec_named
 from .engine_handler import engine_handler
 from .engine_queue import ENGINE, EngineQueue, client_of, error_text, throttled
-from .replay import compare, numbers
+from .replay import numbers
 from .inputs import Choice, checked
 from .run_tab import RunTab
-from .timing import REPEATS
+from .timing import ALPHA, MAX_REPEATS, MIN_REPEATS, REPEATS, repeats_needed, smallest_p
 
 CURRENT = "Current Run settings"
 SETTING_FIELDS = ("gen_length", "block_size", "steps", "temperature", "seed", "exact_drift", "early_stop")
+Repeats = integer(MIN_REPEATS, MAX_REPEATS)  # the repeat count: timed runs of each side
+
+
+def at_length(settings: dict, gen_length: int) -> tuple[dict, str]:
+    """``settings`` answering in ``gen_length`` positions, and a note of what changed ("" when
+    nothing did). A fixed schedule's steps scale with the length, so that each step commits as
+    many tokens as the settings' own schedule does. Their checks (a block size that must divide
+    the length, ...) are ``Settings``', when the side is read."""
+    own = Settings.from_dict(settings)
+    if own.gen_length == gen_length:
+        return settings, ""
+    out, note = dict(settings, gen_length=gen_length), f"its own length is {own.gen_length}"
+    if own.steps is not None:
+        out["steps"] = max(1, round(own.steps * gen_length / own.gen_length))
+        note += f"; steps {own.steps} → {out['steps']}, the same tokens per step"
+    return out, note
 
 
 def apply_changes(settings: dict, changes: str, specs: Specs) -> dict:
@@ -62,11 +80,15 @@ class CompareTab:
     def __init__(self, engine: EngineQueue, presets: dict, run: RunTab) -> None:
         self.engine, self.session, self.presets, self.specs, self.run_tab = (engine, engine.session, presets,
                                                                             run.specs, run)
-        gr.Markdown(f"Two settings on one prompt and the Run tab's seed. Each side runs once untimed (a warm-up, "
-                    f"drawn live), then {REPEATS} timed repeats of each, interleaved A, B, A, B, … so that a busy "
-                    "machine slows both alike. Times are medians with their min–max; the speedup is a ratio only "
-                    "when the two ranges do not overlap. Either side can be the Run tab's current settings or a "
-                    "preset; B can be changed further.")
+        gr.Markdown("Two settings on one prompt, the Run tab's seed and **A's generation length**: B runs at A's "
+                    "length (a fixed schedule's steps scaled to match), since times and answers of different lengths "
+                    "are of different work; Changes to B that set another length are refused. Each side runs once "
+                    "untimed (a warm-up, drawn live), then the chosen number of timed repeats of each, interleaved "
+                    "A, B, A, B, … so that a busy machine slows both alike. Times are medians with their min–max; "
+                    "the speedup of B is the ratio of the medians, claimed only when a rank test (Mann–Whitney, "
+                    f"exact) finds the two sides' times apart at p < {ALPHA}. Answers are compared up to their end "
+                    "of text. Either side can be the Run tab's current settings or a preset; B can be changed "
+                    "further.")
         choices = [CURRENT, *presets]
         with gr.Row():
             self.preset_a = gr.Dropdown(choices, value=CURRENT, label="Settings A", elem_id="preset-a")
@@ -78,6 +100,11 @@ class CompareTab:
                                  label="Prompt of both sides: Settings A's preset prompt, or the Run tab's prompt "
                                        "for Current Run settings (filled in when they change; yours to edit)")
         with gr.Row():
+            fewest = repeats_needed()
+            self.repeats = gr.Slider(MIN_REPEATS, MAX_REPEATS, value=REPEATS, step=1, elem_id="cmp-repeats",
+                                     label="Timed repeats of each side",
+                                     info=f"below {fewest} the rank test cannot find a difference (with {fewest - 1} "
+                                          f"a side its smallest p is {smallest_p(fewest - 1, fewest - 1):.2f})")
             self.button = gr.Button("Run both", variant="primary", elem_id="cmp-btn")
             self.stop_btn = gr.Button("Stop", variant="stop", elem_id="cmp-stop-btn")
         self.stop_note = gr.Markdown("", elem_id="cmp-stop-note")
@@ -93,7 +120,8 @@ class CompareTab:
         self.run_tab.prompt.change(lambda name_a, run_prompt, shown: run_prompt if name_a == CURRENT else shown,
                                    [self.preset_a, self.run_tab.prompt, self.prompt], [self.prompt], queue=False,
                                    api_visibility="private")
-        event = self.button.click(self.run_compare, [self.preset_a, self.preset_b, self.changes, self.prompt],
+        event = self.button.click(self.run_compare, [self.preset_a, self.preset_b, self.changes, self.prompt,
+                                                     self.repeats],
                                   [self.grid_a, self.grid_b, self.table, self.status],
                                   inputs_kwargs=self.run_tab.controls, api_name="compare", **ENGINE)
         self.engine.wire_stop(self.stop_btn, self.stop_note, [event], api_name="compare_stop")
@@ -109,15 +137,34 @@ class CompareTab:
     def _side(self, name: str, current: dict) -> dict:
         return dict(current) if name == CURRENT else dict(self.presets[name]["settings"], seed=current["seed"])
 
+    def _sides(self, name_a: str, name_b: str, changes: str, current: dict) -> tuple[dict[str, Settings], str]:
+        """Both sides' settings at A's generation length, and a note of how B's was changed to it
+        ("" when it was not). Changes to B that set another length are refused: like with like."""
+        a = Settings.from_dict(self._side(name_a, current))
+        base_b, note = at_length(self._side(name_b, current), a.gen_length)
+        try:
+            b = Settings.from_dict(apply_changes(base_b, changes, self.specs))
+        except SettingsError as exc:
+            if not note:
+                raise
+            raise SettingsError(f"B cannot run at A's generation length {a.gen_length} ({note}), so the two cannot "
+                                f"be compared: {exc}. Changes to B can fix it (e.g. block_size=…).") from exc
+        if b.gen_length != a.gen_length:
+            raise SettingsError(f"Not compared: Changes to B set its generation length to {b.gen_length} and A's is "
+                                f"{a.gen_length}; times and answers of different lengths are of different work. "
+                                "Leave gen_length out of Changes to B (B runs at A's length), or change A's.")
+        return {"a": a, "b": b}, note and f"B runs at A's generation length {a.gen_length} ({note})"
+
     @engine_handler
     @checked
     def run_compare(self, request: gr.Request, name_a: Choice, name_b: Choice, changes: Text, prompt: Text,
-                    **controls: Any) -> Iterator[dict]:
+                    repeats: Repeats = REPEATS, **controls: Any) -> Iterator[dict]:
         client = client_of(request)
         current, _ = settings_from_controls(controls, self.specs)
-        sides = {"a": Settings.from_dict(self._side(name_a, current)),
-                 "b": Settings.from_dict(apply_changes(self._side(name_b, current), changes, self.specs))}
+        sides, length_note = self._sides(name_a, name_b, changes, current)
         labels = {key: f"{key.upper()}: {settings_line(settings.to_dict())}" for key, settings in sides.items()}
+        if length_note:
+            labels["b"] += f" ({length_note})"
         grids = {"a": "", "b": ""}  # a new comparison clears the last one's grids
         timed: dict[str, list[dict]] = {"a": [], "b": []}
 
@@ -140,28 +187,29 @@ class CompareTab:
                     if live["stats"].get("stopped"):
                         yield shown(f"Stopped during the warm-up of {key.upper()}: nothing was timed.")
                         return
-                for repeat in range(1, REPEATS + 1):
+                for repeat in range(1, repeats + 1):
                     for key, settings in sides.items():
                         if stop_asked():  # pressed between two runs, when no run was going
                             yield self._ended(grids, timed, f"Stopped before {key.upper()}'s repeat {repeat} of "
-                                                            f"{REPEATS}")
+                                                            f"{repeats}")
                             return
                         # Started before the status is sent, so a Stop pressed meanwhile reaches this run;
                         # not drawn, so the page's drawing stays out of the engine's time.
                         events = self.session.run(prompt, settings, run_id=client)
-                        yield {self.status: f"Timing: repeat {repeat} of {REPEATS}, {labels[key]}…"}
+                        yield {self.status: f"Timing: repeat {repeat} of {repeats}, {labels[key]}…"}
                         trace = deque(events, maxlen=1)[0]["trace"]
                         if trace["stats"].get("stopped"):
                             yield self._ended(grids, timed,
-                                              f"Stopped during {key.upper()}'s repeat {repeat} of {REPEATS}")
+                                              f"Stopped during {key.upper()}'s repeat {repeat} of {repeats}")
                             return
                         timed[key].append(trace)
         except Exception as exc:  # noqa: BLE001
             yield shown(f"⚠ {error_text(exc)}")
             return
         grids.update({key: drawn(key, timed[key][-1]) for key in sides})
-        yield self._ended(grids, timed, f"Done. {REPEATS} timed repeats of each side, interleaved, after a warm-up "
-                                        f"of each; both on the prompt above, seed {sides['a'].seed}")
+        yield self._ended(grids, timed, f"Done. {repeats} timed repeats of each side, interleaved, after a warm-up "
+                                        f"of each; both on the prompt above, seed {sides['a'].seed}, generation "
+                                        f"length {sides['a'].gen_length}" + (f". {length_note}" if length_note else ""))
 
     def _ended(self, grids: dict, timed: dict, how: str) -> dict:
         """The comparison of the repeats timed so far (each grid shows the last of its side, with
@@ -173,6 +221,6 @@ class CompareTab:
         cards = {key: tables.numbers_html(numbers(timed[key][-1]), result[f"timing_{key}"]) for key in "ab"}
         counts = f"{result['repeats_a']} of A, {result['repeats_b']} of B"
         return {self.grid_a: grids["a"] + cards["a"], self.grid_b: grids["b"] + cards["b"],
-                self.table: tables.compare_html(result),
+                self.table: compare_html(result),
                 self.status: how + ("." if how.startswith("Done") else f": the table covers the repeats finished "
                                                                          f"({counts}).")}
