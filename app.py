@@ -49,6 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--port", type=port_number, default=7860)
     ap.add_argument("--share", action="store_true", help="opt in to a public Gradio share link")
     ap.add_argument("--preset", default="Fast-dLLM DualCache (paper default)")
+    ap.add_argument("--present", action="store_true",
+                    help="open in presenter view: prompt, Run, the step controls, the grid and one panel on one "
+                         "1280x720 screen (a box on the page switches it too)")
     ap.add_argument("--threads", type=threads_count, default=0,
                     help="torch threads of the engine process for a model on the CPU "
                          "(default: all cores but one, left to the page and browser)")
@@ -59,7 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--ray", nargs="?", const="auto", default=None, metavar="auto|local|ADDRESS",
                     help="run the Tune tab's sweeps on a Ray cluster: auto (the cluster this machine joined; a bare "
                          "--ray), local (a Ray instance of the page's own) or the head's HOST:PORT; "
-                         "needs pip install -r requirements-cluster.txt (README: When one GPU is not enough)")
+                         "needs pip install -r requirements-cluster.txt (docs/cluster.md)")
     ap.add_argument("--allow-downloads", action="store_true",
                     help="let the page's model box load (and download) any Hugging Face hub id")
     return ap.parse_args(argv)
@@ -96,7 +99,8 @@ def create(args: argparse.Namespace):
 
     presets, problems = load_presets()
     models = ModelAccess(getattr(args, "models_dir", None), getattr(args, "allow_downloads", False))
-    return build(session, presets, problems, args.preset, models=models), session
+    return build(session, presets, problems, args.preset, models=models,
+                 present=getattr(args, "present", False)), session
 
 
 def main(argv: list[str] | None = None) -> int:

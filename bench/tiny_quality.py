@@ -1,4 +1,4 @@
-"""The tiny models' quality table: every check of the README's quality table, on held-out problems.
+"""The tiny models' quality table: every check of the quality table in docs/tiny-models.md, on held-out problems.
 
     python bench/tiny_quality.py [--model tiny] [--guider tiny-guider] [--jobs 2] [--only NAME ...] [--scale 1.0]
 

@@ -15,6 +15,7 @@ from .engine_queue import EngineQueue
 from .exports import ExportFolder
 from .model_access import ModelAccess
 from .model_box import model_line
+from .presenter import CSS as PRESENTER_CSS, KEYS_JS
 from .run_tab import RunTab
 from .tune_tab import TuneTab
 
@@ -33,7 +34,7 @@ CSS = """
 """
 
 # Gradio's queue line ("queue: 2/3 | 1.2/4.0s") read as words: every run ahead (the one going and
-# those waiting before yours) counts.
+# those waiting before yours) counts. Then the presenter's keys and token clicks.
 JS = """
 () => {
   const words = (node) => {
@@ -53,18 +54,18 @@ JS = """
       else c.addedNodes.forEach(walk);
     }
   }).observe(document.body, {subtree: true, childList: true, characterData: true});
-}
-"""
+""" + KEYS_JS + "}\n"
 # The largest file the page takes is a trace to import: Gradio refuses a larger upload before it
 # lands in its temporary folder.
-LAUNCH_OPTIONS = {"css": CSS, "js": JS, "footer_links": [], "max_file_size": MAX_TRACE_BYTES, "show_error": True}
+LAUNCH_OPTIONS = {"css": CSS + PRESENTER_CSS, "js": JS, "footer_links": [], "max_file_size": MAX_TRACE_BYTES,
+                  "show_error": True}
 
 
 def build(session, presets: dict, preset_problems: list[str], default_preset: str | None = None,
-          models: ModelAccess | None = None, exports: ExportFolder | None = None) -> gr.Blocks:
+          models: ModelAccess | None = None, exports: ExportFolder | None = None, present: bool = False) -> gr.Blocks:
     """The page over ``session``: the policy controls come from the engine's policy specs.
     ``models``: which models the page may load (default: the listed ones only); ``exports``: where
-    export files go (default: a new folder, deleted at exit). The page keeps ``exports`` and, for
+    export files go (default: a new folder, deleted at exit); ``present``: open in presenter view. The page keeps ``exports`` and, for
     an API client, ``control_names``: the order in which an imported trace's controls come back."""
     default_preset = default_preset if default_preset in presets else next(iter(presets), None)
     specs = session.policy_specs()
@@ -72,13 +73,14 @@ def build(session, presets: dict, preset_problems: list[str], default_preset: st
     with gr.Blocks(title="dllm-local", delete_cache=DELETE_CACHE) as page:
         engine = EngineQueue(session, page)
         gr.Markdown("# dllm-local\nAccelerated diffusion-LLM decoding, live, step by step. "
-                    "Timings are model time measured with device synchronisation; page work is counted apart.")
+                    "Timings are model time measured with device synchronisation; page work is counted apart.",
+                    elem_id="page-head")
         line = gr.Markdown(model_line(session.info()), elem_id="model-line")
         if preset_problems:
             gr.Markdown("\n".join(f"- ⚠ {p}" for p in preset_problems), elem_id="preset-problems")
         with gr.Tabs() as tabs:
             with gr.Tab("Run", id="run"):
-                run = RunTab(engine, presets, default_preset, specs, models or ModelAccess(), exports, line)
+                run = RunTab(engine, presets, default_preset, specs, models or ModelAccess(), exports, line, present)
             with gr.Tab("Compare", id="compare"):
                 compare = CompareTab(engine, presets, run)
             with gr.Tab("Tune", id="tune"):

@@ -13,6 +13,7 @@ from dllm_local.experiments.costmodel import TARGET_MODELS
 from dllm_local.trace import KV_VIEWS
 
 from . import grid, run_figures
+from .branching import Branching
 from .control_widgets import run_controls
 from .controls import Specs, controls_from_settings, toggled_controls
 from .engine_queue import ENGINE, EngineQueue
@@ -20,6 +21,7 @@ from .exports import ExportFolder
 from .live_run import LiveRun, LiveView
 from .model_access import ModelAccess
 from .model_box import ModelBox
+from .presenter import Presenter
 from .run_settings import RunSettings
 from .run_views import KV_VIEW_DEFAULTS, RunReplay, draw, layer_choices, show_cost
 from .trace_files import TraceFiles
@@ -35,13 +37,13 @@ TINY_EXAMPLES = [
 ]
 
 
-class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings):
+class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, Branching):
     """The Run tab's components (laid out on creation, inside a ``gr.Tab``) and its callbacks.
     ``controls``: the controls a run reads, by control name; they reach a callback by name too
     (Gradio's ``inputs_kwargs``), and a callback sets them by component."""
 
     def __init__(self, engine: EngineQueue, presets: dict, default_preset: str | None, specs: Specs,
-                 models: ModelAccess, exports: ExportFolder, model_line_box: gr.Markdown) -> None:
+                 models: ModelAccess, exports: ExportFolder, model_line_box: gr.Markdown, present: bool = False) -> None:
         self.engine, self.session, self.presets, self.specs = engine, engine.session, presets, specs
         self.models, self.exports, self.model_line = models, exports, model_line_box
         self.run_numbers = itertools.count(1)  # tags the live grid so a browser can tell runs apart
@@ -49,65 +51,88 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings):
         self.trace = gr.State({})
         preset = presets[default_preset] if default_preset else {}
         with gr.Row():
-            with gr.Column(scale=2, min_width=320):
+            with gr.Column(scale=2, min_width=300, elem_id="controls-col"):
                 self._inputs(preset)
-                self.controls, self.policy_info, self.length_notice_box = run_controls(
-                    specs, controls_from_settings(preset.get("settings", {}), specs))
-                self._model_box()
-                with gr.Row():
-                    self.export_btn = gr.DownloadButton("Export trace (JSON)", elem_id="export-btn")
-                    self.import_file = gr.UploadButton("Import trace", file_types=[".json"], elem_id="import-btn")
+                self._screen_bar(present)
+                with gr.Column(elem_classes="dl-knobs"):  # stepped aside in presenter view
+                    self.controls, self.policy_info, self.length_notice_box = run_controls(
+                        specs, controls_from_settings(preset.get("settings", {}), specs))
+                    self._model_box()
+                    with gr.Row():
+                        self.export_btn = gr.DownloadButton("Export trace (JSON)", elem_id="export-btn")
+                        self.import_file = gr.UploadButton("Import trace", file_types=[".json"], elem_id="import-btn")
             with gr.Column(scale=5):
                 self._views()
 
     # ---------------------------------------------------------------- layout
     def _inputs(self, preset: dict) -> None:
-        self.preset = gr.Dropdown(list(self.presets), value=preset.get("name"), label="Preset", elem_id="preset")
-        self.preset_info = gr.Markdown(preset.get("description", ""), elem_id="preset-info")
-        self.prompt = gr.Textbox(preset.get("prompt", TINY_EXAMPLES[0]), label="Prompt", lines=3, elem_id="prompt")
-        gr.Examples([[e] for e in TINY_EXAMPLES], inputs=[self.prompt], label="Examples for the tiny model")
+        # Prompt and Run first: on the first screen at 1280x720. One line that grows: Enter runs
+        # (Gradio submits a multi-line box on Shift+Enter only).
+        self.prompt = gr.Textbox(preset.get("prompt", TINY_EXAMPLES[0]), label="Prompt (Enter runs)", lines=1,
+                                 max_lines=4, elem_id="prompt")
         with gr.Row():
             self.run_btn = gr.Button("Run", variant="primary", elem_id="run-btn")
             self.stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
         self.stop_note = gr.Markdown("", elem_id="stop-note")
         self.status = gr.Markdown("", elem_id="status")
+        with gr.Column(elem_classes="dl-knobs"):
+            self.preset = gr.Dropdown(list(self.presets), value=preset.get("name"), label="Preset", elem_id="preset")
+            self.preset_info = gr.Markdown(preset.get("description", ""), elem_id="preset-info")
+            with gr.Column(elem_id="examples"):
+                gr.Examples([[e] for e in TINY_EXAMPLES], inputs=[self.prompt], label="Examples for the tiny model")
 
     def _views(self) -> None:
-        with gr.Row():
-            self.scrub = gr.Slider(0, 1, 0, step=1, label="Step", elem_id="scrubber")
-            self.follow = gr.Checkbox(True, label="Follow live", scale=0, elem_id="follow")
-            self.color_by = gr.Radio(["step", "confidence"], value="step", label="Colour tokens by", scale=0)
-        self.grid = gr.HTML(elem_id="token-grid")
-        self.grid_verdicts = gr.HTML(elem_id="grid-verdicts")
-        gr.Markdown(grid.CAPTION, elem_classes="caption")
-        self.what_if = gr.Slider(0, 1, 0, step=0.05, elem_id="what-if",
-                                 label="What-if threshold τ′ (0 = off): the positions τ′ would commit at this step, "
-                                       "replayed from the stored confidences without running the model")
-        self.nums = gr.HTML(elem_id="numbers")
-        with gr.Accordion("Cost model: this run projected onto a real model on a GPU", open=False):
+        self._step_bar()
+        with gr.Row(elem_id="stage"):
+            with gr.Column(elem_id="stage-grid"):
+                with gr.Row():
+                    with gr.Column():
+                        self.grid = gr.HTML(elem_id="token-grid")
+                        self.grid_verdicts = gr.HTML(elem_id="grid-verdicts")
+                    self._branch_boxes()
+                gr.Markdown(grid.CAPTION, elem_classes="caption")
+                self.color_by = gr.Radio(["step", "confidence"], value="step", label="Colour tokens by",
+                                         elem_classes="dl-knobs")
+                self.what_if = gr.Slider(0, 1, 0, step=0.05, elem_id="what-if",
+                                         label="What-if threshold τ′ (0 = off): the positions τ′ would commit at this "
+                                               "step, replayed from the stored confidences without running the model")
+                self.nums = gr.HTML(elem_id="numbers")
+            with gr.Column(elem_id="stage-panels"):
+                self._panels()
+        with gr.Accordion("Cost model: this run projected onto a real model on a GPU", open=False,
+                          elem_id="cost-accordion"):
             with gr.Row():
                 self.cost_target = gr.Dropdown(list(TARGET_MODELS), value="LLaDA-8B-Instruct", label="Real model")
                 self.cost_device = gr.Dropdown(list(DEVICES), value="H100", label="GPU")
             self.cost_html = gr.HTML(elem_id="cost-model")
-        # Each plot starts with its empty figure: the browser loads the plotting
-        # library with the page, not on the first run's first step.
-        self.conf_plot = gr.Plot(run_figures.confidence_heatmap({}), label="Confidence", elem_id="conf-plot")
-        gr.Markdown(run_figures.CAPTIONS["confidence"], elem_classes="caption")
-        with gr.Row():
-            self.layer = gr.Dropdown(**layer_choices(self.session.info().get("layers", 1)), label="Layer",
-                                     elem_id="kv-layer")
-            self.which = gr.Radio(["k", "v"], value=KV_VIEW_DEFAULTS["which"], label="K or V")
-            self.kv_view = gr.Radio(list(KV_VIEWS), value=KV_VIEW_DEFAULTS["kv_view"], label="KV view")
-        self.kv_plot = gr.Plot(run_figures.kv_heatmap({}, which="v"), label="KV cosine similarity", elem_id="kv-plot")
-        self.kv_verdicts = gr.HTML(elem_id="kv-verdicts")
-        gr.Markdown(run_figures.CAPTIONS["kv"], elem_classes="caption")
-        self.cache_plot = gr.Plot(run_figures.cache_panel({}), label="Cache", elem_id="cache-plot")
-        self.cache_verdicts = gr.HTML(elem_id="cache-verdicts")
-        gr.Markdown(run_figures.CAPTIONS["cache"], elem_classes="caption")
         self.view_inputs = [self.color_by, self.layer, self.which, self.kv_view, self.what_if]
         self.view_boxes = {"grid": self.grid, "numbers": self.nums, "confidence": self.conf_plot, "kv": self.kv_plot,
                            "cache": self.cache_plot, "grid_verdicts": self.grid_verdicts, "kv_verdicts": self.kv_verdicts,
                            "cache_verdicts": self.cache_verdicts}
+
+    def _panels(self) -> None:
+        """The token's side panel and the three figures, each in a box that presenter view shows alone."""
+        with gr.Column(elem_id="panel-token"):
+            self._token_panel()
+        # Each plot starts with its empty figure: the browser loads the plotting
+        # library with the page, not on the first run's first step.
+        with gr.Column(elem_id="panel-confidence"):
+            self.conf_plot = gr.Plot(run_figures.confidence_heatmap({}), label="Confidence", elem_id="conf-plot")
+            gr.Markdown(run_figures.CAPTIONS["confidence"], elem_classes="caption")
+        with gr.Column(elem_id="panel-kv"):
+            with gr.Row():
+                self.layer = gr.Dropdown(**layer_choices(self.session.info().get("layers", 1)), label="Layer",
+                                         elem_id="kv-layer")
+                self.which = gr.Radio(["k", "v"], value=KV_VIEW_DEFAULTS["which"], label="K or V")
+                self.kv_view = gr.Radio(list(KV_VIEWS), value=KV_VIEW_DEFAULTS["kv_view"], label="KV view")
+            self.kv_plot = gr.Plot(run_figures.kv_heatmap({}, which="v"), label="KV cosine similarity",
+                                   elem_id="kv-plot")
+            self.kv_verdicts = gr.HTML(elem_id="kv-verdicts")
+            gr.Markdown(run_figures.CAPTIONS["kv"], elem_classes="caption")
+        with gr.Column(elem_id="panel-cache"):
+            self.cache_plot = gr.Plot(run_figures.cache_panel({}), label="Cache", elem_id="cache-plot")
+            self.cache_verdicts = gr.HTML(elem_id="cache-verdicts")
+            gr.Markdown(run_figures.CAPTIONS["cache"], elem_classes="caption")
 
     # ---------------------------------------------------------------- events
     def wire(self) -> None:
@@ -140,6 +165,8 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings):
                                  self.preset],
                                 api_name="import_trace", concurrency_limit=2, concurrency_id="import")
         self._wire_model_box()
+        self._wire_presenter(self.engine.page, views, outputs)
+        self._wire_branching()
         for box in (self.cost_target, self.cost_device):  # arithmetic on the trace: no model, no queue
             box.change(show_cost, [self.trace, self.cost_target, self.cost_device], [self.cost_html], queue=False)
 

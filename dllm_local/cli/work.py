@@ -12,7 +12,7 @@ from .common import at_least_one, guider_for, load_model, warn_past_trained_leng
 def add_cluster_args(ap: argparse.ArgumentParser) -> None:
     from ..experiments.units import DEFAULT_CHUNK
 
-    group = ap.add_argument_group("cluster and resuming", "README: When one GPU is not enough")
+    group = ap.add_argument_group("cluster and resuming", "docs/cluster.md: When one GPU is not enough")
     group.add_argument("--ray", nargs="?", const="auto", default=None, metavar="auto|local|ADDRESS",
                        help="run on a Ray cluster: auto (the cluster this machine joined; the default of a bare --ray), "
                             "local (a Ray instance of this run's own), or the head's HOST:PORT; one worker per GPU, "

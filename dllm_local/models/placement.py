@@ -15,7 +15,7 @@ __all__ = ["SMALL_MODEL_PARAMETERS", "apply_threads", "auto_cuda_dtype", "free_b
            "pick_device", "pick_dtype"]
 
 # A model this small runs a forward as hundreds of tiny kernels: on the CPU, one thread beats
-# several (a thread team costs more to wake than it saves; see the README's "Threads" section).
+# several (a thread team costs more to wake than it saves; see "Threads" in docs/decoding.md).
 SMALL_MODEL_PARAMETERS = 50_000_000
 
 
