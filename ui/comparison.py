@@ -7,9 +7,11 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
-from .replay import TIMED, numbers
+from .replay import numbers
 from .timing import speedup, spread, spread_text
 from .trace_parts import Trace, answer_length, first_end
+
+TIMED = ("wall_s", "model_s", "content_tokens_per_s", "tokens_per_s")  # the numbers that vary run to run
 
 
 def answer_ids(trace: Trace) -> list[int | None]:

@@ -97,7 +97,7 @@ def speedup(times_a: Sequence[float], times_b: Sequence[float], spec: str = ".3f
     if smallest_p(a["n"], b["n"]) >= ALPHA:
         verdict = "too few runs"
         text = (f"cannot tell from {runs}: the rank test cannot go below p {_p(smallest_p(a['n'], b['n']))} "
-                f"(ratio of medians {_times(ratio)}; {repeats_needed()} repeats a side can tell)")
+                f"(ratio of medians {_times(ratio)}; it needs at least {repeats_needed()} repeats a side)")
     elif p >= ALPHA:
         verdict = NO_DIFFERENCE
         text = f"{NO_DIFFERENCE} ({medians}, ratio {_times(ratio)}; rank test p {_p(p)}, not below {ALPHA})"
