@@ -56,3 +56,22 @@ def test_each_policy_gets_its_curve_and_an_aup_against_the_best_of_all():
     assert curves["none + threshold"]["aup"] == pytest.approx(90.0)
     two = policy_curves([row("dual", 1.0, 0.80), row("dual", 3.0, 0.78), row("none", 1.0, 0.90)])["dual + threshold"]
     assert two["aup"] == pytest.approx(aup([(1.0, 80.0), (3.0, 78.0)], y_max=90.0), abs=0.01)
+
+
+def test_the_tune_charts_shaded_region_has_the_aup_as_its_area_where_weights_and_the_cut_apply():
+    """The Tune tab shades the AUP (ui.tune_aup.aup_area): a rectangle, then trapezoids under the
+    weighted accuracies of the counted points; a point past the cut adds nothing."""
+    from ui.tune_aup import aup_area
+
+    def row(cache, tau, acc):
+        return {"settings": {"cache": cache, "unmask": "threshold"}, "tau_content": tau, "accuracy": acc}
+
+    # none's best (90%) is y_max, so dual's points are weighted down; dual's 3.5 at 74% is cut (< 80 - 5).
+    curves = policy_curves([row("dual", 1.0, 0.80), row("dual", 2.0, 0.78), row("dual", 3.5, 0.74),
+                            row("none", 1.0, 0.90), row("none", 2.5, 0.86)])
+    for curve in curves.values():
+        xs, ys = aup_area(curve, y_max=90.0)
+        shoelace = abs(sum(x0 * y1 - x1 * y0 for x0, y0, x1, y1 in zip(xs, ys, xs[1:] + xs[:1], ys[1:] + ys[:1]))) / 2
+        assert shoelace == pytest.approx(curve["aup"], abs=0.01)
+        assert max(xs) == curve["tau_content"][curve["counted"] - 1]  # the shading stops at the last counted point
+    assert curves["dual + threshold"]["counted"] == 2

@@ -6,9 +6,8 @@ import math
 
 import plotly.graph_objects as go
 
-from dllm_local.experiments.frontier import AUP_CUT, policy_curves
-
 from .figure_style import message_figure, styled
+from .tune_labels import Canvas, annotation, place_labels
 
 
 # ----------------------------------------------------------------------------- tuning
@@ -22,73 +21,38 @@ def wilson_interval(correct: float, n: int, z: float = 1.96) -> tuple[float, flo
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def _point_label(point: dict) -> str:
+def point_label(point: dict) -> str:
+    """A point's knobs, short: {"threshold": 0.9, "block_size": 32} -> "τ 0.9 · B 32"."""
     short = {"threshold": "τ", "block_size": "B"}
     return " · ".join(f"{short.get(k, k)} {v}" for k, v in point.items())
 
 
-# Label placement works in pixels of the plot area, which the page sizes to its column: a width
-# below the plot's at 1280 px keeps the estimate on the safe side.
-PLOT_PX = (1000, 340)
-LABEL_PX = (7.8, 19)  # per character at 14 px, and the line's height
-MARKER_PX = 9
-# (where, the box's left and bottom edges relative to the point, in label widths/heights and marker
-# radii): the first place that fits wins, so most labels sit above their point.
-_PLACES = [("top center", (-0.5, 0), (0, 1)), ("bottom center", (-0.5, 0), (-1, -1)),
-           ("middle right", (0, 1), (-0.5, 0)), ("middle left", (-1, -1), (-0.5, 0)),
-           ("top right", (0, 0), (0, 1)), ("top left", (-1, 0), (0, 1)),
-           ("bottom right", (0, 0), (-1, -1)), ("bottom left", (-1, 0), (-1, -1))]
-_X_ANCHOR, _Y_ANCHOR = {-0.5: "center", 0: "left", -1: "right"}, {-0.5: "middle", 0: "bottom", -1: "top"}
+def row_label(row: dict) -> str:
+    """A row's source (for an added report) and knobs."""
+    return " · ".join(filter(None, [row.get("label"), point_label(row["point"])]))
 
 
-def _label(x: float, y: float, text: str, place: str) -> dict:
-    """An annotation for a label at a place of :data:`_PLACES`: on a white ground, so that error bars
-    and the frontier line do not cross its letters."""
-    (wx, rx), (hy, ry) = next((w, h) for name, w, h in _PLACES if name == place)
-    return {"x": x, "y": y, "text": text, "showarrow": False, "font": {"size": 14},
-            "xanchor": _X_ANCHOR[wx], "yanchor": _Y_ANCHOR[hy], "xshift": rx * MARKER_PX, "yshift": ry * MARKER_PX,
-            "bgcolor": "rgba(255,255,255,0.85)", "borderpad": 0}
+def frontier_keys(rows: list[dict]) -> dict[int, int]:
+    """Row index -> its number on the chart and in the table: the Pareto points, slowest first."""
+    front = sorted((i for i, r in enumerate(rows) if r.get("pareto")), key=lambda i: (rows[i]["model_tok_s"], i))
+    return {i: k for k, i in enumerate(front, start=1)}
 
 
-def place_labels(xs: list[float], ys: list[float], labels: list[str], x_range: list[float],
-                 y_range: list[float]) -> list[str | None]:
-    """A place of :data:`_PLACES` for each point's label such that no two labels overlap, none covers a marker
-    and all stay inside the plot area; None where no place fits (the label is then hover-only)."""
-    (width, height), (char, line), r = PLOT_PX, LABEL_PX, MARKER_PX
-
-    def px(x: float, y: float) -> tuple[float, float]:
-        return ((x - x_range[0]) / (x_range[1] - x_range[0]) * width,
-                (y - y_range[0]) / (y_range[1] - y_range[0]) * height)
-
-    centres = [px(x, y) for x, y in zip(xs, ys)]
-    taken = [(cx - r, cy - r, cx + r, cy + r) for cx, cy in centres]  # the markers, then each placed label
-
-    def free(box: tuple[float, float, float, float]) -> bool:
-        inside = box[0] >= 0 and box[1] >= 0 and box[2] <= width and box[3] <= height
-        return inside and not any(box[0] < o[2] and o[0] < box[2] and box[1] < o[3] and o[1] < box[3] for o in taken)
-
-    places: list[str | None] = []
-    for (cx, cy), text in zip(centres, labels):
-        w, h = char * len(text) + 4, line
-        places.append(None)
-        for name, (wx, rx), (hy, ry) in _PLACES:
-            box = (cx + wx * w + rx * r, cy + hy * h + ry * r)
-            box = (*box, box[0] + w, box[1] + h)
-            if free(box):
-                taken.append(box)
-                places[-1] = name
-                break
-    return places
+FRONTIER, BEATEN, KEY_SIZE = "#e4572e", "#999999", 18
 
 
 def sweep_figure(report: dict) -> go.Figure:
-    """Accuracy (with its 95% interval over each point's n problems) against answer tokens/s for
-    every sweep point, each labelled with its knobs, and every added result (an lm-eval run,
-    another sweep) as a diamond labelled with its source; the Pareto frontier joined by a line.
-    The axes zoom to the data; a label that would overlap another or leave the plot is shown on
-    hover only (the title says so)."""
+    """Accuracy (with its 95% interval over each point's n problems) against answer tokens/s. The
+    Pareto points are red and numbered, joined by a line, their knobs in the key on the right;
+    the points they beat are grey, their knobs on hover and in the table. An added result (an
+    lm-eval run, another sweep) is a diamond.
+
+    Only the frontier is labelled, by number: full labels on every point collide with each other,
+    the error bars and the line as soon as a dozen points share a corner, worse at a lecture's font
+    scale; a number needs a few pixels beside its point, found clear of every marker, bar and line
+    (:mod:`ui.tune_labels`), and the key, outside the plot, crosses nothing."""
     rows = report.get("rows") or []
-    title = "Sweep: accuracy vs speed (red: Pareto frontier)"
+    title = "Sweep: accuracy vs speed · red, numbered: the Pareto frontier · grey: beaten on both (hover: knobs)"
     if not rows:
         return message_figure("no sweep points yet", title)
     n = int(report.get("problems") or 0)
@@ -98,75 +62,51 @@ def sweep_figure(report: dict) -> go.Figure:
     span = max(0.05, max(high) - min(low))
     y_range = [max(-0.02, min(low) - 0.1 * span), min(1.05, max(high) + 0.15 * span)]
     x_span = max(max(speed) - min(speed), 0.1 * max(speed), 1e-6)
-    x_range = [min(speed) - 0.08 * x_span, max(speed) + 0.08 * x_span]
-    labels = [" · ".join(filter(None, [r.get("label"), _point_label(r["point"])])) for r in rows]
-    # The frontier's labels are placed first: they are the ones a reader looks for.
-    order = sorted(range(len(rows)), key=lambda i: not rows[i]["pareto"])
-    placed = place_labels([speed[i] for i in order], [accuracy[i] for i in order], [labels[i] for i in order],
-                          x_range, y_range)
-    places = dict(zip(order, placed))
+    x_range = [min(speed) - 0.08 * x_span, max(speed) + 0.12 * x_span]
+    labels = [row_label(r) for r in rows]
+    keys = frontier_keys(rows)
+    front = list(keys)  # slowest first: the line's order
     fig = go.Figure()
-    fig.add_trace(go.Scatter(
-        x=speed, y=accuracy, mode="markers", name="points", hovertext=labels,
-        error_y={"type": "data", "symmetric": False, "array": [h - a for h, a in zip(high, accuracy)],
-                 "arrayminus": [a - lo for a, lo in zip(accuracy, low)], "color": "#aaa", "thickness": 1.5},
-        marker={"size": 12, "color": ["#e4572e" if r["pareto"] else "#888" for r in rows],
-                "symbol": ["diamond" if r.get("label") else "circle" for r in rows]},
-        hovertemplate="%{hovertext}<br>%{x:.1f} tok/s · accuracy %{y:.0%}<extra></extra>",
-    ))
-    front = sorted((r for r in rows if r["pareto"]), key=lambda r: r["model_tok_s"])
-    fig.add_trace(go.Scatter(x=[r["model_tok_s"] for r in front], y=[r["accuracy"] for r in front], mode="lines",
-                             name="Pareto frontier", line={"color": "#e4572e", "width": 2}, hoverinfo="skip"))
-    for i, place in places.items():
-        if place:
-            fig.add_annotation(**_label(speed[i], accuracy[i], labels[i], place))
+    fig.add_trace(go.Scatter(x=[speed[i] for i in front], y=[accuracy[i] for i in front], mode="lines",
+                             name="Pareto frontier", line={"color": FRONTIER, "width": 2}, hoverinfo="skip"))
+
+    def points(members: list[int], name: str, colour: str, **trace) -> go.Scatter:
+        return go.Scatter(
+            x=[speed[i] for i in members], y=[accuracy[i] for i in members], mode="markers", name=name,
+            hovertext=[labels[i] for i in members],
+            error_y={"type": "data", "symmetric": False, "array": [high[i] - accuracy[i] for i in members],
+                     "arrayminus": [accuracy[i] - low[i] for i in members], "color": colour, "thickness": 1.5},
+            marker={"size": 14, "color": colour, "symbol": ["diamond" if rows[i].get("label") else "circle"
+                                                             for i in members]},
+            hovertemplate="%{hovertext}<br>%{x:.1f} tok/s · accuracy %{y:.0%}<extra></extra>", **trace)
+
+    beaten = [i for i in range(len(rows)) if i not in keys]
+    if beaten:
+        fig.add_trace(points(beaten, f"{len(beaten)} beaten on both: hover", BEATEN))
+    for i, k in keys.items():
+        fig.add_trace(points([i], f"{k}  {labels[i]}", FRONTIER, legendgroup="front"))
+    canvas = Canvas(x_range, y_range)
+    places = place_labels(canvas, [(speed[i], accuracy[i]) for i in front], [str(k) for k in keys.values()],
+                          KEY_SIZE, bars=[(speed[i], low[i], high[i]) for i in range(len(rows))],
+                          lines=list(zip([(speed[i], accuracy[i]) for i in front],
+                                         [(speed[i], accuracy[i]) for i in front[1:]])),
+                          others=[(speed[i], accuracy[i]) for i in beaten])
+    for i, place in zip(front, places):
+        # A number with no free side still goes top right: the key must name every red point.
+        fig.add_annotation(**annotation(speed[i], accuracy[i], str(keys[i]), place or "top right", KEY_SIZE,
+                                        FRONTIER))
     fig.update_xaxes(title="answer tokens / s (model time, one pass over the problems: speed varies run to run)",
                      range=x_range)
     sizes = sorted({int(r.get("n") or n) for r in rows})
     fig.update_yaxes(title=f"accuracy (n = {', '.join(map(str, sizes))}, bars: 95% interval)", tickformat=".0%",
                      range=y_range)
-    hidden = sum(place is None for place in placed)
-    if hidden:
-        title += f" · {hidden} crowded label{'s' if hidden > 1 else ''}: hover the point"
-    return styled(fig, title, height=420)
-
-
-PALETTE = ("#2a6fdb", "#e4572e", "#2ca02c", "#9467bd", "#8c564b", "#17becf")  # one colour per policy
-
-
-def aup_figure(report: dict) -> go.Figure:
-    """Each policy's curve of accuracy against content tokens per forward (its points that no other
-    of its points beats on both), named with its AUP: the area under the curve, accuracy weighted
-    down where it falls below the best (d3LLM's accuracy under parallelism). Points more than 5
-    below the policy's best are drawn hollow on a dotted line: the AUP does not count them."""
-    title = (f"Accuracy under parallelism (AUP in the legend) · hollow: more than {AUP_CUT:g} points below the "
-             "policy's best, not counted")
-    curves = policy_curves(report.get("rows") or [])
-    if not curves:
-        return message_figure("no sweep points yet", title)
-    fig = go.Figure()
-    for k, (policy, curve) in enumerate(curves.items()):
-        colour = PALETTE[k % len(PALETTE)]
-        x, y, counted = curve["tau_content"], [a / 100 for a in curve["accuracy"]], curve["counted"]
-        hover = "%{x:.2f} content tokens / forward · accuracy %{y:.1%}"
-        if counted < len(x):  # drawn first, under the counted part: its first point is the last counted one
-            fig.add_trace(go.Scatter(
-                x=x[counted - 1:], y=y[counted - 1:], mode="lines+markers", legendgroup=policy, showlegend=False,
-                line={"color": colour, "dash": "dot"},
-                marker={"size": 10, "color": "white", "line": {"color": colour, "width": 2}},
-                hovertemplate=hover + "<br>not counted in the AUP<extra></extra>"))
-        fig.add_trace(go.Scatter(x=x[:counted], y=y[:counted], mode="lines+markers", showlegend=True,
-                                 name=f"{policy}: AUP {curve['aup']:.1f}", legendgroup=policy,
-                                 line={"color": colour}, marker={"size": 11, "color": colour},
-                                 hovertemplate=hover + "<extra></extra>"))
-    fig.update_xaxes(title="content tokens per forward (end-of-text padding not counted)", rangemode="tozero")
-    fig.update_yaxes(title="accuracy", tickformat=".0%")
-    styled(fig, title, height=380)
-    fig.update_layout(legend={"orientation": "v", "yanchor": "top", "y": 1.0, "xanchor": "left", "x": 1.01})
+    styled(fig, title, height=420)
+    fig.update_layout(legend={"orientation": "v", "yanchor": "top", "y": 1.0, "xanchor": "left", "x": 1.01,
+                              "title": {"text": "Pareto points"}})
     return fig
 
 
-SWEEP_TABLE_HEADERS = ["source", "knobs", "accuracy", "tok/s", "NFE", "content τ", "pareto"]
+SWEEP_TABLE_HEADERS = ["source", "knobs", "accuracy", "tok/s", "NFE", "content τ", "Pareto #"]
 
 
 def percent(share: float) -> str:
@@ -176,11 +116,13 @@ def percent(share: float) -> str:
 
 def sweep_table(report: dict) -> list[list]:
     """Rows for the sweep table (:data:`SWEEP_TABLE_HEADERS`): one per point, where it came from
-    and its knobs first, whatever knobs the sweep or the added report varied."""
-    return [[r.get("label") or "sweep", _point_label(r["point"]), percent(r["accuracy"]), round(r["model_tok_s"], 1),
-             round(r["nfe"], 1), round(r["tau_content"], 2) if "tau_content" in r else "", "yes" if r["pareto"] else ""]
-            for r in report.get("rows") or []]
-
+    and its knobs first, whatever knobs the sweep or the added report varied; a Pareto point's
+    number as the chart shows it."""
+    rows = report.get("rows") or []
+    keys = frontier_keys(rows)
+    return [[r.get("label") or "sweep", point_label(r["point"]), percent(r["accuracy"]), round(r["model_tok_s"], 1),
+             round(r["nfe"], 1), round(r["tau_content"], 2) if "tau_content" in r else "", keys.get(i, "")]
+            for i, r in enumerate(rows)]
 
 
 # ----------------------------------------------------------------------------- concurrency

@@ -25,6 +25,7 @@ from dllm_local.tiny.tasks import TASKS, check_task
 from dllm_local.values import Text
 
 from . import tune_figures
+from .tune_aup import aup_figure, aup_line
 from .control_widgets import setting_widget
 from .controls import KINDS, Specs, policies_of, sweep_knobs
 from .engine_handler import engine_handler
@@ -160,12 +161,6 @@ class ConcurrencyView:
             box.change(show_concurrency, inputs, [self.plot, self.line], queue=False, **api)
 
 
-def aup_line(report: dict) -> str:
-    """"AUP: dual + threshold 312.5.": each policy's accuracy under parallelism, for the status line."""
-    curves = report.get("policies") or {}
-    return ("AUP: " + "; ".join(f"{p} {c['aup']:.1f}" for p, c in curves.items()) + ".") if curves else ""
-
-
 class TuneTab:
     """The Tune tab's components (laid out on creation, inside a ``gr.Tab``) and its callbacks. A
     clicked table row loads its settings into the Run tab (``tabs`` selects it)."""
@@ -176,9 +171,13 @@ class TuneTab:
         self.run_tab, self.tabs = run, tabs
         gr.Markdown("Sweep one knob of the base settings' policies × block size on one of the tiny model's tasks: "
                     "accuracy against speed, the Pareto frontier in red. Click a table row to load its settings into "
-                    "the Run tab. *Add results* puts the points of a JSON report (`lm-eval --out`, `sweep --out`) "
-                    "beside them as diamonds; a new sweep starts a new chart. The second chart is each policy's accuracy "
-                    "against content tokens per forward, with its AUP (accuracy under parallelism; README: Sweeps).")
+                    "the Run tab (the red points' numbers are the table's *Pareto #*). *Add results* puts the points of a "
+                    "JSON report (`lm-eval --out`, `sweep --out`) beside them as diamonds; a new sweep starts a new chart. "
+                    "The second chart is each policy's accuracy against content tokens per forward and its **AUP** "
+                    "(accuracy under parallelism, d3LLM's score): the area under that curve, in % × tokens per forward, "
+                    "accuracy below the best counting less. 100 is one token per forward at 100% accuracy, so an AUP "
+                    "of 540 is worth about 5.4 tokens per forward decoded without a mistake.",
+                    elem_classes="caption")
         base = presets[default_preset]["settings"] if default_preset else {}
         with gr.Row():
             self.preset = gr.Dropdown(list(presets), value=default_preset, label="Base settings", elem_id="tune-preset")
@@ -261,7 +260,7 @@ class TuneTab:
                     report = event["report"]
             word = "Cancelled" if report["cancelled"] else "Done"
             yield {self.report: report, self.plot: tune_figures.sweep_figure(report),
-                   self.aup_plot: tune_figures.aup_figure(report), self.table: tune_figures.sweep_table(report),
+                   self.aup_plot: aup_figure(report), self.table: tune_figures.sweep_table(report),
                    self.status: f"{word}: {len(report['rows'])} points. {aup_line(report)}"}
         except Exception as exc:  # noqa: BLE001
             yield {self.status: f"⚠ {error_text(exc)}"}
@@ -285,7 +284,7 @@ class TuneTab:
             return {self.status: f"⚠ could not add that file: {exc}"}
         count = len(added["rows"])
         return {self.report: report, self.plot: tune_figures.sweep_figure(report),
-                self.aup_plot: tune_figures.aup_figure(report), self.table: tune_figures.sweep_table(report),
+                self.aup_plot: aup_figure(report), self.table: tune_figures.sweep_table(report),
                 self.status: f"Added {count} point{'s' if count != 1 else ''} from {path.name}."}
 
     def load_point(self, report: dict, evt: gr.SelectData) -> dict:
