@@ -97,7 +97,7 @@ class Recorder:
 
     def _new_step(self) -> None:
         self._model_s = self._exact_s = 0.0
-        self._forwards = 0
+        self._forwards = self._guider_forwards = 0
         self._exact: dict | None = None
 
     # ---------------------------------------------------------------- model calls
@@ -109,7 +109,10 @@ class Recorder:
         self.trace.stats.model_share_s += seconds * share
 
     def count_guider_forward(self, seconds: float) -> None:
+        """A forward of the guider took ``seconds``: in the step's model time, counted apart from
+        the diffusion model's forwards (NFE)."""
         self._model_s += seconds
+        self._guider_forwards += 1
         self.trace.stats.model_share_s += seconds
         self.trace.stats.guider_forwards += 1
 
@@ -146,6 +149,7 @@ class Recorder:
         record = StepRecord(
             step=state.step, block=state.block, step_in_block=state.step_in_block, full_refresh=step.full_refresh,
             g=self.counter.recomputed, reads=int(numbers[-1]), committed=committed, forwards=self._forwards,
+            guider_forwards=self._guider_forwards,
             model_ms=round(self._model_s * 1e3, 4), other_ms=0.0, exact_ms=round(self._exact_s * 1e3, 4),
             exact=self._exact_record(cand) if self._exact is not None else None,
             policy={**selection.info, **step.policy_info}, revoked=selection.revoked,

@@ -35,7 +35,7 @@ def test_theorem1_n_counts_every_commit_and_the_run_fails_on_one_unguaranteed_st
     holds = lessons.theorem1_verdict(_trace([{"committed": [[4, 7, 0.9], [5, END, 0.95]]}]), 0)
     assert holds.status == lessons.HOLDS and "(n+1)ε = 0.30 ≤ 1" in holds.text
     serial = lessons.theorem1_verdict(_trace([{"committed": [[2, 5, 0.3]]}]), 0)
-    assert serial.status == lessons.UNMEASURABLE and "no step so far drafted more than one" in serial.text
+    assert serial.status == lessons.UNMEASURABLE and "no step so far committed more than one" in serial.text
     # A guaranteed parallel step, then a serial one shown: the run holds, with no ε of a serial step.
     later = lessons.theorem1_verdict(_trace([{"committed": [[4, 7, 0.9], [5, END, 0.95]]}, {"committed": [[2, 5, 0.3]]}]), 1)
     assert later.status == lessons.HOLDS and later.text.endswith("the one parallel step guaranteed (" + lessons.THEOREM1_N + ")")
@@ -106,11 +106,15 @@ def test_verification_counts_sent_back_and_revised_drafts_by_step():
     assert lessons.verification_verdict(_trace([{}])) is None
 
 
-def test_theorem1_is_told_for_what_a_step_drafted_sent_back_drafts_included():
-    # Kept: two commits at 0.95 (3 × 0.05 = 0.15, guaranteed alone). Drafted: also position 4,
-    # sent back by self-verify, at 0.5 this step: n = 3, ε = 0.5, 4ε = 2.
+def test_theorem1_is_told_for_what_a_step_kept_and_names_the_drafts_sent_back_apart():
+    # Kept: two commits at 0.95 (3 × 0.05 = 0.15, guaranteed). Drafted: also position 4, sent back
+    # by self-verify, at 0.5 this step: n = 3, ε = 0.5, 4ε = 2 > 1, no guarantee for the drafts.
     trace = _trace([{"committed": [[2, 5, 0.95], [3, 6, 0.95]], "masked_positions": [2, 3, 4, 5],
                      "masked_confidence": [0.95, 0.95, 0.5, 0.2], "policy": {"rejected_at": [[4, 7, 0.01]]}}])
     verdict = lessons.theorem1_verdict(trace, 0)
-    assert verdict.status == lessons.FAILS and verdict.numbers["n"] == 3
-    assert verdict.numbers["bound"] == pytest.approx(2.0)
+    assert verdict.status == lessons.HOLDS and verdict.numbers["n"] == 2
+    assert verdict.numbers["bound"] == pytest.approx(0.15)
+    assert verdict.numbers["drafts_without_guarantee"] == [{"step": 0, "drafted": 3, "sent_back": 1,
+                                                            "bound": pytest.approx(2.0)}]
+    assert "step 0 drafted 3 positions, with no guarantee together ((n+1)ε = 2.00 > 1): self-verify sent 1 back" \
+        in verdict.text

@@ -7,43 +7,57 @@ from statistics import fmean
 from dllm_local.tiny.tasks import verdict
 
 
+def _bound(confidences: list[float]) -> tuple[int, float | None]:
+    return len(confidences), 1 - min(confidences) if confidences else None
+
+
 def theorem1_lines(trace: dict) -> list[str]:
+    """Told for the commits each step kept; a step whose drafts (sent-back ones included) had no
+    guarantee together is named apart."""
     steps = trace["steps"]
     stops = set(trace["model"].get("stop_ids") or [])
-    bounds = []
-    for record in steps:
-        scored = dict(zip(record["masked_positions"], record["masked_confidence"]))
-        sent_back = record["policy"].get("rejected_at", [])
-        confidences = [c for _, _, c in record["committed"]] + [scored[p] for p, _, _ in sent_back]
-        bounds.append((len(confidences), 1 - min(confidences) if confidences else None))
+    bounds = [_bound([c for _, _, c in record["committed"]]) for record in steps]
     parallel = [i for i, (n, _) in enumerate(bounds) if n > 1]
+    drafted = []
+    for i, record in enumerate(steps):
+        sent_back = record["policy"].get("rejected_at", [])
+        scored = dict(zip(record["masked_positions"], record["masked_confidence"]))
+        n, epsilon = _bound([c for _, _, c in record["committed"]] + [scored[p] for p, _, _ in sent_back])
+        if sent_back and (n + 1) * epsilon > 1:
+            drafted.append(f"step {i} drafted {n} positions, with no guarantee together ((n+1)ε = {(n + 1) * epsilon:.2f} "
+                           f"> 1): self-verify sent {len(sent_back)} back")
     if not parallel:
-        return ["Theorem 1 guarantees every parallel step: not measurable in this run"]
+        return ["Theorem 1 guarantees every parallel step: not measurable in this run", *drafted[:1]]
     failing = [i for i in parallel if (bounds[i][0] + 1) * bounds[i][1] > 1]
     status = "does not hold" if failing else "holds"
-    lines = [f"Theorem 1 guarantees every parallel step: {status}"]
+    lines = [f"Theorem 1 guarantees every parallel step: {status}", *drafted[:1]]
     if failing:
         lines.append("the run's one parallel step" if len(parallel) == 1 else
                      f"{len(failing)} of the {len(parallel)} parallel steps without a guarantee")
     deciding = failing[0] if failing else len(steps) - 1
     n, epsilon = bounds[deciding]
     if n > 1:
-        record = steps[deciding]
-        drafted = [t for _, t, _ in record["committed"]] + [t for _, t, _ in record["policy"].get("rejected_at", [])]
-        ends = sum(t in stops for t in drafted)
+        ends = sum(t in stops for _, t, _ in steps[deciding]["committed"])
         lines.append(f"step {deciding}: {'no guarantee' if failing else 'guaranteed'}, n = {n} ({ends} end of text), "
                      f"ε = {epsilon:.2f}, (n+1)ε = {(n + 1) * epsilon:.2f}")
     return lines
 
 
 def cache_lines(trace: dict) -> list[str]:
-    forwards = len(trace["steps"])
+    """The steps' main forwards (one each), and the verifying forwards beyond them named apart."""
+    main = len(trace["steps"])
+    verifying = sum(s["forwards"] for s in trace["steps"]) - main
     length = len(trace["prompt_ids"]) + trace["gen_length"]
+    counted = f"the {main} main forwards (one per step)" if verifying else f"{main} forwards"
+    apart = [f"the run's other {verifying} forward"] if verifying else []
     if trace["settings"]["cache"] == "none":
-        return ["The cache saves recomputation: not measurable in this run", f"recomputed all {length} positions"]
+        return ["The cache saves recomputation: not measurable in this run",
+                f"{counted} recomputed all {length} positions", *apart]
     g = sum(s["g"] for s in trace["steps"])
-    return [f"The cache saves recomputation: {'holds' if g < forwards * length else 'does not hold'}",
-            f"recomputed {g:,} positions (mean G {g / forwards:.1f})", f"recompute {forwards * length:,} ({length} each)"]
+    per = "main forward" if verifying else "forward"
+    return [f"The cache saves recomputation: {'holds' if g < main * length else 'does not hold'}",
+            f"{counted} recomputed {g:,} positions (mean G {g / main:.1f} per {per})",
+            f"recompute {main * length:,} ({length} each)", *apart]
 
 
 def kv_lines(trace: dict, layer: str, which: str) -> list[str]:

@@ -44,24 +44,27 @@ THEOREM1_CLAIM = "Theorem 1 guarantees every parallel step"
 def theorem1_verdict(trace: Trace, step: int) -> Verdict:
     """Does Fast-dLLM's Theorem 1 guarantee the parallel steps of the run up to step ``step``,
     and that step? (see ``replay.theorem1``; n counts every committed position, as the theorem
-    does: it speaks of the whole parallel commit). A step is told for what it drafted
-    (``replay.drafts``): drafts self-verify sent back count, as the heatmap's marks do."""
+    does: it speaks of the whole parallel commit). Drafts self-verify sent back were never
+    committed: the verdict says apart where all a step drafted had no guarantee together."""
     steps = steps_upto(trace, step)
     if not steps:
         return Verdict("theorem1", THEOREM1_CLAIM, UNMEASURABLE, "no step yet")
-    told = [theorem1({"committed": drafts(record)}) for record in steps]
+    told = [theorem1(record) for record in steps]
     parallel = [i for i, t in enumerate(told) if t["verdict"] != "serial"]
     unguaranteed = [i for i in parallel if told[i]["verdict"] == "no guarantee"]
     shown = len(steps) - 1
     # The step whose figures decide: the first without a guarantee, else the step shown.
     deciding = unguaranteed[0] if unguaranteed else shown
     at = told[deciding]
-    ends = sum(is_end_token(trace, token) for _, token, _ in drafts(steps[deciding]))
+    ends = sum(is_end_token(trace, token) for _, token, _ in steps[deciding].get("committed") or [])
+    sent_back = _sent_back_unguaranteed(steps)
     numbers = {"step": deciding, "n": at["n"], "end_of_text": ends, "epsilon": at["epsilon"], "bound": at["bound"],
-               "parallel_steps": len(parallel), "unguaranteed_steps": unguaranteed}
+               "parallel_steps": len(parallel), "unguaranteed_steps": unguaranteed, "drafts_without_guarantee": sent_back}
+    drafted = _drafts_clause(sent_back)
     if not parallel:
         return Verdict("theorem1", THEOREM1_CLAIM, UNMEASURABLE,
-                       f"no step so far drafted more than one position (step {shown} drafted {at['n']})", numbers)
+                       f"no step so far committed more than one position (step {shown} committed {at['n']})"
+                       + drafted, numbers)
     # A serial step (one commit) has no ε to show: the shown step may be one after guaranteed ones.
     figures = "" if at["verdict"] == "serial" else (
         f"step {deciding}: {at['verdict']}, n = {at['n']} ({ends} end of text), ε = {at['epsilon']:.2f}, "
@@ -69,11 +72,31 @@ def theorem1_verdict(trace: Trace, step: int) -> Verdict:
     if not unguaranteed:
         every = "the one parallel step" if len(parallel) == 1 else f"all {len(parallel)} parallel steps"
         return Verdict("theorem1", THEOREM1_CLAIM, HOLDS, f"{every} guaranteed"
-                       + (f"; {figures}" if figures else "") + f" ({THEOREM1_N})", numbers)
+                       + (f"; {figures}" if figures else "") + drafted + f" ({THEOREM1_N})", numbers)
     count = ("the run's one parallel step" if len(parallel) == 1 else
              f"{len(unguaranteed)} of the {len(parallel)} parallel steps without a guarantee"
              + (f" (steps {_list(unguaranteed)})" if len(unguaranteed) > 1 else ""))
-    return Verdict("theorem1", THEOREM1_CLAIM, FAILS, f"{figures}; {count} ({THEOREM1_N})", numbers)
+    return Verdict("theorem1", THEOREM1_CLAIM, FAILS, f"{figures}; {count}{drafted} ({THEOREM1_N})", numbers)
+
+
+def _sent_back_unguaranteed(steps: list[dict]) -> list[dict]:
+    """The steps where self-verify sent drafts back and all the step drafted, taken together, had
+    no guarantee: step, drafts, sent back, (n+1)ε of the drafts. What the verification spared the commits."""
+    told = [(i, len(record["policy"]["rejected_at"]), theorem1({"committed": drafts(record)}))
+            for i, record in enumerate(steps) if (record.get("policy") or {}).get("rejected_at")]
+    return [{"step": i, "drafted": together["n"], "sent_back": sent, "bound": together["bound"]}
+            for i, sent, together in told if together["verdict"] == "no guarantee"]
+
+
+def _drafts_clause(sent_back: list[dict]) -> str:
+    """"; step 3 drafted 4 positions, with no guarantee together ((n+1)ε = 3.10 > 1): self-verify
+    sent 2 back" and the other such steps; empty when there is none."""
+    if not sent_back:
+        return ""
+    first, more = sent_back[0], [s["step"] for s in sent_back[1:]]
+    return (f"; step {first['step']} drafted {first['drafted']} positions, with no guarantee together "
+            f"((n+1)ε = {first['bound']:.2f} > 1): self-verify sent {first['sent_back']} back"
+            + (f" (so too at step{_s(more)} {_list(more)})" if more else ""))
 
 
 # ----------------------------------------------------------------------------- reused K/V
@@ -168,25 +191,27 @@ CACHE_CLAIM = "The cache saves recomputation"
 
 
 def cache_saves_verdict(trace: Trace, step: int | None = None) -> Verdict:
-    """Does the cache save recomputation? The positions the run's main forwards recomputed (G)
-    against what the same forwards recompute without a cache: the whole sequence each time."""
+    """Does the cache save recomputation? The positions the steps' main forwards (one per step)
+    recomputed (G) against what the same forwards recompute without a cache: the whole sequence
+    each time. A verifying policy's further forwards are named apart: the counts add up to NFE."""
     steps = steps_upto(trace, step)
     if not steps:
         return Verdict("cache_saves", CACHE_CLAIM, UNMEASURABLE, "no step yet")
-    length = prompt_len(trace) + int(trace.get("gen_length") or 0)
-    with_cache = sum(int(s.get("g") or 0) for s in steps)
-    without = length * len(steps)
-    numbers = {"forwards": len(steps), "g_with_cache": with_cache, "g_without_cache": without,
-               "mean_g": with_cache / len(steps), "sequence": length}
+    length, main = prompt_len(trace) + int(trace.get("gen_length") or 0), len(steps)
+    verifying = max(0, sum(int(s.get("forwards") or 1) for s in steps) - main)
+    with_cache, without = sum(int(s.get("g") or 0) for s in steps), length * main
+    numbers = {"forwards": main, "verifying_forwards": verifying, "g_with_cache": with_cache,
+               "g_without_cache": without, "mean_g": with_cache / main, "sequence": length}
+    forwards = (f"the {_count(main, 'main forward')} (one per step)" if verifying else _count(main, "forward"))
+    apart = (f"; the run's other {_count(verifying, 'forward')} ({main + verifying} in all) verified drafts and "
+             f"{'is' if verifying == 1 else 'are'} not counted here") if verifying else ""
     if (trace.get("settings") or {}).get("cache") == "none":
-        return Verdict("cache_saves", CACHE_CLAIM, UNMEASURABLE,
-                       f"no cache: {_count(len(steps), 'forward')} recomputed all {length} positions"
-                       + (" each" if len(steps) > 1 else ""), numbers)
-    status = HOLDS if with_cache < without else FAILS
-    return Verdict("cache_saves", CACHE_CLAIM, status,
-                   f"{_count(len(steps), 'forward')} recomputed {with_cache:,} positions (mean G "
-                   f"{with_cache / len(steps):.1f}); without a cache the same forwards recompute {without:,} "
-                   f"({length} each): {with_cache / without:.0%} of that", numbers)
+        return Verdict("cache_saves", CACHE_CLAIM, UNMEASURABLE, f"no cache: {forwards} recomputed all {length} "
+                       f"positions{' each' if main > 1 else ''}{apart}", numbers)
+    return Verdict("cache_saves", CACHE_CLAIM, HOLDS if with_cache < without else FAILS,
+                   f"{forwards} recomputed {with_cache:,} positions (mean G {with_cache / main:.1f} per "
+                   f"{'main ' if verifying else ''}forward); without a cache the same forwards recompute {without:,} "
+                   f"({length} each): {with_cache / without:.0%} of that{apart}", numbers)
 
 
 # ----------------------------------------------------------------------------- the answer
@@ -200,6 +225,8 @@ def answer_verdict(trace: Trace) -> Verdict:
     claim = "The answer is " + ("valid" if judged in ("valid", "invalid") else "right")
     if not trace.get("final_ids"):
         return Verdict("answer", claim, UNMEASURABLE, "the run has not ended")
+    if (trace.get("stats") or {}).get("stopped"):
+        return Verdict("answer", claim, UNMEASURABLE, "the run was stopped before its end: its answer is not graded")
     if judged is None:
         return Verdict("answer", claim, UNMEASURABLE, "the prompt is none of the tiny model's tasks")
     ids, P = trace["final_ids"], prompt_len(trace)

@@ -32,11 +32,8 @@ def run_status(trace: dict, notice: str, first_paint: float | None, done: bool, 
     if done:
         st = trace.get("stats", {})
         answer = trace.get("text", "")
-        # A step is one record of the trace; a policy that verifies runs more than one forward in it.
-        forwards = st.get("nfe", sum(int(s.get("forwards") or 0) for s in trace.get("steps", [])))
-        work = count(n, "step") + ("" if forwards == n else f", {count(forwards, 'forward')}")
-        parts.append(("Stopped" if st.get("stopped") else "Done") + f": {work} ({settings_line(trace['settings'])})."
-                     f" **Answer:** {answer}{_verdict_text(trace, answer)}")
+        parts.append(("Stopped" if st.get("stopped") else "Done") + f": {work_line(trace)} "
+                     f"({settings_line(trace['settings'])}). **Answer:** {answer}{_verdict_text(trace, answer)}")
     else:
         parts.append(f"Running… {count(n, 'step')} so far.")
         if frozen_at is not None:
@@ -49,10 +46,29 @@ def run_status(trace: dict, notice: str, first_paint: float | None, done: bool, 
     return " ".join(parts)
 
 
+def work_line(trace: dict) -> str:
+    """The steps and forwards of a finished run, counted as the NFE card counts them: "6 steps",
+    "6 steps, 10 forwards (6 main + 4 verifying)", "4 steps, 4 forwards + 4 guider forwards"."""
+    steps = trace.get("steps", [])
+    st = trace.get("stats", {})
+    # A step is one record of the trace with one main forward; a policy that verifies runs more.
+    forwards = st.get("nfe", sum(int(s.get("forwards") or 0) for s in steps))
+    guider = int(st.get("guider_forwards") or 0)
+    work = count(len(steps), "step") if steps else count(forwards, "forward")  # a trace without its steps
+    if steps and forwards != len(steps):
+        work += f", {count(forwards, 'forward')} ({len(steps)} main + {forwards - len(steps)} verifying)"
+    elif steps and guider:
+        work += f", {count(forwards, 'forward')}"
+    return work + (f" + {count(guider, 'guider forward')}" if guider else "")
+
+
 def _verdict_text(trace: dict, answer: str) -> str:
-    """" — ✓ valid" and the like, when the prompt is one of the tiny task suite's."""
+    """" — ✓ valid" and the like, when the prompt is one of the tiny task suite's; a stopped
+    run's answer is unfinished and not graded."""
     judged = verdict(prompt_of(trace) or "", answer)
     if judged is None:
         return ""
+    if (trace.get("stats") or {}).get("stopped"):
+        return " — not graded: the run was stopped before its end"
     mark = "✓" if judged in ("right", "valid") else "✗"
     return f" — {mark} **{judged}**"

@@ -18,6 +18,19 @@ def _fmt(value: Any, spec: str) -> str:
 ONE_RUN = "one run: timing varies run to run — Compare repeats"
 
 
+def _verifying(nums: dict) -> int:
+    """The forwards beyond one main forward per step: a verifying policy's (self-verify, Flash-Verify)."""
+    steps = int(nums.get("steps") or 0)  # a trace kept without its steps says nothing of them
+    return max(0, int(nums.get("nfe") or 0) - steps) if steps else 0
+
+
+def forwards_unit(nums: dict) -> str:
+    """What NFE counts, in words, with the verification forwards named apart when there are any:
+    "forwards", "forwards (6 main + 4 verifying)"."""
+    verifying = _verifying(nums)
+    return f"forwards ({nums['steps']} main + {verifying} verifying)" if verifying else "forwards"
+
+
 def numbers_html(nums: dict, timing: dict[str, dict] | None = None) -> str:
     """Compact cards of :func:`numbers`, each with its unit. The times and speeds are one run's,
     and say so, unless ``timing`` has their spread over repeats (``compare``'s ``timing_a``: a
@@ -37,16 +50,19 @@ def numbers_html(nums: dict, timing: dict[str, dict] | None = None) -> str:
     cards = [
         ("speed", speed_value, speed_unit if "content_tokens_per_s" in repeated else f"{speed_unit}; {ONE_RUN}"),
         ("all tokens", *timed("tokens_per_s", ".1f", "tokens / s, end-of-text padding included")),
-        ("NFE", _fmt(nums.get("nfe"), "d"), "forwards"),
+        ("NFE", _fmt(nums.get("nfe"), "d"), forwards_unit(nums)),
         ("committed", f"{_fmt(nums.get('committed'), 'd')}/{_fmt(nums.get('gen_length'), 'd')}", "tokens"),
         ("τ", _fmt(nums.get("tau"), ".2f"), "tokens / forward"),
         ("content τ", _fmt(nums.get("content_tau"), ".2f"), "content tokens / forward"),
         ("model", *timed("model_s", ".0f", "ms", 1e3)),
         ("wall", *timed("wall_s", ".2f", "s" if nums.get("finished") else "s (model + other, so far)")),
         ("outside model", _fmt(nums.get("other_share"), ".0%"), "of time"),
-        ("mean G", _fmt(nums.get("mean_g"), ".1f"), "positions / forward"),
+        ("mean G", _fmt(nums.get("mean_g"), ".1f"),
+         "positions / step's main forward" if _verifying(nums) else "positions / forward"),
         ("cache hits", _fmt(nums.get("hit_rate"), ".0%"), "cumulative"),
     ]
+    if nums.get("guider_forwards") != 0:  # None: an older trace, part way through, does not say
+        cards.insert(3, ("guider", _fmt(nums.get("guider_forwards"), "d"), "forwards of the guider, not in NFE"))
     if nums.get("revisions"):
         cards.insert(4, ("revisions", _fmt(nums["revisions"], "d"), "tokens taken back"))
     if nums.get("exact_s"):
@@ -113,7 +129,9 @@ def cost_table_html(rows: list[dict], model: str, device: str, trace: Trace) -> 
         for r in rows
     )
     stats = trace.get("stats") or {}
-    measured = stats["model_s"] / max(1, stats["nfe"]) * 1e3 if stats.get("nfe") else None
+    # Model time includes the guider's forwards: the time per forward counts them too, and says so.
+    guider = int(stats.get("guider_forwards") or 0)
+    measured = stats["model_s"] / max(1, stats["nfe"] + guider) * 1e3 if stats.get("nfe") else None
     model_name = (trace.get("model") or {}).get("name", "the loaded model")
     formula = (f"step floor = max(weight bytes / bandwidth, G × 2 × params / FLOP rate) = "
                f"max({run['read_ms']:.2f} ms, {run['g']:.0f} × 2 × params / FLOP rate = {run['compute_ms']:.2f} ms) "
@@ -121,7 +139,8 @@ def cost_table_html(rows: list[dict], model: str, device: str, trace: Trace) -> 
                f"(one token per weight read at batch 1).")
     note = ("" if measured is None else
             f"Measured here: {html.escape(str(model_name))} took {measured:.2f} ms per forward of model time "
-            f"on this machine; the projection above uses only this run's G and τ.")
+            + (f"(its {stats['nfe']} forwards and the guider's {guider} together) " if guider else "")
+            + "on this machine; the projection above uses only this run's G and τ.")
     style = 'style="font-size:15px;color:#333;"'
     return (f'<div {style}><b>This run projected onto {html.escape(model)} on {html.escape(device)}</b>, batch 1, '
             f"bf16.</div><table class=\"dl-cost\" {style}>{head}{body}</table>"
