@@ -48,7 +48,8 @@ def cache_lines(trace: dict) -> list[str]:
     main = len(trace["steps"])
     verifying = sum(s["forwards"] for s in trace["steps"]) - main
     length = len(trace["prompt_ids"]) + trace["gen_length"]
-    counted = f"the {main} main forwards (one per step)" if verifying else f"{main} forwards"
+    plural = "" if main == 1 else "s"
+    counted = f"the {main} main forward{plural} (one per step)" if verifying else f"{main} forward{plural}"
     apart = [f"the run's other {verifying} forward"] if verifying else []
     if trace["settings"]["cache"] == "none":
         return ["The cache saves recomputation: not measurable in this run",
