@@ -477,24 +477,6 @@ def test_numbers_match_engine_stats(trace):
 
 # ----------------------------------------------------------------------------- compare
 
-def test_compare(trace):
-    same = replay.compare(trace, trace)
-    assert same["agreement"] == 1.0 and same["first_difference"] is None
-    assert same["speedup_wall"] == pytest.approx(1.0) and same["nfe_a"] == same["nfe_b"] == trace["stats"]["nfe"]
-    other = copy.deepcopy(trace)
-    other["final_ids"][5] = other["final_ids"][5] + 1
-    other["stats"]["wall_s"] = trace["stats"]["wall_s"] / 2
-    diff = replay.compare(trace, other)
-    assert diff["first_difference"] == 5
-    assert diff["agreement"] == pytest.approx((trace["gen_length"] - 1) / trace["gen_length"])
-    assert diff["speedup_wall"] == pytest.approx(2.0)
-    other["text"] = "a different answer"
-    table = tables.compare_html(replay.compare(trace, other))
-    for shown in (trace["text"], "a different answer", "answer position 5", "content τ", "model time",
-                  f"{trace['stats']['wall_s']:.3f} s", f"{trace['stats']['wall_s'] / 2:.3f} s"):
-        assert html.escape(shown) in table
-
-
 def test_compare_changes_to_b_are_parsed_against_the_policies():
     from dllm_local.policies import registry
     from dllm_local.settings import Settings
@@ -535,31 +517,20 @@ def test_sweep_figure_labels_points_zooms_to_the_data_and_shows_intervals():
             ({"threshold": 0.7, "block_size": 16}, 0.85, 40.0, False)]
     report = {"problems": 20, "rows": [{"point": p, "accuracy": a, "model_tok_s": x, "pareto": f} for p, a, x, f in rows]}
     fig = tune_figures.sweep_figure(report)
-    points = _trace_named(fig, "points")
-    assert _annotations(fig) == list(points.hovertext) == ["τ 0.9 · B 32", "τ 0.5 · B 8", "τ 0.7 · B 16"]
+    assert _annotations(fig) == ["<b>1</b>", "<b>2</b>"]
+    assert list(_trace_named(fig, "1 beaten on both: hover").hovertext) == ["τ 0.7 · B 16"]
     low, high = fig.layout.yaxis.range
     assert 0.4 < low < 0.85 and 0.95 < high <= 1.05  # zoomed to the points and their intervals, not 0-100%
     assert "n = 20" in fig.layout.yaxis.title.text
     assert tune_figures.wilson_interval(1.0, 20) == pytest.approx((0.8389, 1.0), abs=1e-4)
-    assert points.error_y.arrayminus[0] == pytest.approx(0.95 - tune_figures.wilson_interval(0.95, 20)[0])
+    assert _trace_named(fig, "1  τ 0.9 · B 32").error_y.arrayminus[0] == pytest.approx(
+        0.95 - tune_figures.wilson_interval(0.95, 20)[0])
+    _trace_named(fig, "2  τ 0.5 · B 8")
     assert list(_trace_named(fig, "Pareto frontier").x) == [50.0, 80.0]
     # The table gives accuracy in the chart's unit.
     assert [row[2] for row in tune_figures.sweep_table({**report, "rows": [dict(r, nfe=4) for r in report["rows"]]})] == [
         "95%", "90%", "85%"]
     assert tune_figures.percent(0.925) == "92.5%" and tune_figures.percent(0.99996) == "100%"
-
-
-def test_crowded_sweep_labels_are_placed_apart_or_left_to_hover():
-    # Six points on one spot: one label fits each free side, the rest are hover-only.
-    rows = [{"point": {"threshold": t, "block_size": 8}, "accuracy": 0.9, "model_tok_s": 100.0 + t / 10, "pareto": False}
-            for t in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)]
-    fig = tune_figures.sweep_figure({"problems": 20, "rows": rows})
-    points = _trace_named(fig, "points")
-    shown = [(a.xanchor, a.yanchor, a.xshift, a.yshift) for a in fig.layout.annotations]
-    assert 1 < len(shown) < len(rows) and len(set(shown)) == len(shown)  # each label a side of its own
-    assert all(a.bgcolor for a in fig.layout.annotations)  # lines and bars pass behind the letters
-    assert list(points.hovertext) == [f"τ {t} · B 8" for t in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)]  # every knob on hover
-    assert f"{len(rows) - len(shown)} crowded labels: hover the point" in fig.layout.title.text
 
 
 def test_sweep_inputs_are_read_by_the_page_and_checked_once_by_the_settings():
