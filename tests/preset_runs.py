@@ -17,8 +17,10 @@ def _tiny():
 
 
 @cache
-def preset_trace(word: str) -> dict:
-    """The trace dict of the preset whose name holds ``word`` (case-insensitive), run on the tiny model."""
+def preset_trace(word: str, exact_drift: bool = False) -> dict:
+    """The trace dict of the preset whose name holds ``word`` (case-insensitive), run on the tiny
+    model; with ``exact_drift``, its settings measure the exact K/V too."""
     name = next(name for name in PRESETS if word.lower() in name.lower())
     preset = PRESETS[name]
-    return dllm_local.generate(_tiny(), preset["prompt"], Settings.from_dict(preset["settings"])).trace.to_dict()
+    settings = {**preset["settings"], **({"exact_drift": True} if exact_drift else {})}
+    return dllm_local.generate(_tiny(), preset["prompt"], Settings.from_dict(settings)).trace.to_dict()

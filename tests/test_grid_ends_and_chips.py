@@ -63,7 +63,9 @@ def test_a_revised_end_of_text_stays_a_box_of_its_own():
     revised = {p for p, history in enumerate(replay.state_at(trace, last)["history"]) if history}
     ids = replay.state_at(trace, last)["ids"]
     assert any(replay.is_end_token(trace, ids[p]) for p in revised), "the revise preset takes back an end of text"
-    for box in boxes(grid.token_grid_html(trace, last)):
+    shown = [box for box in boxes(grid.token_grid_html(trace, last)) if box["pos"] in revised]
+    assert [box["pos"] for box in shown] == sorted(revised)
+    for box in shown:
         if box["pos"] in revised:
             assert box["chip"] is None and "dl-revised" in box["classes"] and "opacity" not in box["style"]
 

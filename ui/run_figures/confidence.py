@@ -9,10 +9,12 @@ import plotly.graph_objects as go
 
 from ..figure_style import message_figure, styled
 from ..replay import Trace, answer_length, drafts, prompt_len, steps_upto, theorem1, token_text, visible
-from .axes import EMPTY_MESSAGE, NAN, cell_gaps, num, position_axis, step_axis
+from .axes import EMPTY_MESSAGE, NAN, cell_gaps, mark_column, mark_size, num, position_axis, step_axis
 
-CAPTION = ("Each row is one forward: colour is the model's confidence at still-masked positions, "
-           "x marks a commit; a policy that commits early on bright cells saves steps. Left of each row: "
+CAPTION = ("Each row is one step, not one forward: colour is the model's confidence at still-masked positions "
+           "in the step, x marks a commit; a policy that commits early on bright cells saves steps. A step that also "
+           "runs a verify forward (self-verify) or asks a guider still takes one row: the step axis says how many "
+           "forwards a row took. Left of each row: "
            "Fast-dLLM's Theorem 1. When a step commits n tokens, all with confidence above 1 − ε, and "
            "(n+1)ε ≤ 1, greedy parallel decoding commits exactly what one-at-a-time decoding would (green "
            "dot); otherwise there is no guarantee (red cross), and the tokens may not fit together.")
@@ -51,16 +53,37 @@ def confidence_heatmap(trace: Trace, upto_step: int | None = None) -> go.Figure:
     ))
     fig.add_trace(go.Scatter(
         x=cx, y=cy, mode="markers", name="commit", hovertext=ctext, hoverinfo="text",
-        marker={"symbol": "x", "color": "white", "size": 8, "line": {"color": "#222", "width": 1}},
+        marker={"symbol": "x", "color": "white", "size": mark_size(8, n, len(steps)),
+                "line": {"color": "#222", "width": 1}},
     ))
-    _sent_back(fig, trace, steps)
+    _sent_back(fig, trace, steps, n)
     _theorem1_column(fig, steps)
-    position_axis(fig, n, left=-1.7)
-    step_axis(fig, len(steps))
+    position_axis(fig, n)
+    step_axis(fig, len(steps), title=row_title(steps))
     return styled(fig, title)
 
 
-def _sent_back(fig: go.Figure, trace: Trace, steps: list[dict]) -> None:
+def forwards_of(record: dict) -> int | None:
+    """The forwards one step ran: the diffusion model's (its main forward and any verify forward)
+    and the guider's; None for a trace that does not count them."""
+    if record.get("forwards") is None:
+        return None
+    return int(record["forwards"]) + int(record.get("guider_forwards") or 0)
+
+
+def row_title(steps: list[dict]) -> str:
+    """The step axis's title: what one row is, in forwards, true of every policy (self-verify's
+    steps run two forwards, a guided step asks the guider too)."""
+    counts = [forwards_of(record) for record in steps]
+    if None in counts:
+        return "step"
+    low, high = min(counts), max(counts)
+    if low == high:
+        return f"step ({low} forward{'s' if low > 1 else ''} each)"
+    return f"step ({low}–{high} forwards each)"
+
+
+def _sent_back(fig: go.Figure, trace: Trace, steps: list[dict], n: int) -> None:
     """Red squares on the drafts self-verify sent back to mask, where there are any."""
     P = prompt_len(trace)
     rx, ry, rtext = [], [], []
@@ -73,18 +96,23 @@ def _sent_back(fig: go.Figure, trace: Trace, steps: list[dict]) -> None:
     if rx:
         fig.add_trace(go.Scatter(
             x=rx, y=ry, mode="markers", name="sent back (self-verify)", hovertext=rtext, hoverinfo="text",
-            marker={"symbol": "square-open", "color": "#d73027", "size": 13, "line": {"width": 3}},
+            marker={"symbol": "square-open", "color": "#d73027", "size": mark_size(13, n, len(steps), share=1.0),
+                    "line": {"width": 2}},
         ))
 
 
 def _theorem1_column(fig: go.Figure, steps: list[dict]) -> None:
-    """Theorem 1's verdict left of each row: a green dot where it guarantees the step, a red cross where not."""
+    """Theorem 1's verdict left of each row, in a column of its own: a green dot where it guarantees
+    the step, a red cross where not; sized to the rows and outlined, so that 32 rows stay 32 marks."""
     # Told for what each step drafted: a dot beside drafts self-verify sent back must not say "guaranteed".
     verdicts = [theorem1({"committed": drafts(record)}) for record in steps]
-    for verdict, symbol, colour in (("guaranteed", "circle", "#1a9850"), ("no guarantee", "x-thin-open", "#d73027")):
+    column, size = mark_column(fig), mark_size(11, None, len(steps), share=0.75)
+    for verdict, symbol, colour, line in (("guaranteed", "circle", "#1a9850", {"color": "white", "width": 1}),
+                                          ("no guarantee", "x-thin-open", "#d73027",
+                                           {"color": "#d73027", "width": max(1.0, size / 4)})):
         rows = [i for i, v in enumerate(verdicts) if v["verdict"] == verdict]
         fig.add_trace(go.Scatter(
-            x=[-1.2] * len(rows), y=rows, mode="markers", name=f"Theorem 1: {verdict}", cliponaxis=False,
-            hovertext=[verdicts[i]["text"] for i in rows], hoverinfo="text",
-            marker={"symbol": symbol, "size": 11, "color": colour, "line": {"color": colour, "width": 3}},
+            x=[0] * len(rows), y=rows, xaxis=column, mode="markers", name=f"Theorem 1: {verdict}", cliponaxis=False,
+            hovertext=[f"step {i}: {verdicts[i]['text']}" for i in rows], hoverinfo="text",
+            marker={"symbol": symbol, "size": size, "color": colour, "line": line},
         ))

@@ -10,23 +10,18 @@ from dllm_local.trace import KV_VIEWS
 
 from ..figure_style import message_figure, styled
 from ..replay import MEAN_LAYERS, Trace, answer_length, prompt_len, state_at, steps_upto
-from .axes import EMPTY_MESSAGE, NAN, cell_gaps, cell_range, num, position_axis, step_axis
+from .axes import EMPTY_MESSAGE, NAN, cell_gaps, cell_range, mark_column, mark_size, num, position_axis, step_axis
+from .cosine_scale import COS_SCALE, colour_bar
 
 SUMMARY_MESSAGE = "per-position KV data needs trace level 'full'"
-CAPTION = ("Each cell compares one position's K or V with a reference, on one colour scale: yellow, cosine near 1 "
-           "(the same); dark, changed. Drift: against what the cache held (grey cells were reused, not recomputed); "
+CAPTION = ("Each cell compares one position's K or V with a reference, on one colour scale spent on cosines near 1, "
+           "in nines (0.9, 0.99, 0.999): yellow, the same; dark, changed. White cells: nothing to compare with (the first "
+           "forward, an entry the cache evicted, no earlier exact forward). Drift: against what the cache held (grey cells were reused, not recomputed); "
            "true drift: the exact K/V against the previous step's; cache vs exact: the cached K/V against a full "
            "uncached forward. Below the black staircase a position holds a decoded token, above it it is still "
            "masked; ▶ marks a full refresh. Reusing an entry is exact only where cache vs exact stays yellow: the "
            "verdict under the panel gives this run's mean and least cosine of the reused entries by kind (prompt, "
            "decoded, masked) and whether each kind is close to exact.")
-
-# One colour scale for every cosine view, fixed, so a colour means the same value everywhere.
-# Most of the range goes to cosines near 1, where committed positions live; anything at or
-# below 0 (unrelated or opposite) takes the darkest colour, its true value in the hover.
-COS_SCALE = [[0.0, "#2d0a4e"], [0.5, "#3b528b"], [0.9, "#21918c"], [0.99, "#7ad151"], [1.0, "#fde725"]]
-COS_TICKS = {0.0: "≤ 0 unrelated", 0.5: "0.5", 1.0: "1 unchanged"}
-
 
 def _layer_values(record: dict, view: str, layer: str, which: str) -> list | None:
     """One step's cosines for one layer (or the mean over every recorded layer)."""
@@ -140,8 +135,8 @@ def kv_heatmap(trace: Trace, layer: int | str = MEAN_LAYERS, which: str = "k", u
     where = "all layers (mean)" if layer == MEAN_LAYERS else f"layer {layer}"
     title = f"{names[view]} · {where} · {which.upper()}"
     steps = steps_upto(trace, upto_step)
-    if not steps:
-        return message_figure(EMPTY_MESSAGE, title)
+    if not steps:  # names no layer: it shows none (the page draws this before any run, whatever its Layer box says)
+        return message_figure(EMPTY_MESSAGE, f"{names[view]} · {which.upper()}")
     if view == "drift":
         if not any(s.get("recomputed") is not None for s in steps):
             return message_figure(SUMMARY_MESSAGE, title)
@@ -168,12 +163,11 @@ def kv_heatmap(trace: Trace, layer: int | str = MEAN_LAYERS, which: str = "k", u
         ))
     label = {"drift": "cos to cached value", "true_drift": "cos to previous exact", "cache_error": "cos cached vs exact"}
     fig.add_trace(go.Heatmap(
-        z=values, x=columns, y=rows, name=view, zmin=0.0, zmax=1.0, colorscale=COS_SCALE,
+        z=values, x=columns, y=rows, name=view, zmin=0.0, zmax=1.0, colorscale=COS_SCALE, showscale=False,
         hoverongaps=False, **gaps,
-        colorbar={"title": {"text": "cosine"}, "thickness": 14, "tickvals": list(COS_TICKS),
-                  "ticktext": list(COS_TICKS.values()), "tickfont": {"size": 14}},
         hovertemplate=f"pos %{{x}} · step %{{y}}<br>{label[view]} %{{z:.4f}}<extra></extra>",
     ))
+    fig.add_trace(colour_bar())
     for kind, z in changes.items():
         if np.isnan(z).all():
             continue
@@ -188,16 +182,35 @@ def kv_heatmap(trace: Trace, layer: int | str = MEAN_LAYERS, which: str = "k", u
         x=line_x, y=line_y, mode="lines", name="committed below", line={"color": "#111", "width": 2.5},
         hoverinfo="skip",
     ))
+    _nothing_to_compare(fig, view, values, cached, *changes.values())
     refresh = [i for i, s in enumerate(steps) if s.get("full_refresh")]
     fig.add_trace(go.Scatter(
-        x=[-1.0] * len(refresh), y=refresh, mode="markers", name="refresh", cliponaxis=False,
-        marker={"symbol": "triangle-right", "size": 11, "color": "#e4572e"},
+        x=[0] * len(refresh), y=refresh, xaxis=mark_column(fig), mode="markers", name="refresh", cliponaxis=False,
+        marker={"symbol": "triangle-right", "size": mark_size(11, None, len(steps), share=0.9), "color": "#e4572e"},
         hovertemplate="step %{y}: full refresh (every position recomputed)<extra></extra>",
     ))
-    position_axis(fig, n, left=-1.6)
+    position_axis(fig, n)
     step_axis(fig, len(steps))
     _drift_probes(fig, trace, steps)
     return styled(fig, title)
+
+
+# Why a cell is left white (NaN in every layer), by view: said in the legend where such cells occur.
+WHITE_CELLS = {"drift": "white: nothing cached (first forward, evicted)", "true_drift": "white: no earlier exact K/V",
+               "cache_error": "white: no exact K/V this step"}
+
+
+def _nothing_to_compare(fig: go.Figure, view: str, *layers: np.ndarray) -> None:
+    """A legend entry for the cells left white, where there are any: a white square outlined, as
+    the cells look, named with why they are white."""
+    white = np.ones(layers[0].shape, dtype=bool)
+    for layer_values in layers:
+        white &= np.isnan(layer_values)
+    if white.any():
+        fig.add_trace(go.Scatter(
+            x=[None], y=[None], mode="markers", name=WHITE_CELLS[view], hoverinfo="skip",
+            marker={"symbol": "square", "size": 12, "color": "#ffffff", "line": {"color": "#888", "width": 1}},
+        ))
 
 
 PROBE_COLUMN = 0.2  # the share of the figure's width the drift probes' column takes
@@ -228,7 +241,7 @@ def _drift_probes(fig: go.Figure, trace: Trace, steps: list[dict]) -> None:
                                  name=f"γ {gamma}", line={"color": "#e4572e", "dash": "dash", "width": 1.5},
                                  hoverinfo="skip"))
     fig.update_layout(
-        xaxis={"domain": [0, 1 - PROBE_COLUMN - 0.03]},
+        xaxis={"domain": [fig.layout.xaxis.domain[0] if fig.layout.xaxis.domain else 0, 1 - PROBE_COLUMN - 0.03]},
         xaxis2={"domain": [1 - PROBE_COLUMN, 1], "anchor": "y", "range": [low - pad, 1 + pad / 3],
                 "title": {"text": "attention cos"}, "nticks": 3, "tickformat": ".2f"},
     )
