@@ -1,5 +1,5 @@
 """Replaying a trace: the answer region at a step, Theorem 1, a what-if threshold, the run's
-numbers and a comparison of two runs. Pure functions of the trace dict, no plotting; the parts
+numbers (comparing two runs is ``comparison.py``'s). Pure functions of the trace dict, no plotting; the parts
 they read (lengths, a token's text, the ends of text, the prompt) are ``trace_parts.py``'s.
 
 A trace is the plain dict of ``dllm_local.trace.Trace.to_dict()`` (or its JSON). Positions here
@@ -9,14 +9,11 @@ the same trace as it grows.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from .timing import speedup, spread
 from .trace_parts import (Trace, answer_length, first_end, is_end_token, prompt_len, prompt_of, steps_upto, token_text,
                           visible)
 
 # The trace's parts, importable from here as before (the views and the tests read them so).
-__all__ = ["MEAN_LAYERS", "TIMED", "Trace", "answer_length", "compare", "drafts", "first_end", "is_end_token",
+__all__ = ["MEAN_LAYERS", "Trace", "answer_length", "drafts", "first_end", "is_end_token",
            "numbers", "prompt_len", "prompt_of", "state_at", "steps_upto", "theorem1", "token_text", "visible",
            "what_if"]
 
@@ -71,7 +68,7 @@ def theorem1(record: dict) -> dict:
     confidence above 1 - ε, and (n + 1)ε <= 1; then greedy parallel decoding commits what greedy
     one-at-a-time decoding would. n counts every position the step committed, end of text
     included (the theorem speaks of the whole parallel commit); ε is 1 - the least confidence
-    among them. The page, the presets and the README use this one definition.
+    among them. The page, the presets and the docs use this one definition.
 
     Returns ``n``, ``epsilon``, ``bound`` ((n + 1)ε), ``verdict`` ("serial" for one commit or
     none, "guaranteed", "no guarantee") and ``text`` (one line for a caption or hover).
@@ -217,51 +214,3 @@ def _running_numbers(steps: list[dict], committed: int) -> dict:
             "model_s": model_s, "other_s": other_s, "exact_s": sum(float(s.get("exact_ms") or 0.0) for s in steps) / 1e3,
             "tokens_per_s": committed / model_s if model_s else 0.0, "wall_s": model_s + other_s,
             "mean_g": g / len(steps) if steps else 0.0, "hit_rate": reads / (reads + g) if reads + g else 0.0}
-
-
-
-# ----------------------------------------------------------------------------- compare
-
-TIMED = ("wall_s", "model_s", "content_tokens_per_s", "tokens_per_s")  # the numbers that vary run to run
-
-
-def compare(trace_a: Trace, trace_b: Trace, repeats_a: Sequence[Trace] = (), repeats_b: Sequence[Trace] = ()) -> dict:
-    """How run b compares with run a (e.g. a = no cache, b = cached).
-
-    ``trace_a``/``trace_b`` are the runs shown (their answers, forwards, τ); ``repeats_a``/
-    ``repeats_b`` the timed repeats of each side's settings (default: the shown run alone), whose
-    times are summarised by :mod:`ui.timing`.
-
-    Keys: per side (``_a``/``_b``): ``answer``, ``nfe``, ``tau``, ``content_tau``, ``repeats``
-    (timed runs), ``timing`` (a :func:`~ui.timing.spread` per ``TIMED`` number), ``wall_s`` and
-    ``model_s`` (their medians) and ``same_tokens`` (every repeat committed the shown run's final
-    tokens: the times are of the same work); ``speed_wall`` and ``speed_model`` (:func:`~ui.timing.speedup`
-    of B over A: a ratio only when the ranges do not overlap), ``speedup_wall`` and ``speedup_model``
-    (their ratios of medians, None when b's time is 0); ``agreement`` (fraction of answer positions
-    with equal final ids; positions only one run has count as different) and ``first_difference``
-    (first differing answer position, None when identical).
-    """
-    ids_a, ids_b = list(trace_a.get("final_ids") or []), list(trace_b.get("final_ids") or [])
-    length = max(len(ids_a), len(ids_b))
-    same = sum(x == y for x, y in zip(ids_a, ids_b))
-    first = next((i for i, (x, y) in enumerate(zip(ids_a, ids_b)) if x != y), None)
-    if first is None and len(ids_a) != len(ids_b):
-        first = min(len(ids_a), len(ids_b))
-    sides, times = {}, {}
-    for side, trace, repeats in (("a", trace_a, repeats_a), ("b", trace_b, repeats_b)):
-        nums, timed = numbers(trace), [numbers(r) for r in repeats] or [numbers(trace)]
-        times[side] = {key: [n[key] for n in timed] for key in TIMED}
-        timing = {key: spread(values) for key, values in times[side].items()}
-        sides.update({f"answer_{side}": trace.get("text", ""), f"nfe_{side}": nums["nfe"], f"tau_{side}": nums["tau"],
-                      f"content_tau_{side}": nums["content_tau"], f"repeats_{side}": len(timed),
-                      f"timing_{side}": timing, f"wall_s_{side}": timing["wall_s"]["median"],
-                      f"model_s_{side}": timing["model_s"]["median"],
-                      f"same_tokens_{side}": all(r.get("final_ids") == trace.get("final_ids") for r in repeats)})
-    speed = {kind: speedup(times["a"][f"{kind}_s"], times["b"][f"{kind}_s"]) for kind in ("wall", "model")}
-    return {
-        **sides,
-        **{f"speed_{kind}": result for kind, result in speed.items()},
-        **{f"speedup_{kind}": result["ratio"] for kind, result in speed.items()},
-        "agreement": same / length if length else 1.0,
-        "first_difference": first,
-    }

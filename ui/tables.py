@@ -5,7 +5,6 @@ import html
 from typing import Any
 
 from .replay import Trace
-from .timing import spread_text
 
 
 def _fmt(value: Any, spec: str) -> str:
@@ -76,43 +75,6 @@ def numbers_html(nums: dict, timing: dict[str, dict] | None = None) -> str:
         for label, value, unit in cards
     )
     return f'<div class="dl-numbers">{body}</div>'
-
-
-
-def compare_html(result: dict) -> str:
-    """The :func:`compare` numbers as one table: a row per measure, a column per side. Times and
-    speeds are medians with their min–max over the timed repeats; the speedup is a ratio only
-    when the two sides' ranges do not overlap (:func:`~ui.timing.speedup`)."""
-    def pair(key: str, spec: str, unit: str = "") -> tuple[str, str]:
-        return (_fmt(result[f"{key}_a"], spec) + unit, _fmt(result[f"{key}_b"], spec) + unit)
-
-    def timed(key: str, spec: str, unit: str = "") -> tuple[str, str]:
-        return tuple(spread_text(result[f"timing_{side}"][key], spec, unit) for side in "ab")
-
-    rows = [
-        ("answer", (result["answer_a"], result["answer_b"])),
-        ("wall time", timed("wall_s", ".3f", " s")),
-        ("model time", timed("model_s", ".3f", " s")),
-        ("speed (answer tokens / s, model time)", timed("content_tokens_per_s", ".1f")),
-        ("forwards (NFE)", pair("nfe", "d")),
-        ("τ (tokens / forward)", pair("tau", ".2f")),
-        ("content τ", pair("content_tau", ".2f")),
-    ]
-    body = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(a)}</td><td>{html.escape(b)}</td></tr>"
-                   for k, (a, b) in rows)
-    first = result["first_difference"]
-    differed = [side.upper() for side in "ab" if not result[f"same_tokens_{side}"]]
-    summary = [
-        ("speedup of B (wall)", result["speed_wall"]["text"]),
-        ("speedup of B (model time)", result["speed_model"]["text"]),
-        ("tokens over the repeats", f"⚠ {' and '.join(differed)} committed different tokens in different repeats: "
-                                    "the times are not of the same work" if differed else
-                                    "the same in every repeat of each side"),
-        ("token agreement", _fmt(result["agreement"], ".1%")),
-        ("first difference", "none" if first is None else f"answer position {first}"),
-    ]
-    body += "".join(f'<tr><td>{html.escape(k)}</td><td colspan="2"><b>{html.escape(v)}</b></td></tr>' for k, v in summary)
-    return (f'<table class="dl-compare" style="font-size:15px;"><tr><th></th><th>A</th><th>B</th></tr>{body}</table>')
 
 
 
