@@ -29,6 +29,8 @@ Quantization = Literal["none", "8bit", "4bit"]
 TargetName = Literal[tuple(TARGET_MODELS)]  # the cost model's real models
 ConcurrencyModel = Literal[tuple(CONCURRENCY_MODELS)]  # and the write-up's teaching model
 DeviceName = Literal[tuple(DEVICES)]
+FontScale = Literal["1×", "1.5×", "2×"]  # the presenter's font scale (presenter.FONT_SCALES)
+Theme = Literal["light", "dark"]
 
 
 def _same_object(value: Any) -> dict:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import gradio as gr
 
-from .inputs import PageState, StepIndex, checked
+from .inputs import ColorBy, PageState, StepIndex, checked
+from .slides import SLIDES_JS, grid_svg, slides_zip
 
 FONT_SCALES = {"1×": 1.0, "1.5×": 1.5, "2×": 2.0}
 THEMES = ("light", "dark")
@@ -35,7 +36,8 @@ body.dl-present #stage > .column {min-width: 0 !important}
 body.dl-present #step-bar button {min-width: 44px !important}
 body.dl-present #stage-grid {flex: 11 1 0 !important}
 body.dl-present #stage-panels {flex: 9 1 0 !important}
-body.dl-present #token-grid {max-height: calc(100vh - 330px); overflow-y: auto}
+body.dl-present #token-grid {max-height: calc((100vh - 430px) / var(--dl-scale)); overflow-y: auto}
+body.dl-present #step-bar button {align-self: center}
 body.dl-present:not([data-dl-panel="confidence"]) #panel-confidence,
 body.dl-present:not([data-dl-panel="kv"]) #panel-kv,
 body.dl-present:not([data-dl-panel="cache"]) #panel-cache,
@@ -60,10 +62,11 @@ KEYS_JS = """
   document.addEventListener("keydown", (e) => {
     const t = e.target;
     if (e.ctrlKey || e.metaKey || e.altKey || !(e.key in keys)) return;
-    if (t && (t.isContentEditable || ["INPUT", "TEXTAREA", "SELECT", "BUTTON"].includes(t.tagName))) return;
+    if (t && (t.isContentEditable || ["INPUT", "TEXTAREA", "SELECT"].includes(t.tagName))) return;
     const button = document.querySelector(`#${keys[e.key]}`);
     if (!button) return;
-    e.preventDefault();
+    e.preventDefault();  // space on a focused button (Run, say) plays; it does not press that button
+    if (t && t.tagName === "BUTTON") t.blur();
     button.click();
   });
   document.addEventListener("click", (e) => {
@@ -88,6 +91,18 @@ SCREEN_JS = """
   return [present, scale, theme, panel];
 }
 """
+# The slides' zip, once written, downloaded at once: one click gives the file.
+DOWNLOAD_JS = """
+(file) => {
+  if (!file || !file.url) return;
+  const a = document.createElement("a");
+  a.href = file.url;
+  a.download = file.orig_name || "dllm-slides.zip";
+  document.body.appendChild(a);
+  a.click();
+  a.remove();
+}
+"""
 # On load, a page opened with ?__theme=dark keeps the theme Gradio gave it.
 THEME_ON_LOAD_JS = "(theme) => document.body.classList.contains('dark') ? 'dark' : theme"
 
@@ -104,27 +119,30 @@ class Presenter:
 
     def _screen_bar(self, present: bool) -> None:
         with gr.Group(elem_id="screen-bar"):
-            self.present = gr.Checkbox(present, label="Presenter view", elem_id="present")
-            self.font_scale = gr.Radio(list(FONT_SCALES), value="1×", label="Font scale", elem_id="font-scale")
-            self.theme = gr.Radio(list(THEMES), value="light", label="Theme", elem_id="theme")
+            with gr.Row(equal_height=True):
+                self.present = gr.Checkbox(present, label="Presenter view", elem_id="present")
+                self.slides_btn = gr.Button("Export for slides (PNG + SVG)", size="sm", elem_id="slides-btn")
+            with gr.Row():
+                self.font_scale = gr.Dropdown(list(FONT_SCALES), value="1×", label="Font scale", min_width=90,
+                                              elem_id="font-scale")
+                self.theme = gr.Dropdown(list(THEMES), value="light", label="Theme", min_width=90, elem_id="theme")
             self.panel = gr.Radio([(label, key) for key, label in PANELS.items()], value="confidence",
                                   label="Panel (presenter view)", elem_id="panel-choice")
+            self.slides_file = gr.File(label="Slides", visible=False, elem_id="slides-file")
+        self.slides_svg, self.slides_images = gr.Textbox(visible=False), gr.Textbox(visible=False)
         self.screen = [self.present, self.font_scale, self.theme, self.panel]
 
     def _step_bar(self) -> None:
-        with gr.Row(elem_id="step-bar"):
-            with gr.Column(scale=0, min_width=300):
-                with gr.Row():
-                    self.moves = {}
-                    for move, label in zip(STEP_MOVES, ("⇤", "◀", "▶", "⇥")):
-                        if move == "next":
-                            self.play_btn = gr.Button(PLAY, size="sm", scale=0, min_width=80, elem_id="step-play")
-                        self.moves[move] = gr.Button(label, size="sm", scale=0, min_width=44, elem_id=f"step-{move}")
-                with gr.Row():
-                    self.speed = gr.Dropdown(list(SPEEDS), value="2 steps/s", show_label=False, scale=1,
-                                             min_width=100, elem_id="speed")
-                    self.follow = gr.Checkbox(True, label="Follow live", scale=1, elem_id="follow")
-            self.scrub = gr.Slider(0, 1, 0, step=1, label="Step", elem_id="scrubber")
+        with gr.Row(elem_id="step-bar", equal_height=True):
+            self.moves = {}
+            for move, label in zip(STEP_MOVES, ("⇤", "◀", "▶", "⇥")):
+                if move == "next":
+                    self.play_btn = gr.Button(PLAY, size="sm", scale=0, min_width=86, elem_id="step-play")
+                self.moves[move] = gr.Button(label, size="sm", scale=0, min_width=40, elem_id=f"step-{move}")
+            self.speed = gr.Dropdown(list(SPEEDS), value="2 steps/s", label="Speed", scale=0, min_width=110,
+                                     elem_id="speed")
+            self.follow = gr.Checkbox(True, label="Follow live", scale=0, min_width=90, elem_id="follow")
+            self.scrub = gr.Slider(0, 1, 0, step=1, label="Step", scale=1, min_width=200, elem_id="scrubber")
         self.playing = gr.State(False)
         self.timer = gr.Timer(1 / SPEEDS["2 steps/s"], active=False)
 
@@ -150,7 +168,28 @@ class Presenter:
             return nxt, False, gr.Timer(active=False), gr.update(value=PLAY)
         return nxt, True, gr.skip(), gr.skip()
 
+    @checked
+    def slides_grid(self, trace: PageState, step: StepIndex, color_by: ColorBy) -> str:
+        """The grid at the step shown, with its verdicts, as the slides' SVG."""
+        steps = len((trace or {}).get("steps") or [])
+        if not steps:
+            raise gr.Error("Run something (or import a trace) first: there is no grid to export.",
+                           print_exception=False)
+        return grid_svg(trace, min(int(step), steps - 1), color_by)
+
+    def slides(self, images: str, svg: str):
+        """The zip of the grid's SVG and the plots' PNGs and SVGs, in the export folder."""
+        try:
+            return gr.update(value=str(slides_zip(images, svg, self.exports.path)), visible=True)
+        except ValueError as exc:
+            raise gr.Error(f"could not export the slides: {exc}", print_exception=False) from None
+
     def _wire_presenter(self, page_load: gr.Blocks, views: list, outputs: list) -> None:
+        self.slides_btn.click(self.slides_grid, [self.trace, self.scrub, self.color_by], [self.slides_svg],
+                              queue=False, api_visibility="private").success(
+            None, [self.slides_svg], [self.slides_images], js=SLIDES_JS, queue=False).then(
+            self.slides, [self.slides_images, self.slides_svg], [self.slides_file], queue=False,
+            api_visibility="private").then(None, [self.slides_file], None, js=DOWNLOAD_JS, queue=False)
         self.present.change(None, self.screen, self.screen, js=SCREEN_JS, queue=False)
         for box in self.screen[1:]:
             box.change(None, self.screen, self.screen, js=SCREEN_JS, queue=False)

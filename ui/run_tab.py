@@ -105,7 +105,9 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, B
                 self.cost_target = gr.Dropdown(list(TARGET_MODELS), value="LLaDA-8B-Instruct", label="Real model")
                 self.cost_device = gr.Dropdown(list(DEVICES), value="H100", label="GPU")
             self.cost_html = gr.HTML(elem_id="cost-model")
-        self.view_inputs = [self.color_by, self.layer, self.which, self.kv_view, self.what_if]
+        # What a view is drawn with; the screen's font scale and theme last (the plots' type and colours).
+        self.view_inputs = [self.color_by, self.layer, self.which, self.kv_view, self.what_if, self.font_scale,
+                            self.theme]
         self.view_boxes = {"grid": self.grid, "numbers": self.nums, "confidence": self.conf_plot, "kv": self.kv_plot,
                            "cache": self.cache_plot, "grid_verdicts": self.grid_verdicts, "kv_verdicts": self.kv_verdicts,
                            "cache_verdicts": self.cache_verdicts}

@@ -204,17 +204,22 @@ async (grid_svg) => {
   }
   for (const id of PLOTS) {
     const plot = document.querySelector(`#${id} .js-plotly-plot`);
-    if (!plot || !plot.querySelector("svg.main-svg") || plot.getBoundingClientRect().width === 0) continue;
+    if (!plot || !plot.data) continue;
+    const hidden = plot.getBoundingClientRect().width === 0;  // a panel presenter view set aside
     let text, w, h;
     if (window.Plotly && window.Plotly.toImage) {
-      const size = plot._fullLayout || {};  // as drawn on the page, not plotly's default 700 × 450
-      const url = await window.Plotly.toImage(plot, {format: "svg", width: size.width, height: size.height});
+      // as drawn on the page, not plotly's default 700 × 450; a panel never drawn, at a slide's size
+      const size = plot._fullLayout || {};
+      const url = await window.Plotly.toImage(plot, {format: "svg", width: size.width || 900,
+                                                     height: size.height || 400});
       const comma = url.indexOf(",");
       text = url.slice(0, comma).endsWith(";base64") ? atob(url.slice(comma + 1)) : decodeURIComponent(url.slice(comma + 1));
       const svg = new DOMParser().parseFromString(text, "image/svg+xml").documentElement;
       w = parseFloat(svg.getAttribute("width")); h = parseFloat(svg.getAttribute("height"));
-    } else {
+    } else if (!hidden && plot.querySelector("svg.main-svg")) {
       [text, w, h] = composed(plot);
+    } else {
+      continue;
     }
     out[`${id}.svg`] = svgUrl(text);
     out[`${id}.png`] = await toPng(text, w, h);

@@ -1,0 +1,209 @@
+"""The lecture hall in a real browser at a projector's 1280×720: presenter view (``--present``) puts
+Run, the grid, its verdicts and one panel on the first screen; Enter in the prompt runs; Play and
+the keys move the step; the dark theme's verdict text passes 4.5:1 and its plots turn dark; the
+font scale enlarges the plots' text; a click on a token opens its side panel; a branch decodes on
+from a step and is drawn beside the original."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from test_page import _choose, _free_port, _shown_run, _wait_run_ended, browser  # noqa: F401 - fixtures
+
+SCREEN = {"width": 1280, "height": 720}
+SEVERAL_STEPS = "DualCache, blocks of several steps"
+
+
+@pytest.fixture(scope="module")
+def server():
+    import app
+    from ui.page import LAUNCH_OPTIONS
+
+    page, session = app.create(app.parse_args(["--present"]))
+    page.queue(default_concurrency_limit=1)
+    _, url, _ = page.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True, quiet=True,
+                            **LAUNCH_OPTIONS)
+    yield url
+    page.close()
+    session.close()
+
+
+@pytest.fixture(scope="module")
+def pg(browser, server):  # noqa: F811 - the fixture imported above
+    page = browser.new_page(viewport=SCREEN, accept_downloads=True)
+    page.goto(server)
+    page.wait_for_selector("#run-btn")
+    page.wait_for_function("() => document.body.classList.contains('dl-present')")
+    yield page
+    page.close()
+
+
+def step(pg) -> int:
+    return int(float(pg.input_value("#scrubber input[type=number]")))
+
+
+def run_preset(pg, name: str) -> str:
+    """Out of presenter view to choose a preset (its menu steps aside there), back in, and Enter in
+    the prompt runs it."""
+    pg.click("#present input")
+    pg.wait_for_function("() => !document.body.classList.contains('dl-present')")
+    _choose(pg, "#preset", name)
+    pg.wait_for_timeout(500)
+    pg.click("#present input")
+    pg.wait_for_function("() => document.body.classList.contains('dl-present')")
+    before = _shown_run(pg)
+    pg.press("#prompt textarea", "Enter")
+    return _wait_run_ended(pg, before, timeout=240_000)
+
+
+def on_first_screen(pg, selector: str) -> bool:
+    box = pg.locator(selector).first.bounding_box()
+    return bool(box) and box["width"] > 0 and box["height"] > 0 and box["y"] >= 0 and \
+        box["y"] + box["height"] <= SCREEN["height"] and box["x"] + box["width"] <= SCREEN["width"]
+
+
+def contrast(pg, selector: str) -> list[float]:
+    """WCAG contrast of each text node's colour under ``selector`` against the first opaque
+    background behind it."""
+    return pg.evaluate("""(sel) => {
+      const lum = (c) => { const v = c.match(/[\\d.]+/g).slice(0, 3).map(Number).map((x) => x / 255)
+        .map((x) => x <= 0.04045 ? x / 12.92 : ((x + 0.055) / 1.055) ** 2.4);
+        return 0.2126 * v[0] + 0.7152 * v[1] + 0.0722 * v[2]; };
+      const ground = (el) => { for (let e = el; e; e = e.parentElement) { const b = getComputedStyle(e).backgroundColor;
+        const a = b.match(/[\\d.]+/g); if (a && (a.length < 4 || Number(a[3]) > 0.5)) return b; } return 'rgb(255,255,255)'; };
+      const out = [];
+      for (const root of document.querySelectorAll(sel)) {
+        const it = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+        for (let n = it.nextNode(); n; n = it.nextNode()) {
+          if (!n.nodeValue.trim()) continue;
+          const el = n.parentElement, fg = lum(getComputedStyle(el).color), bg = lum(ground(el));
+          out.push((Math.max(fg, bg) + 0.05) / (Math.min(fg, bg) + 0.05));
+        }
+      }
+      return out; }""", selector)
+
+
+def plot_layout(pg, selector: str) -> dict:
+    return pg.evaluate("(s) => { const gd = document.querySelector(`${s} .js-plotly-plot`);"
+                       " return {paper: gd.layout.paper_bgcolor, font: gd.layout.font.size}; }", selector)
+
+
+def test_presenter_view_fits_run_grid_verdicts_and_a_panel_on_one_screen(pg):
+    status = run_preset(pg, SEVERAL_STEPS)
+    assert status.startswith("Done"), status
+    for selector in ("#run-btn", "#step-play", "#scrubber", "#token-grid", "#grid-verdicts .dl-verdict", "#conf-plot"):
+        assert on_first_screen(pg, selector), selector
+    assert pg.evaluate("document.documentElement.scrollHeight") <= SCREEN["height"]
+    for panel, selector in (("KV", "#kv-plot"), ("Cache", "#cache-plot"), ("Confidence", "#conf-plot")):
+        pg.click(f"#panel-choice label:has-text('{panel}')")
+        pg.wait_for_timeout(300)
+        assert on_first_screen(pg, selector), panel
+
+
+def test_play_and_the_keys_move_the_step(pg):
+    if not pg.locator("#token-grid .dl-run[data-done='1']").count():
+        run_preset(pg, SEVERAL_STEPS)
+    pg.click("#grid-verdicts")  # focus out of the prompt: keys there are the prompt's
+    last = int(pg.get_attribute("#scrubber input[type=range]", "max"))
+    assert last >= 4
+    pg.keyboard.press("Home")
+    pg.wait_for_function("() => document.querySelector('#scrubber input[type=number]').value === '0'")
+    pg.keyboard.press("ArrowRight")
+    pg.wait_for_function("() => document.querySelector('#scrubber input[type=number]').value === '1'")
+    pg.keyboard.press("ArrowLeft")
+    pg.wait_for_function("() => document.querySelector('#scrubber input[type=number]').value === '0'")
+    pg.wait_for_function("() => document.querySelector('#token-grid').innerText.includes('after step 0 ')")
+    pg.keyboard.press(" ")  # play: the step moves on its own
+    pg.wait_for_function("() => Number(document.querySelector('#scrubber input[type=number]').value) >= 2",
+                         timeout=20_000)
+    pg.wait_for_function("() => document.querySelector('#token-grid').innerText.includes('after step 2') || "
+                         "Number(document.querySelector('#scrubber input[type=number]').value) > 2")
+    pg.keyboard.press(" ")  # pause
+    pg.wait_for_function("() => document.querySelector('#step-play').innerText.includes('Play')")
+    held = step(pg)
+    pg.wait_for_timeout(1500)
+    assert step(pg) == held  # paused: it stays
+    pg.keyboard.press("End")
+    pg.wait_for_function("(n) => document.querySelector('#scrubber input[type=number]').value === String(n)",
+                         arg=last)
+
+
+def test_the_dark_theme_is_readable_and_the_font_scale_reaches_the_plots(pg):
+    if not pg.locator("#token-grid .dl-run[data-done='1']").count():
+        run_preset(pg, SEVERAL_STEPS)
+    light = plot_layout(pg, "#conf-plot")
+    _choose(pg, "#theme", "dark")
+    pg.wait_for_function("() => document.body.classList.contains('dark')")
+    pg.wait_for_function("() => { const gd = document.querySelector('#conf-plot .js-plotly-plot');"
+                         " return gd && gd.layout.paper_bgcolor !== 'white'; }", timeout=20_000)
+    ratios = contrast(pg, "#grid-verdicts .dl-verdict")
+    assert ratios and min(ratios) >= 4.5, ratios
+    assert min(contrast(pg, "#status")) >= 4.5
+    _choose(pg, "#font-scale", "1.5×")
+    pg.wait_for_function("(size) => { const gd = document.querySelector('#conf-plot .js-plotly-plot');"
+                         " return gd && gd.layout.font.size >= 1.4 * size; }", arg=light["font"], timeout=20_000)
+    zoom = pg.evaluate("getComputedStyle(document.querySelector('#token-grid')).zoom")
+    assert float(zoom) == 1.5
+    _choose(pg, "#font-scale", "1×")
+    _choose(pg, "#theme", "light")
+    pg.wait_for_function("() => !document.body.classList.contains('dark')")
+
+
+def test_a_token_opens_its_panel_and_a_branch_is_drawn_beside_the_original(pg):
+    if not pg.locator("#token-grid .dl-run[data-done='1']").count():
+        run_preset(pg, SEVERAL_STEPS)
+    pg.click("#panel-choice label:has-text('Token')")
+    pg.click("#grid-verdicts")
+    pg.keyboard.press("Home")
+    pg.wait_for_function("() => document.querySelector('#scrubber input[type=number]').value === '0'")
+    pg.keyboard.press("ArrowRight")
+    pg.wait_for_function("() => document.querySelector('#scrubber input[type=number]').value === '1'")
+    pg.wait_for_function("() => document.querySelector('#token-grid').innerText.includes('after step 1 ')")
+    committed = pg.locator("#token-grid [data-token]").first
+    position = committed.get_attribute("data-pos")
+    committed.click()
+    pg.wait_for_function("(p) => document.querySelector('#position-panel').innerText.includes(`Position ${p}`)",
+                         arg=position)
+    assert "History" in pg.inner_text("#position-panel")
+    pg.click("#remask-btn")
+    pg.wait_for_function("() => document.querySelector('#branch-status').innerText.includes('Branch done')",
+                         timeout=240_000)
+    original, branch = pg.locator("#token-grid").bounding_box(), pg.locator("#branch-grid").bounding_box()
+    assert branch["x"] > original["x"] + original["width"] / 2  # beside it, not under it
+    assert abs(branch["y"] - original["y"]) < 80
+    title = pg.inner_text("#branch-grid .dl-branch-title")
+    assert f"position {position} sent back to mask after step 1" in title
+    assert pg.locator("#branch-verdicts .dl-verdict").count() >= 1
+    # At the step it was sent back, the branch shows the position masked; the original, its token.
+    assert pg.locator(f"#branch-grid [data-pos='{position}']").first.get_attribute("data-token") is None
+    assert pg.locator(f"#token-grid [data-pos='{position}']").first.get_attribute("data-token") is not None
+    with pg.expect_download(timeout=30_000) as download:
+        pg.click("#branch-export")
+    saved = json.loads(open(download.value.path()).read())
+    assert saved["branch"]["after_step"] == 1 and saved["branch"]["token"] is None
+
+
+def test_export_for_slides_gives_the_grid_and_the_panel_as_png_and_svg_in_one_click(pg, tmp_path):
+    import zipfile
+    from xml.etree import ElementTree
+
+    if not pg.locator("#token-grid .dl-run[data-done='1']").count():
+        run_preset(pg, SEVERAL_STEPS)
+    pg.click("#panel-choice label:has-text('Confidence')")
+    with pg.expect_download(timeout=60_000) as download:
+        pg.click("#slides-btn")
+    path = tmp_path / "slides.zip"
+    download.value.save_as(path)
+    with zipfile.ZipFile(path) as archive:
+        names = set(archive.namelist())
+        assert {"grid.svg", "grid.png"} | {f"{p}-plot.{x}" for p in ("conf", "kv", "cache") for x in ("svg", "png")} <= names, names
+        for name in names:
+            data = archive.read(name)
+            if name.endswith(".png"):
+                assert data.startswith(b"\x89PNG") and len(data) > 1000
+            else:
+                ElementTree.fromstring(data)  # a standalone SVG that parses
+        grid = archive.read("grid.svg").decode()
+    shown = pg.inner_text("#grid-verdicts .dl-verdict")
+    assert shown.split()[1] in grid  # the verdicts come with the grid
