@@ -3,7 +3,7 @@ panel opens on a middle layer with the fixed colour scale, masked positions show
 candidates, the what-if slider reframes the grid without a model run, the straight-house step reads
 "no guarantee", and every verdict line states the figures of the run's exported trace.
 ``DLLM_SCREENSHOTS=docs/presets`` also saves a screenshot of each preset there (the pictures of
-the README and docs/page.md)."""
+the README and docs/page.md), and two of it in presenter view at 1.5×, light and dark."""
 from __future__ import annotations
 
 import json
@@ -124,6 +124,30 @@ def test_every_preset_draws_its_lesson(pg, name, tmp_path):
     if SHOTS:
         Path(SHOTS).mkdir(parents=True, exist_ok=True)
         pg.screenshot(path=str(Path(SHOTS) / f"{_slug(name)}.png"), full_page=True)
+        _presenter_shots(pg, Path(SHOTS) / _slug(name))
+
+
+def _plots_font_at_least(pg, size: float) -> None:
+    pg.wait_for_function("(n) => ['#conf-plot', '#kv-plot', '#cache-plot'].every((s) => {"
+                         " const gd = document.querySelector(`${s} .js-plotly-plot`);"
+                         " return gd && gd.layout && gd.layout.font.size >= n; })", arg=size, timeout=30_000)
+
+
+def _presenter_shots(pg, stem: Path) -> None:
+    """The preset as a projector shows it: presenter view at 1.5×, light and dark, one screen each
+    (``<stem>-present.png``, ``<stem>-present-dark.png``); the page left as it was."""
+    pg.locator("#present input").check()
+    _choose(pg, "#font-scale", "1.5×")
+    _plots_font_at_least(pg, 20)
+    assert pg.locator("#run-btn").bounding_box()["y"] < 720
+    pg.screenshot(path=f"{stem}-present.png")
+    _choose(pg, "#theme", "dark")
+    pg.wait_for_function("() => document.querySelector('#conf-plot .js-plotly-plot').layout.paper_bgcolor !== 'white'")
+    pg.screenshot(path=f"{stem}-present-dark.png")
+    _choose(pg, "#theme", "light")
+    _choose(pg, "#font-scale", "1×")
+    pg.locator("#present input").uncheck()
+    pg.wait_for_function("() => !document.body.classList.contains('dl-present')")
 
 
 def test_straight_house_reads_no_guarantee_and_invalid(pg):
