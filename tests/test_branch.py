@@ -90,3 +90,24 @@ def test_changes_the_run_cannot_take_are_one_message(tiny, original):
         run(tiny, Branch(after_step=0, position=original.prompt_len - 1, token=5))
     with pytest.raises(SettingsError, match="block by block"):
         run(tiny, Branch(after_step=0, position=original.prompt_len, token=5), cache="flash", unmask="threshold")
+
+
+def test_the_views_draw_a_forced_token_as_forced(tiny, original):
+    from xml.etree import ElementTree
+
+    from ui.grid import token_grid_html
+    from ui.position_panel import position_panel_html
+    from ui.slides import grid_svg
+
+    step = 1
+    position = masked_after(original, step)[0]
+    branch = run(tiny, Branch(after_step=step, position=position, token=5)).to_dict()
+    answer_position = position - branch["prompt_len"] if "prompt_len" in branch else position - len(branch["prompt_ids"])
+    for color_by in ("step", "confidence"):
+        html = token_grid_html(branch, step, color_by=color_by)
+        chip = html.split(f'data-pos="{answer_position}"', 1)[0].rsplit("<span", 1)[1]
+        assert "dl-forced" in chip
+        assert f"forced after step {step} by the branch" in html
+        ElementTree.fromstring(grid_svg(branch, step, color_by))
+    assert "forced there by the branch" in position_panel_html(branch, step, answer_position)
+    assert "dl-forced" not in token_grid_html(branch, step - 1)  # before the change, nothing forced

@@ -38,6 +38,14 @@ def _attr(text: str) -> str:
     return html.escape(text, quote=False).replace('"', "&quot;")
 
 
+def chip_rgb(color_by: str, commit_step: int, confidence: float | None, last: int) -> tuple[int, int, int]:
+    """A committed box's colour: by the step that committed it, or by its confidence then (a token
+    a branch forced has none: coloured by its step)."""
+    if color_by == "confidence" and confidence is not None:
+        return _interp(_CONF_STOPS, confidence)
+    return _interp(_STEP_STOPS, 0.1 + 0.9 * commit_step / max(1, last))
+
+
 def _interp(stops: list[tuple[int, int, int]], t: float) -> tuple[int, int, int]:
     t = min(1.0, max(0.0, t))
     x = t * (len(stops) - 1)
@@ -52,11 +60,11 @@ _STEP_STOPS = [(222, 235, 247), (158, 202, 225), (66, 146, 198), (8, 81, 156), (
 _CONF_STOPS = [(215, 48, 39), (252, 141, 89), (254, 224, 139), (145, 207, 96), (26, 152, 80)]
 
 
-def _css(rgb: tuple[int, int, int]) -> str:
+def css(rgb: tuple[int, int, int]) -> str:
     return f"rgb({rgb[0]},{rgb[1]},{rgb[2]})"
 
 
-def _text_colour(rgb: tuple[int, int, int]) -> str:
+def text_colour(rgb: tuple[int, int, int]) -> str:
     luminance = 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2]
     return "#fff" if luminance < 140 else "#111"
 
@@ -187,11 +195,14 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
                          f"{number}▢{past}</span>")
             continue
         vis = token_label(trace, token)
-        rgb = (_interp(_CONF_STOPS, conf) if color_by == "confidence"
-               else _interp(_STEP_STOPS, 0.1 + 0.9 * s / max(1, last)))
-        style = f"{_BOX}background:{_css(rgb)};color:{_text_colour(rgb)};"
+        rgb = chip_rgb(color_by, s, conf, last)
+        style = f"{_BOX}background:{css(rgb)};color:{text_colour(rgb)};"
         classes = ["dl-tok"]
-        title = f"pos {p} · token '{vis}' · step {s} · confidence {conf:.2f}" + past_title
+        title = (f"pos {p} · token '{vis}' · step {s} · confidence {conf:.2f}" if conf is not None else
+                 f"pos {p} · token '{vis}' · forced after step {s} by the branch (no forward chose it)") + past_title
+        if conf is None:
+            style += "outline:3px dashed #7b2cbf;outline-offset:1px;"
+            classes.append("dl-forced")
         if (s, p) in at_commit:  # why it is this token: the candidates of the forward that committed it
             title += " · top candidates when committed: " + ", ".join(
                 f"'{token_label(trace, t)}' {q:.2f}" for t, q in at_commit[s, p])
@@ -236,13 +247,13 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
                   else "")
     swatch = "display:inline-block;width:1.1em;height:0.9em;border-radius:3px;vertical-align:middle;margin:0 3px;"
     if color_by == "confidence":
-        scale = (f'<span style="{swatch}background:{_css(_CONF_STOPS[0])}"></span>low → high confidence at commit'
-                 f'<span style="{swatch}background:{_css(_CONF_STOPS[-1])}"></span>')
+        scale = (f'<span style="{swatch}background:{css(_CONF_STOPS[0])}"></span>low → high confidence at commit'
+                 f'<span style="{swatch}background:{css(_CONF_STOPS[-1])}"></span>')
     elif last >= 1:
-        scale = (f'<span style="{swatch}background:{_css(_interp(_STEP_STOPS, 0.1))}"></span>step 0 → step {last}'
-                 f'<span style="{swatch}background:{_css(_interp(_STEP_STOPS, 1.0))}"></span>')
+        scale = (f'<span style="{swatch}background:{css(_interp(_STEP_STOPS, 0.1))}"></span>step 0 → step {last}'
+                 f'<span style="{swatch}background:{css(_interp(_STEP_STOPS, 1.0))}"></span>')
     else:  # a run of one step (or none yet): one colour
-        scale = f'<span style="{swatch}background:{_css(_interp(_STEP_STOPS, 0.1))}"></span>step 0'
+        scale = f'<span style="{swatch}background:{css(_interp(_STEP_STOPS, 0.1))}"></span>step 0'
     committed = len(ids) - state["masked"]
     where = "before any step" if shown < 0 else f"after step {shown}"
     marks = ""

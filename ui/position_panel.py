@@ -219,7 +219,8 @@ def position_panel_html(trace: Trace, step: int, position: int) -> str:
     when = "before any step" if shown < 0 else f"after step {shown}"
     head = f"Position {position} · {when}"
     if token is not None:
-        now = f"{_CHIP.format(html.escape(names[token]))} since step {at}, committed with confidence {conf:.2f}"
+        now = f"{_CHIP.format(html.escape(names[token]))} since step {at}, " + (
+            f"committed with confidence {conf:.2f}" if conf is not None else "forced there by the branch")
     else:
         back = [e for e in events if e["kind"] in ("taken back", "sent back")]
         now = _CHIP.format("▢") + (f" masked again since step {back[-1]['step']} ({back[-1]['kind']})"

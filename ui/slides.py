@@ -16,7 +16,7 @@ from xml.etree import ElementTree
 from xml.sax.saxutils import escape
 
 from .acceptance import acceptance_verdict
-from .grid import _CONF_STOPS, _STEP_STOPS, _css, _interp, _text_colour, token_label
+from .grid import chip_rgb, css, text_colour, token_label
 from .grid_ends import end_runs
 from .lessons import MARKS, grid_verdicts
 from .policy_marks import sent_back
@@ -63,9 +63,9 @@ def _chips(trace: Trace, step: int, color_by: str) -> tuple[list[dict], int, int
             chips.append({"label": "▢", "pos": str(p), "fill": "#e5e5e5", "ink": "#555", "past": past,
                           "stroke": "#d73027" if rejected_now else None})
         else:
-            rgb = _interp(_CONF_STOPS, conf) if color_by == "confidence" else _interp(_STEP_STOPS, 0.1 + 0.9 * s / max(1, last))
+            rgb = chip_rgb(color_by, s, conf, last)
             stray = end is not None and p > end and not is_end_token(trace, token)
-            chips.append({"label": token_label(trace, token), "pos": str(p), "fill": _css(rgb), "ink": _text_colour(rgb),
+            chips.append({"label": token_label(trace, token), "pos": str(p), "fill": css(rgb), "ink": text_colour(rgb),
                           "stroke": "#e4572e" if s == shown else "#b00020" if stray else None, "dashed": stray,
                           "faded": is_end_token(trace, token), "past": past})
         p += 1
