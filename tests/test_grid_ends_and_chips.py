@@ -11,7 +11,7 @@ import pytest
 from preset_runs import preset_trace
 from ui import grid, replay
 
-BOX = re.compile(r'<span class="(dl-tok[^"]*)" data-pos="(\d+)"(?: data-token="(\d+)")? title="([^"]*)" style="([^"]*)"')
+BOX = re.compile(r'<span class="(dl-tok[^"]*)" title="([^"]*)" data-pos="(\d+)"(?: data-token="(\d+)")? style="([^"]*)"')
 FOLD = re.compile(r'<details class="dl-pad"[^>]*>(<summary[^>]*>[^<]*</summary>)(.*?)</details>', re.S)
 RUNS = ("paper default", "several steps", "self-verifying", "revise")
 
@@ -19,8 +19,8 @@ RUNS = ("paper default", "several steps", "self-verifying", "revise")
 def boxes(page: str) -> list[dict]:
     """Every box of the grid in order: its position, token, classes, hover, style and the chip it is folded under."""
     folds = [(m.start(2), m.end(2), m.group(1)) for m in FOLD.finditer(page)]
-    return [{"pos": int(m.group(2)), "token": None if m.group(3) is None else int(m.group(3)),
-             "classes": m.group(1).split(), "title": html.unescape(m.group(4)), "style": m.group(5),
+    return [{"pos": int(m.group(3)), "token": None if m.group(4) is None else int(m.group(4)),
+             "classes": m.group(1).split(), "title": html.unescape(m.group(2)), "style": m.group(5),
              "chip": next((chip for a, b, chip in folds if a <= m.start() < b), None)} for m in BOX.finditer(page)]
 
 

@@ -191,7 +191,7 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
             if window and p in window:
                 style += policy_marks.WINDOW_MASKED + policy_marks.window_bar(_WHAT_IF_SHADOW if p in would else "")
                 classes += " dl-window"
-            boxes.append(f'<span class="{classes}" data-pos="{p}" title="{_attr(title)}" style="{style}">'
+            boxes.append(f'<span class="{classes}" title="{_attr(title)}" data-pos="{p}" style="{style}">'
                          f"{number}▢{past}</span>")
             continue
         vis = token_label(trace, token)
@@ -235,7 +235,7 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
         if window and p in window:
             style += policy_marks.window_bar(_WHAT_IF_SHADOW if p in would else "")
             classes.append("dl-window")
-        boxes.append(f'<span class="{" ".join(classes)}" data-pos="{p}" data-token="{token}" title="{_attr(title)}" '
+        boxes.append(f'<span class="{" ".join(classes)}" title="{_attr(title)}" data-pos="{p}" data-token="{token}" '
                      f'style="{style}">{number}{html.escape(vis)}{past}</span>')
     tail = policy_marks.masked_tail(trace, record, ids) if window is not None else None
     if tail and tail[1] - tail[0] >= COLLAPSE_PADDING:  # the positions a sliding-window run never decodes
