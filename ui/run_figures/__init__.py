@@ -1,6 +1,6 @@
 """The Run tab's figures, one module per family: ``confidence`` (the confidence heatmap),
-``kv`` (KV cosine, its input changes and drift probes) and ``cache`` (G and hit rate), on the
-shared grid of ``axes``. Each is a pure function of the trace (trace dict in, plotly figure out)
+``kv`` (KV cosine on the colour scale of ``cosine_scale``, its input changes and drift probes) and
+``cache`` (G and hit rate), on the shared grid of ``axes``. Each is a pure function of the trace (trace dict in, plotly figure out)
 and shows the answer region only (see ``ui.replay``)."""
 from __future__ import annotations
 
