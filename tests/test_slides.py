@@ -51,7 +51,7 @@ def _url(media: str, data: bytes) -> str:
 def _grid_fills(grid: str) -> dict[int, str]:
     """Each grid box's background colour, by answer position."""
     return {int(pos): re.search(r"background:([^;]+);", style).group(1)
-            for pos, style in re.findall(r'<span class="dl-tok[^"]*" data-pos="(\d+)"[^>]*style="([^"]*)"', grid)}
+            for pos, style in re.findall(r'<span class="dl-tok[^"]*"[^>]* data-pos="(\d+)"[^>]*style="([^"]*)"', grid)}
 
 
 def test_the_grid_svg_has_one_chip_per_box_with_its_label_and_colour_and_the_verdicts_below(traces):
