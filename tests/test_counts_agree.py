@@ -130,3 +130,15 @@ def test_a_trace_without_per_step_guider_counts_still_loads_and_says_what_it_kno
     assert replay.numbers(older)["guider_forwards"] == guided["stats"]["guider_forwards"]
     assert replay.numbers(older, 1)["guider_forwards"] is None  # not recorded per step: unknown, not 0
     assert "guider — forwards of the guider" in _text(tables.numbers_html(replay.numbers(older, 1)))
+
+
+def test_the_confidence_plots_theorem_marks_say_what_the_verdicts_say(self_verify):
+    from ui import run_figures
+
+    fig = run_figures.confidence_heatmap(self_verify)
+    marked = {verdict: set(trace.y) for trace in fig.data if (trace.name or "").startswith("Theorem 1: ")
+              for verdict in [trace.name.removeprefix("Theorem 1: ")]}
+    kept = {i: replay.theorem1(record)["verdict"] for i, record in enumerate(self_verify["steps"])}
+    assert any(replay.drafts(r) != r["committed"] for r in self_verify["steps"])  # drafts were sent back
+    for verdict in ("guaranteed", "no guarantee"):
+        assert marked.get(verdict, set()) == {i for i, v in kept.items() if v == verdict}

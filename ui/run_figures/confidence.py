@@ -8,7 +8,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from ..figure_style import message_figure, styled
-from ..replay import Trace, answer_length, drafts, prompt_len, steps_upto, theorem1, token_text, visible
+from ..replay import Trace, answer_length, prompt_len, steps_upto, theorem1, token_text, visible
 from .axes import EMPTY_MESSAGE, NAN, cell_gaps, mark_column, mark_size, num, position_axis, step_axis
 
 CAPTION = ("Each row is one step, not one forward: colour is the model's confidence at still-masked positions "
@@ -104,8 +104,9 @@ def _sent_back(fig: go.Figure, trace: Trace, steps: list[dict], n: int) -> None:
 def _theorem1_column(fig: go.Figure, steps: list[dict]) -> None:
     """Theorem 1's verdict left of each row, in a column of its own: a green dot where it guarantees
     the step, a red cross where not; sized to the rows and outlined, so that 32 rows stay 32 marks."""
-    # Told for what each step drafted: a dot beside drafts self-verify sent back must not say "guaranteed".
-    verdicts = [theorem1({"committed": drafts(record)}) for record in steps]
+    # Told for the commits each step kept, as the grid's and the verdicts' lines are: the drafts
+    # self-verify sent back have their red squares.
+    verdicts = [theorem1(record) for record in steps]
     column, size = mark_column(fig), mark_size(11, None, len(steps), share=0.75)
     for verdict, symbol, colour, line in (("guaranteed", "circle", "#1a9850", {"color": "white", "width": 1}),
                                           ("no guarantee", "x-thin-open", "#d73027",
