@@ -95,6 +95,10 @@ def test_presenter_view_fits_run_grid_verdicts_and_a_panel_on_one_screen(pg):
     for selector in ("#run-btn", "#step-play", "#scrubber", "#token-grid", "#grid-verdicts .dl-verdict", "#conf-plot"):
         assert on_first_screen(pg, selector), selector
     assert pg.evaluate("document.documentElement.scrollHeight") <= SCREEN["height"]
+    # Nothing of the grid runs out of its box sideways (an end-of-text chip's long label wraps).
+    assert pg.evaluate("""() => { const grid = document.querySelector('#token-grid').getBoundingClientRect();
+      return Array.from(document.querySelectorAll('#token-grid .dl-pad-chip, #token-grid .dl-tok'))
+        .every((e) => e.getBoundingClientRect().right <= grid.right + 1); }""")
     for panel, selector in (("KV", "#kv-plot"), ("Cache", "#cache-plot"), ("Confidence", "#conf-plot")):
         pg.click(f"#panel-choice label:has-text('{panel}')")
         pg.wait_for_timeout(300)

@@ -65,7 +65,8 @@ def fold_end_runs(trace: Trace, ids: list[int | None], boxes: list[str], runs: l
                  "click to show them one by one")
         chip = (f'<summary class="dl-pad-chip{" dl-new" if new else ""}" data-from="{start}" data-to="{stop - 1}" '
                 f'data-new="{stop - start if new else 0}" title="{html.escape(title)}" style="{box_style}'
-                f'display:inline-block;background:#f0f0f0;color:#333;{commit_outline if new else ""}'
+                f'display:inline-block;white-space:normal;max-width:95%;background:#f0f0f0;color:#333;'
+                f'{commit_outline if new else ""}'
                 f'{bar(start, stop)}">× {stop - start} end of text{when}: {html.escape(which)} '
                 f"(pos {start}–{stop - 1})</summary>")
         boxes[start:stop] = [f'<details class="dl-pad" style="display:inline;">{chip}{"".join(boxes[start:stop])}'
