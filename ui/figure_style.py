@@ -16,7 +16,9 @@ def styled(fig: go.Figure, title: str, height: int = HEIGHT) -> go.Figure:
         template=None, plot_bgcolor="white", paper_bgcolor="white", font={"color": "#2a3f5f", "size": 14},
         height=height, title={"text": title, "font": {"size": 17}, "x": 0.01},
         margin={"l": 55, "r": 20, "t": 40, "b": 40},
-        legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0},
+        # Below the axes, not above: in a narrow panel (presenter view) a legend that wraps above
+        # the axes runs over the title; below, plotly's margin grows to fit it.
+        legend={"orientation": "h", "yanchor": "top", "y": -0.3, "xanchor": "left", "x": 0.0},
     )
     return fig
 
