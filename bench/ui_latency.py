@@ -53,12 +53,26 @@ WATCH_RUN = """(prev) => {
 }"""
 
 
+def start_page(preset: str):
+    """The app in-process on a free port, opened on ``preset``: (page, session, url)."""
+    import app
+    from ui.page import LAUNCH_OPTIONS
+
+    page_app, session = app.create(app.parse_args(["--preset", preset]))
+    page_app.queue(default_concurrency_limit=1)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    _, url, _ = page_app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
+                                **LAUNCH_OPTIONS)
+    return page_app, session, url
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--preset", default=None, help="preset name (default: the page's default preset)")
     args = ap.parse_args()
-    import app
     import dllm_local
     from dllm_local.experiments.costmodel import machine_name
     from dllm_local.serving.engine import engine_threads
@@ -66,7 +80,6 @@ def main() -> int:
     from playwright.sync_api import sync_playwright
 
     from ui.controls import controls_from_settings, settings_from_controls
-    from ui.page import LAUNCH_OPTIONS
     from ui.presets import load_presets
 
     presets = load_presets()[0]
@@ -75,13 +88,7 @@ def main() -> int:
         ap.error(f"no preset {name!r}; choose one of: {', '.join(presets)}")
     preset = presets[name]
     t0 = time.perf_counter()
-    page_app, session = app.create(app.parse_args(["--preset", name]))
-    page_app.queue(default_concurrency_limit=1)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    _, url, _ = page_app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-                                **LAUNCH_OPTIONS)
+    page_app, session, url = start_page(name)
     ready = time.perf_counter() - t0
     prompt = preset["prompt"]
     # The page runs a preset through its controls (full trace); time the engine on exactly that.

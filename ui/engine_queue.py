@@ -91,7 +91,8 @@ class EngineQueue:
 
 
 def throttled(events: Iterable[dict], every: float = REDRAW_EVERY_S, page_share: float = PAGE_SHARE,
-              backlog: Callable[[], int] = lambda: 0) -> Iterator[tuple[dict, bool]]:
+              backlog: Callable[[], int] = lambda: 0, heavy: Callable[[], bool] = lambda: False,
+              ) -> Iterator[tuple[dict, bool]]:
     """The growing trace of a session's run events (``Session.run``); yield ``(trace, done)`` at
     most every ``every`` seconds, and always the start (the empty grid), the first step (it sets
     the click-to-paint latency) and the final state.
@@ -99,6 +100,9 @@ def throttled(events: Iterable[dict], every: float = REDRAW_EVERY_S, page_share:
     The gap between redraws also grows with what a redraw costs (the time the consumer takes
     before asking for more), so drawing takes at most ``page_share`` of the run: the engine has
     a process of its own, but on a small machine the page and the browser share its cores.
+    ``heavy``: whether the redraw just taken was one of the consumer's rare dear ones (the live
+    run's plots, paced by the live run itself): its cost leaves the gap as it was, or one plot
+    redraw would hold back the grid redraws after it.
     ``backlog``: how many events have arrived unread (``Session.waiting``); a redraw that is due
     waits for the last of them, so what is drawn is the newest step the engine has sent.
     """
@@ -110,7 +114,8 @@ def throttled(events: Iterable[dict], every: float = REDRAW_EVERY_S, page_share:
             yielded = time.perf_counter()
             yield live, done
             last = time.perf_counter()
-            gap = max(every, (last - yielded) * (1 - page_share) / page_share)
+            if not heavy():
+                gap = max(every, (last - yielded) * (1 - page_share) / page_share)
 
 
 def error_text(exc: Exception) -> str:

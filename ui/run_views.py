@@ -11,16 +11,19 @@ from dllm_local.devices import DEVICES
 from dllm_local.experiments.costmodel import TARGET_MODELS, project
 
 from . import acceptance, grid, lessons, run_figures, tables
-from .inputs import Choice, ColorBy, DeviceName, Fraction, KVView, PageState, StepIndex, TargetName, Which, checked
+from .figure_style import on_screen
+from .inputs import (Choice, ColorBy, DeviceName, FontScale, Fraction, KVView, PageState, StepIndex, TargetName, Theme,
+                     Which, checked)
+from .presenter import FONT_SCALES
 from .replay import MEAN_LAYERS, numbers
 
 KV_VIEW_DEFAULTS = {"which": "v", "kv_view": "drift"}
 
 
 def draw(trace: dict, step: int | None, color_by: str, layer: str, which: str, kv_view: str, what_if: float = 0.0,
-         with_plots: bool = True) -> dict[str, Any]:
+         with_plots: bool = True, font_scale: str = "1×", theme: str = "light") -> dict[str, Any]:
     """Every view of a trace at one step, by name ("grid", "numbers" and, ``with_plots``, the
-    three figures): the only way views are produced."""
+    three figures, with the screen's font scale and theme): the only way views are produced."""
     steps = len(trace.get("steps", []))
     at = steps - 1 if step is None else min(int(step), steps - 1)
     upto = at if steps else None
@@ -29,9 +32,11 @@ def draw(trace: dict, step: int | None, color_by: str, layer: str, which: str, k
              "grid_verdicts": lessons.verdicts_html(
                  [*lessons.grid_verdicts(trace, at), acceptance.acceptance_verdict(trace, at)] if steps else [])}
     if with_plots:
-        views.update(confidence=run_figures.confidence_heatmap(trace, upto),
-                     kv=run_figures.kv_heatmap(trace, layer=layer, which=which, upto_step=upto, view=kv_view),
-                     cache=run_figures.cache_panel(trace, upto),
+        scale = FONT_SCALES.get(font_scale, 1.0)
+        views.update(confidence=on_screen(run_figures.confidence_heatmap(trace, upto), scale, theme),
+                     kv=on_screen(run_figures.kv_heatmap(trace, layer=layer, which=which, upto_step=upto, view=kv_view),
+                                  scale, theme),
+                     cache=on_screen(run_figures.cache_panel(trace, upto), scale, theme),
                      kv_verdicts=lessons.verdicts_html([lessons.kv_reuse_verdict(trace, at, layer, which)] if steps else []),
                      cache_verdicts=lessons.verdicts_html([lessons.cache_saves_verdict(trace, at)] if steps else []))
     return views
@@ -79,16 +84,18 @@ class RunReplay:
 
     @checked
     def redraw(self, request: gr.Request, trace: PageState, step: StepIndex, color_by: ColorBy, layer: Choice,
-               which: Which, kv_view: KVView, what_if: Fraction = 0.0) -> dict:
+               which: Which, kv_view: KVView, what_if: Fraction = 0.0, font_scale: FontScale = "1×",
+               theme: Theme = "light") -> dict:
         if not trace or not trace.get("steps"):
             return {box: gr.skip() for box in self.view_boxes.values()}  # Gradio reads {} as one value
         self.viewed(request, step, color_by, what_if)
-        return self.shown(draw(trace, step, color_by, layer, which, kv_view, what_if))
+        return self.shown(draw(trace, step, color_by, layer, which, kv_view, what_if, font_scale=font_scale,
+                               theme=theme))
 
     @checked
     def redraw_grid(self, request: gr.Request, trace: PageState, step: StepIndex, color_by: ColorBy,
                     what_if: Fraction) -> dict:
         if not trace or not trace.get("steps"):
             return {self.grid: gr.skip()}
-        self.viewed(request, step, color_by, what_if)
+        self.viewed(request, step, color_by, what_if, full=False)
         return {self.grid: grid_at(trace, min(int(step), len(trace["steps"]) - 1), color_by, what_if)}
