@@ -141,12 +141,16 @@ class Branching:
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message; the page stays up
             yield {self.branch_status: f"⚠ {error_text(exc)}"}
 
-    def _wire_branching(self) -> None:
+    def _wire_branching(self, step_moves: list) -> None:
+        """``step_moves``: the events after which the step shown has moved."""
         shown = [self.trace, self.scrub, self.position]
         self.position.change(self.show_position, shown, [self.position_panel, self.branch_token], queue=False)
-        self.scrub.change(self.show_position, shown, [self.position_panel, self.branch_token], queue=False)
-        self.scrub.change(self.show_branch, [self.branch_trace, self.scrub, self.color_by],
-                          [self.branch_grid, self.branch_verdicts], queue=False)
+        for moved in step_moves:
+            moved.then(self.show_position, shown, [self.position_panel, self.branch_token], queue=False,
+                       api_visibility="private").then(
+                self.show_branch, [self.branch_trace, self.scrub, self.color_by], [self.branch_grid,
+                                                                                  self.branch_verdicts],
+                queue=False, api_visibility="private")
         outputs = [self.branch_trace, self.branch_grid, self.branch_verdicts, self.branch_status, self.branch_export,
                    self.branch_col, self.status]
         for button, handler in ((self.force_btn, self.branch_force), (self.remask_btn, self.branch_remask)):

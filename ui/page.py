@@ -57,8 +57,10 @@ JS = """
 """ + KEYS_JS + "}\n"
 # The largest file the page takes is a trace to import: Gradio refuses a larger upload before it
 # lands in its temporary folder.
+# No run history: Gradio would copy every streamed update (the grid, megabytes of plot data) into
+# the browser's storage, which kept the browser busy most of a long live run.
 LAUNCH_OPTIONS = {"css": CSS + PRESENTER_CSS, "js": JS, "footer_links": [], "max_file_size": MAX_TRACE_BYTES,
-                  "show_error": True}
+                  "show_error": True, "run_history": False}
 
 
 def build(session, presets: dict, preset_problems: list[str], default_preset: str | None = None,

@@ -184,7 +184,8 @@ class Presenter:
         except ValueError as exc:
             raise gr.Error(f"could not export the slides: {exc}", print_exception=False) from None
 
-    def _wire_presenter(self, page_load: gr.Blocks, views: list, outputs: list) -> None:
+    def _wire_presenter(self, page_load: gr.Blocks, views: list, outputs: list) -> list:
+        """Wire the screen's controls, the step bar and the slides' export; the events that move the step."""
         self.slides_btn.click(self.slides_grid, [self.trace, self.scrub, self.color_by], [self.slides_svg],
                               queue=False, api_visibility="private").success(
             None, [self.slides_svg], [self.slides_images], js=SLIDES_JS, queue=False).then(
@@ -195,15 +196,17 @@ class Presenter:
             box.change(None, self.screen, self.screen, js=SCREEN_JS, queue=False)
         page_load.load(None, [self.theme], [self.theme], js=THEME_ON_LOAD_JS, queue=False).then(
             None, self.screen, self.screen, js=SCREEN_JS, queue=False)
-        for move, button in self.moves.items():
-            button.click(lambda trace, step, move=move: self.move_step(move, trace, step), [self.trace, self.scrub],
-                         [self.scrub], queue=False, api_visibility="private").then(
-                self.redraw, views, outputs, queue=False, api_visibility="private")
-        self.play_btn.click(self.toggle_play, [self.playing, self.speed, self.trace, self.scrub],
-                            [self.playing, self.timer, self.play_btn, self.scrub], queue=False,
-                            api_visibility="private").then(self.redraw, views, outputs, queue=False,
-                                                           api_visibility="private")
+        moved = [button.click(lambda trace, step, move=move: self.move_step(move, trace, step), [self.trace, self.scrub],
+                              [self.scrub], queue=False, api_visibility="private").then(
+                     self.redraw, views, outputs, queue=False, api_visibility="private")
+                 for move, button in self.moves.items()]
+        moved.append(self.play_btn.click(self.toggle_play, [self.playing, self.speed, self.trace, self.scrub],
+                                         [self.playing, self.timer, self.play_btn, self.scrub], queue=False,
+                                         api_visibility="private").then(self.redraw, views, outputs, queue=False,
+                                                                        api_visibility="private"))
         self.speed.change(lambda speed: gr.Timer(1 / SPEEDS.get(speed, 2.0)), [self.speed], [self.timer], queue=False)
-        self.timer.tick(self.play_tick, [self.trace, self.scrub], [self.scrub, self.playing, self.timer, self.play_btn],
-                        queue=False, api_visibility="private").then(self.redraw, views, outputs, queue=False,
-                                                                    api_visibility="private")
+        moved.append(self.timer.tick(self.play_tick, [self.trace, self.scrub],
+                                     [self.scrub, self.playing, self.timer, self.play_btn], queue=False,
+                                     api_visibility="private").then(self.redraw, views, outputs, queue=False,
+                                                                    api_visibility="private"))
+        return moved

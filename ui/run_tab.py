@@ -47,7 +47,8 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, B
         self.engine, self.session, self.presets, self.specs = engine, engine.session, presets, specs
         self.models, self.exports, self.model_line = models, exports, model_line_box
         self.run_numbers = itertools.count(1)  # tags the live grid so a browser can tell runs apart
-        self.live: dict[str, LiveView] = {}  # by client (engine_queue.client_of): the runs going
+        self.live: dict[str, LiveView] = {}  # by client (engine_queue.client_of): the runs going, and the
+        # Follow live box of a client whose run has not started yet
         self.trace = gr.State({})
         preset = presets[default_preset] if default_preset else {}
         with gr.Row():
@@ -151,7 +152,7 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, B
         self.engine.wire_stop(self.stop_btn, self.stop_note, self.run_events, api_name="stop")
         views = [self.trace, self.scrub, *self.view_inputs]
         outputs = list(self.view_boxes.values())
-        self.scrub.input(self.redraw, views, outputs, queue=False)
+        scrubbed = self.scrub.input(self.redraw, views, outputs, queue=False)
         # Read by the run at every step: unticked, the view holds still; ticked, it catches up at once.
         self.follow.change(self.set_follow, [self.follow, self.trace, *self.view_inputs], [*outputs, self.scrub],
                            queue=False)
@@ -161,14 +162,11 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, B
         # The what-if threshold changes the grid only: no plot redraw, no model run.
         self.what_if.change(self.redraw_grid, [self.trace, self.scrub, self.color_by, self.what_if], [self.grid],
                             queue=False)
-        # Checked in full (size, schema, lengths) before anything is drawn: a bad file is one message.
-        self.import_file.upload(self.import_trace, [self.import_file, *self.view_inputs],
-                                [self.trace, *outputs, self.scrub, self.status, self.export_btn, self.prompt, *controls,
-                                 self.preset],
-                                api_name="import_trace", concurrency_limit=2, concurrency_id="import")
+        self.wire_import(outputs, controls)
         self._wire_model_box()
-        self._wire_presenter(self.engine.page, views, outputs)
-        self._wire_branching()
+        # The side panel and the branch follow every move of the step (not the slider's every
+        # change: a run's own updates of it would send a step past the maximum it has just set).
+        self._wire_branching([scrubbed, *self._wire_presenter(self.engine.page, views, outputs)])
         for box in (self.cost_target, self.cost_device):  # arithmetic on the trace: no model, no queue
             box.change(show_cost, [self.trace, self.cost_target, self.cost_device], [self.cost_html], queue=False)
 

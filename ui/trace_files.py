@@ -20,12 +20,9 @@ class TraceFiles:
     """The Run tab's export and import. Mixed into ``RunTab``, whose ``exports``, components,
     ``shown``, ``control_values``, ``preset_matching`` and ``apply_preset`` it reads."""
 
-    import_sets_panel = False  # whether the import's outputs hold the KV panel's boxes (``wire_import``)
-
     def wire_import(self, views: list, controls: list) -> None:
         """Import trace: checked in full (size, schema, lengths) before anything is drawn; a bad
         file is one message. ``views``: the view boxes; ``controls``: the run's controls."""
-        self.import_sets_panel = True
         self.import_file.upload(self.import_trace, [self.import_file, *self.view_inputs],
                                 [self.trace, *views, self.scrub, self.status, self.export_btn, self.prompt, *controls,
                                  self.preset, self.layer, self.which, self.kv_view],
@@ -64,7 +61,7 @@ class TraceFiles:
         layer, which, kv_view = (opened.get(box, value) for box, value in
                                  ((self.layer, layer), (self.which, which), (self.kv_view, kv_view)))
         views = draw(trace, None, color_by, layer, which, kv_view, what_if, font_scale=font_scale, theme=theme)
-        panel = {self.layer: layer, self.which: which, self.kv_view: kv_view} if self.import_sets_panel else {}
+        panel = {self.layer: layer, self.which: which, self.kv_view: kv_view}
         slider = step_slider(n, True, value=max(0, n - 1))
         if panel:  # the step first: a panel box set changes, and its redraw reads the slider as it is then
             yield {self.trace: trace, self.scrub: slider}
