@@ -26,7 +26,7 @@ from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ui_latency import start_page  # noqa: E402 - the same page, started the same way
+from ui_latency import open_page, start_page  # noqa: E402 - the same page, started the same way
 
 # Installed before each click: every grid of the new run the page paints, (time, steps shown),
 # on the browser's clock; a mutation observer, so the measurement adds no polling load.
@@ -122,11 +122,7 @@ def main() -> int:
     handle = dllm_local.load("tiny")
     rows = []
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
-                                    args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        page = browser.new_page(viewport={"width": 1400, "height": 1800})
-        page.goto(url)
-        page.wait_for_selector("#run-btn")
+        browser, page = open_page(p, url)
         for length in args.lengths:
             _set_slider(page, "gen-length", length)
             _set_slider(page, "steps", length)

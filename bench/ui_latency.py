@@ -68,6 +68,16 @@ def start_page(preset: str):
     return page_app, session, url
 
 
+def open_page(playwright, url: str):
+    """Debian's chromium, headless, on ``url`` once its Run button is there: (browser, page)."""
+    browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
+                                         args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+    page = browser.new_page(viewport={"width": 1400, "height": 1800})
+    page.goto(url)
+    page.wait_for_selector("#run-btn")
+    return browser, page
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
@@ -98,11 +108,7 @@ def main() -> int:
     dllm_local.generate(handle, prompt, settings)  # warm-up
     first, total, inside, engine = [], [], [], []
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
-                                    args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        page = browser.new_page(viewport={"width": 1400, "height": 1800})
-        page.goto(url)
-        page.wait_for_selector("#run-btn")
+        browser, page = open_page(p, url)
         for _ in range(args.repeats):
             # The live grid carries its run number, the steps drawn and whether the run ended.
             previous = page.evaluate("() => document.querySelector('#token-grid .dl-run')?.dataset.run ?? ''")

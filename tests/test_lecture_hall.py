@@ -57,6 +57,15 @@ def run_preset(pg, name: str) -> str:
     return _wait_run_ended(pg, before, timeout=240_000)
 
 
+def press_to(pg, key: str, shown: int) -> None:
+    """Press ``key`` (page focus, not a box's) and wait until the slider and the grid show step ``shown``."""
+    pg.keyboard.press(key)
+    pg.wait_for_function("(n) => document.querySelector('#scrubber input[type=number]').value === String(n)",
+                         arg=shown)
+    pg.wait_for_function("(n) => document.querySelector('#token-grid').innerText.includes(`after step ${n} `)",
+                         arg=shown)
+
+
 def on_first_screen(pg, selector: str) -> bool:
     box = pg.locator(selector).first.bounding_box()
     return bool(box) and box["width"] > 0 and box["height"] > 0 and box["y"] >= 0 and \
@@ -111,13 +120,9 @@ def test_play_and_the_keys_move_the_step(pg):
     pg.click("#grid-verdicts")  # focus out of the prompt: keys there are the prompt's
     last = int(pg.get_attribute("#scrubber input[type=range]", "max"))
     assert last >= 4
-    pg.keyboard.press("Home")
-    pg.wait_for_function("() => document.querySelector('#scrubber input[type=number]').value === '0'")
-    pg.keyboard.press("ArrowRight")
-    pg.wait_for_function("() => document.querySelector('#scrubber input[type=number]').value === '1'")
-    pg.keyboard.press("ArrowLeft")
-    pg.wait_for_function("() => document.querySelector('#scrubber input[type=number]').value === '0'")
-    pg.wait_for_function("() => document.querySelector('#token-grid').innerText.includes('after step 0 ')")
+    press_to(pg, "Home", 0)
+    press_to(pg, "ArrowRight", 1)
+    press_to(pg, "ArrowLeft", 0)
     pg.keyboard.press(" ")  # play: the step moves on its own
     pg.wait_for_function("() => Number(document.querySelector('#scrubber input[type=number]').value) >= 2",
                          timeout=20_000)
@@ -159,11 +164,8 @@ def test_a_token_opens_its_panel_and_a_branch_is_drawn_beside_the_original(pg):
         run_preset(pg, SEVERAL_STEPS)
     pg.click("#panel-choice label:has-text('Token')")
     pg.click("#grid-verdicts")
-    pg.keyboard.press("Home")
-    pg.wait_for_function("() => document.querySelector('#scrubber input[type=number]').value === '0'")
-    pg.keyboard.press("ArrowRight")
-    pg.wait_for_function("() => document.querySelector('#scrubber input[type=number]').value === '1'")
-    pg.wait_for_function("() => document.querySelector('#token-grid').innerText.includes('after step 1 ')")
+    press_to(pg, "Home", 0)
+    press_to(pg, "ArrowRight", 1)
     committed = pg.locator("#token-grid [data-token]").first
     position = committed.get_attribute("data-pos")
     committed.click()
