@@ -88,6 +88,9 @@ def on_screen(fig: go.Figure, font_scale: float = 1.0, theme: str = "light") -> 
     if theme == "dark":
         layout["font"].setdefault("color", "#2a3f5f")
     restyled = _restyle(spec, float(font_scale), theme == "dark")
+    for name, axis in restyled["layout"].items():  # larger ticks must push the margins, not the titles
+        if name.startswith(("xaxis", "yaxis")) and isinstance(axis, dict):
+            axis["automargin"] = True
     margin = restyled["layout"].get("margin") or {}
     restyled["layout"]["margin"] = {k: v * font_scale if isinstance(v, (int, float)) else v for k, v in margin.items()}
     if "height" in restyled["layout"]:
