@@ -133,16 +133,25 @@ def _plots_font_at_least(pg, size: float) -> None:
                          " return gd && gd.layout && gd.layout.font.size >= n; })", arg=size, timeout=30_000)
 
 
+def _settled(pg) -> None:
+    """At the top of the page, once no update is pending (Gradio fades a view while one is)."""
+    pg.evaluate("window.scrollTo(0, 0)")
+    pg.wait_for_function("() => !document.querySelector('.pending')", timeout=30_000)
+    pg.wait_for_timeout(500)
+
+
 def _presenter_shots(pg, stem: Path) -> None:
     """The preset as a projector shows it: presenter view at 1.5×, light and dark, one screen each
     (``<stem>-present.png``, ``<stem>-present-dark.png``); the page left as it was."""
     pg.locator("#present input").check()
     _choose(pg, "#font-scale", "1.5×")
     _plots_font_at_least(pg, 20)
+    _settled(pg)
     assert pg.locator("#run-btn").bounding_box()["y"] < 720
     pg.screenshot(path=f"{stem}-present.png")
     _choose(pg, "#theme", "dark")
     pg.wait_for_function("() => document.querySelector('#conf-plot .js-plotly-plot').layout.paper_bgcolor !== 'white'")
+    _settled(pg)
     pg.screenshot(path=f"{stem}-present-dark.png")
     _choose(pg, "#theme", "light")
     _choose(pg, "#font-scale", "1×")

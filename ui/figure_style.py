@@ -91,6 +91,9 @@ def on_screen(fig: go.Figure, font_scale: float = 1.0, theme: str = "light") -> 
     for name, axis in restyled["layout"].items():  # larger ticks must push the margins, not the titles
         if name.startswith(("xaxis", "yaxis")) and isinstance(axis, dict):
             axis["automargin"] = True
+    legend = restyled["layout"].get("legend") or {}
+    if isinstance(legend.get("y"), (int, float)) and legend["y"] < 0:  # under taller ticks and axis titles
+        legend["y"] = legend["y"] * font_scale * (1.4 if font_scale > 1 else 1.0)
     margin = restyled["layout"].get("margin") or {}
     restyled["layout"]["margin"] = {k: v * font_scale if isinstance(v, (int, float)) else v for k, v in margin.items()}
     if "height" in restyled["layout"]:
