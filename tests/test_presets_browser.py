@@ -123,6 +123,7 @@ def test_every_preset_draws_its_lesson(pg, name, tmp_path):
         pg.locator("#follow input").check()  # the next preset's run is followed live again
     if SHOTS:
         Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        _settled(pg)
         pg.screenshot(path=str(Path(SHOTS) / f"{_slug(name)}.png"), full_page=True)
         _presenter_shots(pg, Path(SHOTS) / _slug(name))
 

@@ -18,7 +18,7 @@ def styled(fig: go.Figure, title: str, height: int = HEIGHT) -> go.Figure:
         margin={"l": 55, "r": 20, "t": 40, "b": 40},
         # Below the axes, not above: in a narrow panel (presenter view) a legend that wraps above
         # the axes runs over the title; below, plotly's margin grows to fit it.
-        legend={"orientation": "h", "yanchor": "top", "y": -0.3, "xanchor": "left", "x": 0.0},
+        legend={"orientation": "h", "yanchor": "top", "y": -0.38, "xanchor": "left", "x": 0.0},
     )
     return fig
 

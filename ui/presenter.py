@@ -37,7 +37,7 @@ body.dl-present #step-bar button {min-width: 44px !important}
 body.dl-present #stage-grid {flex: 11 1 0 !important}
 body.dl-present #stage-panels {flex: 9 1 0 !important}
 body.dl-present #token-grid {max-height: calc((100vh - 430px) / var(--dl-scale)); overflow-y: auto !important}
-body.dl-present #step-bar button {align-self: center}
+#step-bar button {align-self: center}
 body.dl-present:not([data-dl-panel="confidence"]) #panel-confidence,
 body.dl-present:not([data-dl-panel="kv"]) #panel-kv,
 body.dl-present:not([data-dl-panel="cache"]) #panel-cache,
