@@ -68,15 +68,14 @@ class Run:
             raise SettingsError(f"unmask policy {settings.unmask!r} verifies with a query that repeats positions: it "
                                 f"needs a model whose logits at a position come from that position alone, as LLaDA's "
                                 f"(this model's head reads the position before)")
-        if branch is not None and settings.cache_spec.slides:
-            raise SettingsError(f"cache policy {settings.cache!r} slides a window whose order a forced token would "
-                                f"break: branch a run that decodes block by block")
         if settings.unmask_spec.needs_guider:
             if guider is None:
                 raise SettingsError(f"unmask policy {settings.unmask!r} needs a guider model")
             if guider.tokenizer.get_vocab() != handle.tokenizer.get_vocab():
                 raise SettingsError("the guider's tokenizer differs from the model's; guided decoding needs the same tokenizer")
         self.prompt_ids = encode_prompt(handle, prompt)
+        if branch is not None:
+            self._check_branch(branch)
         self.padding = self.cache_policy.padding(len(self.prompt_ids), settings.gen_length)
         total = len(self.prompt_ids) + settings.gen_length + self.padding
         if total > handle.max_length:
@@ -258,20 +257,25 @@ class Run:
             x[[r[0] for r in selection.revoked]] = self.handle.mask_id
             self._max_forwards += len(selection.revoked)  # each one a token to commit again, boundedly often
 
+    def _check_branch(self, branch: Branch) -> None:
+        """What can be told of a branch before decoding: its cache, position and token."""
+        s, P, vocab = self.settings, len(self.prompt_ids), len(self.handle.tokenizer)
+        if s.cache_spec.slides:
+            raise SettingsError(f"cache policy {s.cache!r} slides a window whose order a forced token would "
+                                f"break: branch a run that decodes block by block")
+        if not P <= branch.position < P + s.gen_length:
+            raise SettingsError(f"position {branch.position} is outside the answer ({P}..{P + s.gen_length - 1})")
+        if branch.token is not None and not 0 <= branch.token < vocab:
+            raise SettingsError(f"token id {branch.token} is not in the tokenizer's vocabulary (0..{vocab - 1})")
+
     def _intervene(self, branch: Branch) -> None:
         """A branch's one change, between step ``after_step`` and the next: the position forced to a
         token, or sent back to mask; a mask sent back before the current block would never decode."""
         state, p = self.state, branch.position
-        if not state.prompt_len <= p < state.prompt_len + state.gen_length:
-            raise SettingsError(f"position {p} is outside the answer ({state.prompt_len}.."
-                                f"{state.prompt_len + state.gen_length - 1})")
         if branch.token is None and p < state.block_start:
             block = (p - state.prompt_len) // state.block_size
             raise SettingsError(f"answer position {p - state.prompt_len} is in block {block}, finished before step "
                                 f"{branch.after_step + 1}: re-mask a position of block {state.block} or later")
-        if branch.token is not None and not 0 <= branch.token < len(self.handle.tokenizer):
-            raise SettingsError(f"token id {branch.token} is not in the tokenizer's vocabulary "
-                                f"(0..{len(self.handle.tokenizer) - 1})")
         branch.replaced = None if bool(state.masked[p]) else int(state.x[0, p])
         state.x[0, p] = self.handle.mask_id if branch.token is None else branch.token
         self._max_forwards += branch.token is None

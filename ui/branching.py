@@ -15,7 +15,7 @@ from .engine_handler import engine_handler
 from .engine_queue import ENGINE, client_of, error_text
 from .grid import token_label
 from .inputs import Choice, PageState, StepIndex, checked
-from .position_panel import position_panel_html
+from .position_panel import candidates_at, position_panel_html
 from .replay import answer_length, prompt_len, prompt_of, state_at
 from .run_views import grid_at
 
@@ -24,15 +24,12 @@ NO_BRANCH = "Pick a position in the grid, then force a token there or re-mask it
 
 
 def candidate_choices(trace: dict, step: int, position: int) -> list[tuple[str, str]]:
-    """The position's top candidates at the step shown (else when it was committed), as menu
-    entries "label (p)" -> token id; the token standing there first."""
+    """The candidates the side panel shows for the position (at the step shown, else when it was
+    committed), as menu entries "label (p)" -> token id; the token standing there first."""
     state = state_at(trace, step)
     standing = state["ids"][position]
-    where, found = prompt_len(trace) + position, {}
-    for record in (trace.get("steps") or [])[: state["step"] + 1]:
-        for p, pairs in record.get("top_candidates") or []:
-            if int(p) == where:
-                found = {int(t): float(q) for t, q in pairs}
+    shown = candidates_at(trace, state["step"], position, state["commit_step"][position])
+    found = {int(t): float(q) for t, q in next((pairs for _, pairs in shown if pairs), [])}
     choices = [(f"{token_label(trace, t)} (p {q:.2f})", str(t)) for t, q in found.items() if t != standing]
     if standing is not None:
         choices.insert(0, (f"{token_label(trace, standing)} (standing)", str(standing)))

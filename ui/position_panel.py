@@ -78,7 +78,7 @@ def _event_text(event: dict, names: dict[int, str]) -> str:
     return text
 
 
-def _candidates(trace: Trace, shown: int, position: int, commit_step: int | None) -> list[tuple[str, list]]:
+def candidates_at(trace: Trace, shown: int, position: int, commit_step: int | None) -> list[tuple[str, list]]:
     """(heading, [[token, probability], ...]) for this step's forward and, for a token committed
     earlier, the forward that committed it; a bare confidence where the trace keeps no top-k."""
     steps, where, found = trace.get("steps") or [], prompt_len(trace) + position, []
@@ -212,7 +212,7 @@ def position_panel_html(trace: Trace, step: int, position: int) -> str:
     state = state_at(trace, step)
     shown, token, at, conf = state["step"], *(state[k][position] for k in ("ids", "commit_step", "confidence"))
     events = _events(trace, shown, position)
-    candidates = _candidates(trace, shown, position, at)
+    candidates = candidates_at(trace, shown, position, at)
     tokens = {e["token"] for e in events} | {e["replaces"] for e in events if e.get("replaces") is not None}
     tokens |= {int(t) for _, pairs in candidates for t, _ in pairs} | ({token} if token is not None else set())
     names = _names(trace, tokens)

@@ -88,7 +88,6 @@ SCREEN_JS = """
   body.style.setProperty("--dl-scale", String(parseFloat(scale) || 1));
   body.classList.toggle("dark", theme === "dark");
   body.dataset.dlPanel = panel;
-  return [present, scale, theme, panel];
 }
 """
 # The slides' zip, once written, downloaded at once: one click gives the file.
@@ -191,11 +190,10 @@ class Presenter:
             None, [self.slides_svg], [self.slides_images], js=SLIDES_JS, queue=False).then(
             self.slides, [self.slides_images, self.slides_svg], [self.slides_file], queue=False,
             api_visibility="private").then(None, [self.slides_file], None, js=DOWNLOAD_JS, queue=False)
-        self.present.change(None, self.screen, self.screen, js=SCREEN_JS, queue=False)
-        for box in self.screen[1:]:
-            box.change(None, self.screen, self.screen, js=SCREEN_JS, queue=False)
+        for box in self.screen:
+            box.change(None, self.screen, None, js=SCREEN_JS, queue=False)
         page_load.load(None, [self.theme], [self.theme], js=THEME_ON_LOAD_JS, queue=False).then(
-            None, self.screen, self.screen, js=SCREEN_JS, queue=False)
+            None, self.screen, None, js=SCREEN_JS, queue=False)
         moved = [button.click(lambda trace, step, move=move: self.move_step(move, trace, step), [self.trace, self.scrub],
                               [self.scrub], queue=False, api_visibility="private").then(
                      self.redraw, views, outputs, queue=False, api_visibility="private")
