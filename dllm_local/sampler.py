@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 from typing import Iterator
 
 import torch
@@ -33,27 +32,10 @@ from .policies.window import SlidingWindow
 from .model_calls import run_calls
 from .prompts import Prompt, encode_prompt
 from .recorder import Recorder, Step, timed
+from .result import Result
 from .settings import Settings
 from .softmax import draft_probability, draft_tokens
 from .trace import Branch, StepRecord, Trace
-
-
-@dataclass
-class Result:
-    trace: Trace
-
-    @property
-    def text(self) -> str:
-        return self.trace.text
-
-    @property
-    def token_ids(self) -> list[int]:
-        """The whole answer region, EOS padding included."""
-        return self.trace.final_ids
-
-    @property
-    def stats(self):
-        return self.trace.stats
 
 
 class Run:
@@ -91,6 +73,11 @@ class Run:
         # The current step's forward: its positions and logits, read by current_probabilities.
         self.positions: torch.Tensor | None = None
         self.logits: torch.Tensor | None = None
+
+    @property
+    def answer_length(self) -> int:
+        """The answer region's positions (the trace's ``gen_length``)."""
+        return self.settings.gen_length
 
     @property
     def state_length(self) -> int:
@@ -306,7 +293,12 @@ class Run:
 def stream(handle: ModelHandle, prompt: Prompt, settings: Settings | None = None, guider: GuiderHandle | None = None,
            branch: Branch | None = None) -> Run:
     """Start a generation; iterate the returned run for one step record per forward. ``branch``:
-    the run repeated with one change after one of its steps (``trace.Branch``)."""
+    the run repeated with one change after one of its steps (``trace.Branch``). A canvas model's
+    run is canvas.py's, with the same interface."""
+    if handle.kind == "canvas":
+        from .canvas import CanvasRun
+
+        return CanvasRun(handle, prompt, settings or Settings(), guider, branch)
     return Run(handle, prompt, settings or Settings(), guider, branch)
 
 

@@ -15,6 +15,7 @@ from pydantic import Field, TypeAdapter
 from pydantic.fields import FieldInfo
 from typing_extensions import TypedDict
 
+from .canvas_settings import check_canvas_params
 from .errors import SettingsError
 from .limits import MAX_GEN_LENGTH, SEED_MAX
 from .policies import registry
@@ -55,6 +56,9 @@ class Settings:
     exact_drift: about(FLAG, "Exact-drift diagnostic", "a full forward each step, to measure the cache's true drift "
                        "(its cost reported apart)") = False
     early_stop: about(FLAG, "Early stop", "end the run once a stop token has no mask before it") = False
+    canvas_params: about(Params, "Canvas parameters", "a canvas model's (DiffusionGemma's) own knobs: "
+                         "max_denoising_steps, canvas_length, entropy_bound, t_max, t_min, stability_threshold, "
+                         "confidence_threshold (its generation_config.json's where not given)") = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         knobs = read(_schema(), {f.name: getattr(self, f.name) for f in fields(self)}, "settings")
@@ -75,6 +79,7 @@ class Settings:
             valid = spec.validate(given)
             # Keep only the parameters given (typed), so a saved setting stays as written.
             object.__setattr__(self, f"{kind}_params", {k: valid[k] for k in given})
+        object.__setattr__(self, "canvas_params", check_canvas_params(self.canvas_params or {}))
         problem = registry.pair_problem(self.cache_spec, self.unmask_spec)
         if problem:
             raise SettingsError(problem)
@@ -95,7 +100,11 @@ class Settings:
         return self.gen_length // self.block_size
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The knobs as a mapping; a masked model's settings (no canvas knob given) read as before."""
+        data = asdict(self)
+        if not data["canvas_params"]:
+            del data["canvas_params"]
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)

@@ -18,6 +18,7 @@ from pydantic import (AfterValidator, BeforeValidator, ConfigDict, Field, PlainV
 from pydantic_core import PydanticCustomError
 from typing_extensions import TypedDict
 
+from .canvas_trace import CanvasStep
 from .errors import TraceError, schema_message
 from .limits import MAX_GEN_LENGTH, MAX_TRACE_BYTES
 from .values import Count, Flag, Number, Text
@@ -180,11 +181,18 @@ class StepRecord:
     # likeliest tokens: [position, [[token, probability], ...]].
     top_candidates: list[Candidates] = field(default_factory=list)
     guider_forwards: Count = 0  # the guider's forwards this step (apart from ``forwards``; 0 in older traces)
+    canvas: Annotated[CanvasStep, InOrder] | None = None  # a canvas model's step (canvas_trace.py)
+
+    def token_ids(self) -> list[int]:
+        """The tokens this record shows: its commits, or a canvas step's draft and kept tokens."""
+        shown = [token for _, token, _ in self.committed]
+        return shown + self.canvas["draft"] + self.canvas["sampled"] if self.canvas else shown
 
     def to_dict(self) -> dict:
         """The record as a dict sharing its lists: a record is never changed once emitted, and a
-        deep copy per step (``dataclasses.asdict``) cost the engine thread a tenth of a run."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        deep copy per step (``dataclasses.asdict``) cost the engine thread a tenth of a run. A
+        masked model's record has no ``canvas`` (its files stay as they were)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "canvas" or self.canvas is not None}
 
 
 @dataclass
@@ -212,6 +220,8 @@ class Stats:
     stopped: Flag = False
     revisions: Count = 0  # committed tokens taken back to mask
     batch_size: Count = 1  # requests decoded together (the forwards' time is the whole batch's)
+    encoder_forwards: Count = 0  # a canvas model's encoder passes (apart from ``nfe``, its decoder's)
+    encoder_s: Number = 0.0  # of model_s: those passes
 
 
 def _masked_lists_agree(step: StepRecord) -> StepRecord:

@@ -28,8 +28,11 @@ LAYERS = {
     "dllm_local": 3,                   # the root __init__: the public API, re-exporting batch, sampler, loader
     "dllm_local.experiments": 3,       # bench, sweep, eval, cluster, cost model: built on batch and sampler
     "dllm_local.tiny.train": 3,        # a training script: builds LLaDA models
+    "dllm_local.tiny.diffusion_gemma": 3,  # writes a random DiffusionGemma checkpoint with transformers' classes
     "dllm_local.batch": 4,             # BatchRun: several Runs over one packed forward
     "dllm_local.sampler": 5,           # Run: the decoding loop
+    "dllm_local.canvas": 5,            # CanvasRun: a canvas model's loop over transformers' step functions
+    "dllm_local.canvas_watch": 6,      # hooks that read a canvas model's decoder for the trace
     "dllm_local.model_calls": 5,       # the model calls a run's policies make (StepCalls)
     "dllm_local.recorder": 6,          # one Step per step -> the trace
     "dllm_local.policies": 7,          # cache and unmasking behaviour, the decoding state they read
@@ -41,6 +44,9 @@ LAYERS = {
     "dllm_local.policies.registry": 9,  # torch-free specs; behaviours named "module:Class", imported on use
     "dllm_local.settings": 9,
     "dllm_local.trace": 9,
+    "dllm_local.canvas_trace": 9,      # a canvas step's record, part of the trace's schema
+    "dllm_local.canvas_settings": 9,   # a canvas model's knobs, part of the settings' schema
+    "dllm_local.result": 9,            # a finished run's result: its trace
     "dllm_local.prompts": 9,
     "dllm_local.softmax": 9,
     "dllm_local.hub": 9,

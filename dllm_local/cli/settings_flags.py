@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..canvas_settings import CANVAS_KNOBS, canvas_knob
 from ..errors import DllmError, SettingsError
 from ..policies import registry
 from ..settings import Knob, Settings, knob
 
 # Each policy parameter's shorthand flag stores its value under this prefix (``--floor`` -> ``param_floor``).
 PARAM_DEST = "param_"
+CANVAS_DEST = "canvas_"  # and each canvas knob's (``--entropy-bound`` -> ``canvas_entropy_bound``)
 # bench and lm-eval answer real questions (GSM8K's take a few hundred tokens): a longer answer region.
 LONG_GEN_LENGTH = 256
 
@@ -34,6 +36,7 @@ def add_settings_args(ap: argparse.ArgumentParser, long_answers: bool = False) -
     _knob_flag(ap, "early_stop", action="store_true")
     ap.add_argument("--guider", default=None, help="guider model for a policy that needs one (default: tiny-guider)")
     _add_param_shorthands(ap)
+    _add_canvas_flags(ap)
     if long_answers:
         ap.set_defaults(gen_length=LONG_GEN_LENGTH)
 
@@ -114,6 +117,16 @@ def _add_param_shorthands(ap: argparse.ArgumentParser) -> None:
             continue
 
 
+def _add_canvas_flags(ap: argparse.ArgumentParser) -> None:
+    """``--NAME`` for each canvas knob (``Settings.canvas_params``), read by its schema in Settings."""
+    group = ap.add_argument_group("canvas models (DiffusionGemma)", "its own knobs; each not given is the "
+                                  "checkpoint's generation_config.json value")
+    for name in CANVAS_KNOBS:
+        label, help_ = canvas_knob(name)
+        group.add_argument(f"--{name.replace('_', '-')}", dest=CANVAS_DEST + name, default=argparse.SUPPRESS,
+                           metavar=name.upper(), help=_escaped(f"{label}: {help_}"))
+
+
 def parse_params(pairs: list[str]) -> dict:
     """``["floor=0.5", "rule=topk"]`` -> ``{"floor": 0.5, "rule": "topk"}`` (a value that is not JSON stays text)."""
     out = {}
@@ -130,6 +143,7 @@ def parse_params(pairs: list[str]) -> dict:
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
     given = {dest[len(PARAM_DEST):]: value for dest, value in vars(args).items() if dest.startswith(PARAM_DEST)}
+    canvas = {dest[len(CANVAS_DEST):]: value for dest, value in vars(args).items() if dest.startswith(CANVAS_DEST)}
     # A parameter named after its policy, given alone, chooses it: `--threshold 0.9` is threshold decoding.
     unmask = args.unmask or next((name for name in registry.UNMASK if name in given), knob("unmask").default)
     cache_params, unmask_params = parse_params(args.cache_param), parse_params(args.unmask_param)
@@ -146,5 +160,5 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         gen_length=args.gen_length, block_size=args.block_size, steps=args.steps, temperature=args.temperature,
         seed=args.seed, cache=args.cache, cache_params=cache_params,
         unmask=unmask, unmask_params=unmask_params, trace=args.trace, exact_drift=args.exact_drift,
-        early_stop=args.early_stop,
+        early_stop=args.early_stop, canvas_params=canvas,
     )

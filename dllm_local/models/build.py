@@ -29,7 +29,7 @@ def _native_tokenizer(family: str) -> type[PreTrainedTokenizerBase]:
     class (Dream's does), which AutoTokenizer refuses without trust_remote_code."""
     from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
 
-    return {"llada": PreTrainedTokenizerFast, "Dream": Qwen2Tokenizer}[family]
+    return {"llada": PreTrainedTokenizerFast, "Dream": Qwen2Tokenizer, "diffusion_gemma": PreTrainedTokenizerFast}[family]
 
 
 def load_tokenizer(path: Path, family: str) -> PreTrainedTokenizerBase:

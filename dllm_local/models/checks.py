@@ -126,6 +126,10 @@ _LAYOUT = {
               lambda c: ([c.embedding_size or c.vocab_size, c.d_model], c.n_layers)),
     "Dream": ("model.embed_tokens.weight", re.compile(r"model\.layers\.(\d+)\."),
               lambda c: ([c.vocab_size, c.hidden_size], c.num_hidden_layers)),
+    # The encoder's weights are the decoder's (tied): the file holds the decoder's.
+    "diffusion_gemma": ("model.decoder.embed_tokens.weight", re.compile(r"model\.decoder\.layers\.(\d+)\."),
+                        lambda c: ([c.text_config.vocab_size, c.text_config.hidden_size],
+                                   c.text_config.num_hidden_layers)),
 }
 FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
 

@@ -15,9 +15,10 @@ from ..hub import DOWNLOADED, HUB_MODELS
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 TINY_MODEL = ASSETS / "models" / "tiny-llada"
 TINY_GUIDER = ASSETS / "models" / "tiny-guider"
+TINY_DIFFUSION_GEMMA = ASSETS / "models" / "tiny-diffusiongemma"  # random weights: tiny/diffusion_gemma.py
 
 # Short names the page and the CLI accept.
-ALIASES = {"tiny": str(TINY_MODEL), "tiny-guider": str(TINY_GUIDER),
+ALIASES = {"tiny": str(TINY_MODEL), "tiny-guider": str(TINY_GUIDER), "tiny-diffusiongemma": str(TINY_DIFFUSION_GEMMA),
            **{name: repo for name, (repo, _) in HUB_MODELS.items()}}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ..errors import ModelLoadError
+from . import KINDS, diffusion_gemma
 from .build import build_model, family_config, load_tokenizer
 from .checks import (check_chat_template, check_family, check_folder, check_guider_type, check_mask_id, check_memory,
                      check_tensors, check_weights, needed_bytes, read_json_object)
@@ -53,6 +54,9 @@ class ModelHandle:
     trained_length: int | None = None
     # Bytes one forward reads (weights as stored, without the input embedding): the cost model's term.
     weight_read_bytes: int = 0
+    kind: str = "masked"  # masked diffusion (the sampler's loop) or canvas diffusion (canvas.py's)
+    experts: tuple[int, int] | None = None  # a mixture of experts': (per layer, routed per token)
+    canvas_length: int | None = None  # a canvas model's tokens per canvas
 
     def summary(self) -> dict:
         """What the handle holds, as JSON values (``python -m dllm_local info`` prints it)."""
@@ -62,7 +66,9 @@ class ModelHandle:
             "parameters": self.num_parameters, "memory_mb": round(self.memory_bytes / 2**20, 1),
             "weight_read_mb": round(self.weight_read_bytes / 2**20, 1),
             "max_length": self.max_length, "trained_length": self.trained_length, "mask_id": self.mask_id, "stop_ids": list(self.stop_ids),
-            "layers": self.model.config.num_hidden_layers,
+            "layers": self.model.config.get_text_config().num_hidden_layers, "kind": self.kind,
+            **({"experts": self.experts[0], "active_experts": self.experts[1]} if self.experts else {}),
+            **({"canvas_length": self.canvas_length} if self.canvas_length else {}),
         }
 
 
@@ -111,12 +117,13 @@ def load(
     quantization: str | None = None,
     device_map: str | dict | None = None,
 ) -> ModelHandle:
-    """Load a LLaDA or Dream checkpoint (a hub id, a local folder, or ``"tiny"``)."""
+    """Load a LLaDA, Dream or DiffusionGemma checkpoint (a hub id, a local folder, or a short name)."""
     quiet_bitsandbytes()
     path, config_file, raw = _open(name_or_path)
     family = check_family(raw, config_file)
     config = family_config(raw, family, config_file)
-    mask_id = check_mask_id(raw, config, config_file)
+    canvas = KINDS[family] == "canvas"
+    mask_id = None if canvas else check_mask_id(raw, config, config_file)
     tensors = check_weights(path)
     check_tensors(family, config, tensors, path)
     tokenizer = load_tokenizer(path, family)
@@ -127,6 +134,8 @@ def load(
         check_memory(path, needed_bytes(tensors, dtype, quantization), free_bytes(dev), dev, quantization)
     qconfig = quantization_config(quantization, dtype)
     model = build_model(path, family, config, dtype, dev, qconfig, device_map)
+    if canvas:
+        return _canvas_handle(name_or_path, path, family, model, tokenizer, dtype, quantization if qconfig else None)
     eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else config.eos_token_id
     if type(eos_id) is not int:
         raise ModelLoadError(f"{path} names no end-of-text token: set eos_token_id in {config_file}")
@@ -139,6 +148,21 @@ def load(
         num_parameters=logical_parameters(model),  # a 4-bit weight's numel counts packed pairs
         memory_bytes=model.get_memory_footprint(), max_length=config.max_positions,
         trained_length=_trained_length(raw), weight_read_bytes=weight_read_bytes(model),
+    )
+
+
+def _canvas_handle(name: str, path: Path, family: str, model, tokenizer, dtype: torch.dtype,
+                   quantization: str | None) -> ModelHandle:
+    """A canvas model's handle: no mask token (a canvas starts as random tokens; ``mask_id`` holds
+    the pad token, which fills a finished answer), its end tokens from its generation config."""
+    stop_ids = diffusion_gemma.end_tokens(model, path)
+    return ModelHandle(
+        name=name, path=path, family=family, model=model, tokenizer=tokenizer,
+        mask_id=diffusion_gemma.pad_token(model), eos_id=stop_ids[0], stop_ids=stop_ids,
+        device=next(model.parameters()).device, dtype=dtype, quantization=quantization,
+        num_parameters=logical_parameters(model), memory_bytes=model.get_memory_footprint(),
+        max_length=diffusion_gemma.max_positions(model.config), weight_read_bytes=weight_read_bytes(model),
+        kind="canvas", experts=diffusion_gemma.experts(model.config), canvas_length=model.config.canvas_length,
     )
 
 

@@ -22,7 +22,7 @@ from tqdm import tqdm
 from ..errors import DllmError, EngineError, OutOfMemory, SettingsError
 from ..policies import registry
 from ..models.loader import GuiderHandle, ModelHandle, free_device_memory, load, load_guider, pick_device
-from ..sampler import Run
+from ..sampler import stream
 from ..settings import Settings
 from ..trace import SCHEMA_VERSION, Branch
 
@@ -116,7 +116,7 @@ class Engine:
         ``trace.Branch`` as a dict, the one change a branch makes to the run it repeats."""
         settings = settings if isinstance(settings, Settings) else Settings.from_dict(settings)
         guider = self.guider() if settings.unmask_spec.needs_guider else None
-        run = Run(self.handle, prompt, settings, guider, Branch(**branch) if branch else None)
+        run = stream(self.handle, prompt, settings, guider, Branch(**branch) if branch else None)
         tok = self.handle.tokenizer
         seen: set[int] = set()
         forced = [branch["token"]] if branch and branch.get("token") is not None else []
@@ -126,14 +126,14 @@ class Engine:
             seen.update(new)
             return {str(i): tok.decode([i]) for i in new}
 
-        emit({"start": {"prompt_ids": run.prompt_ids, "gen_length": settings.gen_length,
+        emit({"start": {"prompt_ids": run.prompt_ids, "gen_length": run.answer_length,
                          "mask_id": self.handle.mask_id, "settings": settings.to_dict(),
                          "model": self.handle.summary(), "vocab": texts([*run.prompt_ids, self.handle.mask_id, *forced]),
                          "schema_version": SCHEMA_VERSION, "steps": [], "final_ids": [], "stats": {}, "text": "",
                          **({"branch": branch} if branch else {})}})
         try:
             for record in run:
-                emit({"step": record.to_dict(), "vocab": texts(t for _, t, _ in record.committed)})
+                emit({"step": record.to_dict(), "vocab": texts(record.token_ids())})
                 if self.stop.is_set():
                     run.stop()
         finally:

@@ -1,0 +1,38 @@
+"""DiffusionGemma as transformers ships it (``transformers.models.diffusion_gemma``): what the
+loader and the canvas loop read from its config and its ``generation_config.json``. The model
+itself is transformers' ``DiffusionGemmaForBlockDiffusion``, never re-implemented here."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..errors import ModelLoadError
+
+
+def _ids(value: Any) -> list[int]:
+    return [value] if type(value) is int else [v for v in value or () if type(v) is int]
+
+
+def end_tokens(model: Any, path: Path) -> tuple[int, ...]:
+    """Every end token the checkpoint's generation config names (each ends the answer, as in
+    transformers' ``generate``), else the text config's."""
+    ids = _ids(model.generation_config.eos_token_id) or _ids(model.config.text_config.eos_token_id)
+    if not ids:
+        raise ModelLoadError(f"{path} names no end token: set eos_token_id in generation_config.json")
+    return tuple(dict.fromkeys(ids))
+
+
+def pad_token(model: Any) -> int:
+    """What transformers writes after the first end token of a finished canvas."""
+    pad = model.generation_config.pad_token_id
+    return pad if type(pad) is int else model.config.text_config.pad_token_id or 0
+
+
+def experts(config: Any) -> tuple[int, int] | None:
+    """(experts per layer, experts routed per token), or None for a dense model."""
+    text = config.text_config
+    return (text.num_experts, text.top_k_experts) if text.num_experts else None
+
+
+def max_positions(config: Any) -> int:
+    return config.text_config.max_position_embeddings
