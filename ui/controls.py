@@ -12,6 +12,8 @@ from dllm_local.policies import registry
 from dllm_local.settings import Length, knob
 from dllm_local.values import read
 
+from .canvas_controls import canvas_notice, canvas_params, canvas_values, is_canvas
+
 LENGTH = TypeAdapter(Length)  # a length control's value (a slider's float, or an API call's anything)
 
 Specs = dict[str, list[dict]]  # kind ("cache", "unmask") -> its policies' spec dicts
@@ -84,10 +86,19 @@ def fit_block(gen_length: int, block_size: int) -> tuple[int, int, str]:
                                   f"block size {block_size} divides it.")
 
 
-def settings_from_controls(v: dict, specs: Specs | None = None) -> tuple[dict, str]:
-    """Control values by control name -> a settings dict and a notice. Only the chosen policies'
-    knobs are read. The values go as the controls give them: ``Settings`` types and checks them,
-    once, with messages naming the knob."""
+def masked_only(specs: Specs) -> list[str]:
+    """The controls that mean nothing for a canvas model (``canvas_controls.REASON``): the
+    policies and their knobs, the block, steps, temperature and exact drift."""
+    return [*KINDS, *knobs(specs), "block_size", "steps", "temperature", "exact_drift"]
+
+
+def settings_from_controls(v: dict, specs: Specs | None = None, model: dict | None = None) -> tuple[dict, str]:
+    """Control values by control name -> a settings dict and a notice, for ``model`` (the engine's
+    info on the loaded model; None: a masked model). Only the chosen policies' knobs are read. The
+    values go as the controls give them: ``Settings`` types and checks them, once, with messages
+    naming the knob."""
+    if model is not None and is_canvas(model):
+        return canvas_run_settings(v, model)
     specs = specs or registry.all_specs()
     gen_length, block_size, notice = fit_block(v["gen_length"], v["block_size"])
     unmask = v["unmask"]
@@ -113,6 +124,17 @@ def settings_from_controls(v: dict, specs: Specs | None = None) -> tuple[dict, s
     return settings, notice
 
 
+def canvas_run_settings(v: dict, model: dict) -> tuple[dict, str]:
+    """A canvas model's settings: its own knobs, the length and the seed. The masked models'
+    controls stay at their defaults (a canvas run refuses them changed); the block is the whole
+    length, which ``Settings`` asks to divide it."""
+    params = canvas_params(v)
+    gen_length = read(LENGTH, v["gen_length"], "gen_length")
+    canvas_length = read(LENGTH, params.get("canvas_length", model["canvas_length"]), "canvas_length")
+    return ({"gen_length": gen_length, "block_size": gen_length, "seed": v["seed"], "trace": PAGE_TRACE,
+             "early_stop": False, "canvas_params": params}, canvas_notice(gen_length, canvas_length))
+
+
 def controls_from_settings(s: dict, specs: Specs | None = None) -> dict:
     """A preset's settings -> control values: its policies' parameters set their knobs; every knob
     it leaves out takes its default (the chosen policy's, where that policy has the parameter)."""
@@ -124,7 +146,7 @@ def controls_from_settings(s: dict, specs: Specs | None = None) -> dict:
     for kind, spec in _chosen(specs, out["cache"], out["unmask"]).items():
         given = s.get(f"{kind}_params") or {}
         out.update({knob_key(kind, p["name"]): given.get(p["name"], p["default"]) for p in spec["params"]})
-    return out
+    return {**out, **canvas_values(s)}
 
 
 def policies_of(settings: dict) -> tuple[str, str]:

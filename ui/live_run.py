@@ -83,7 +83,8 @@ class LiveRun:
             layer: Choice, which: Which, kv_view: KVView, what_if: Fraction, font_scale: FontScale = "1×",
             theme: Theme = "light", **controls: Any) -> Iterator[dict]:
         client = client_of(request)
-        chosen, notice = settings_from_controls(controls, self.specs)
+        # The model loaded now says which settings it takes (another tab may have switched it).
+        chosen, notice = settings_from_controls(controls, self.specs, self.session.info())
         settings = Settings.from_dict(chosen)  # the one check of every knob
         notice = " ".join(filter(None, [notice, self.length_notice(settings.gen_length)]))
         clicked = time.perf_counter()
@@ -103,8 +104,8 @@ class LiveRun:
                 if first_paint is None and n:
                     first_paint = time.perf_counter() - clicked
                 update = {self.trace: live}
-                if not n:  # the length the engine runs (rounded to the block), once: with the empty grid
-                    update[self.controls["gen_length"]] = gr.update(value=settings.gen_length)
+                if not n:  # the length the engine runs (rounded to the block or to whole canvases), once:
+                    update[self.controls["gen_length"]] = gr.update(value=live["gen_length"])  # with the empty grid
                 if view.follow or view.full_at is None:
                     # Following, or this run not yet on screen in full (Follow live unticked at or
                     # right after the click): the newest step. The grid at every redraw; the plots,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gradio as gr
 
+from .canvas_controls import CANVAS_CONTROLS, is_canvas
+from .controls import masked_only
 from .downloads import DownloadBox
 from .engine_handler import engine_handler
 from .engine_queue import ENGINE, client_of, error_text
@@ -13,9 +15,14 @@ from .run_views import layer_choices
 
 
 def model_line(info: dict) -> str:
-    """The header's line on the loaded model: name, family, size, device, dtype, quantization, memory."""
-    return (f"**Model:** {info['name']} · {info['family']} · {info['parameters'] / 1e6:.1f}M parameters · "
-            f"{info['device']} · {info['dtype']} · quantization {info['quantization']} · {info['memory_mb']} MB")
+    """The header's line on the loaded model: name, family, kind (a canvas model's canvas length;
+    a mixture of experts' experts), size, device, dtype, quantization, memory."""
+    kind = [f"canvas diffusion, canvas length {info['canvas_length']}" if is_canvas(info) else "masked diffusion"]
+    if "experts" in info:  # the engine names experts only for a mixture of experts
+        kind.append(f"{info['experts']} experts, {info['active_experts']} active per token")
+    return (f"**Model:** {info['name']} · {info['family']} · {' · '.join(kind)} · "
+            f"{info['parameters'] / 1e6:.1f}M parameters · {info['device']} · {info['dtype']} · "
+            f"quantization {info['quantization']} · {info['memory_mb']} MB")
 
 
 class ModelBox:
@@ -27,18 +34,43 @@ class ModelBox:
         options = self.session.quantization_options()
         quant_ok = {name: ok for name, ok, _ in options}
         quant_reason = next((r for name, _, r in options if name != "none" and r), "")
-        with gr.Accordion("Model", open=False):
+        with gr.Accordion("Model", open=False, elem_id="model-box"):
             self.model_pick = gr.Dropdown([n for n, _, _ in self.session.model_options()],
-                                          value=self.session.info()["name"], label="Model", allow_custom_value=True)
+                                          value=self.session.info()["name"], label="Model", allow_custom_value=True,
+                                          elem_id="model-pick")
             self.quant = gr.Radio(["none", "8bit", "4bit"], value="none", label="Quantization",
                                   info=quant_reason and f"8-bit and 4-bit: {quant_reason}",
                                   interactive=quant_ok.get("4bit", False))
-            self.load_btn = gr.Button("Load model")
+            self.load_btn = gr.Button("Load model", elem_id="load-model-btn")
             self.downloads = DownloadBox(self.models, self.status)
+
+    def _masked_boxes(self) -> list[gr.Component]:
+        """What means nothing for a canvas model: the masked models' controls, the what-if
+        threshold (no confidences to replay) and the branches (a canvas is redrawn every step)."""
+        return [self.what_if, self.force_btn, self.remask_btn, self.branch_token,
+                *(self.controls[name] for name in masked_only(self.specs))]
+
+    def kind_boxes(self) -> list[gr.Component]:
+        """What a model's kind changes (``kind_shown``)."""
+        return [self.canvas_reason, *self._masked_boxes(), *(self.controls[name] for name in CANVAS_CONTROLS)]
+
+    def kind_shown(self, info: dict) -> dict:
+        """The controls for the kind of model ``info`` describes: for a canvas model its own knobs,
+        and the masked boxes disabled, with the reason; for a masked model the other way round."""
+        canvas = is_canvas(info)
+        return {self.canvas_reason: gr.update(visible=canvas),
+                **{box: gr.update(interactive=not canvas) for box in self._masked_boxes()},
+                **{self.controls[name]: gr.update(visible=canvas) for name in CANVAS_CONTROLS}}
+
+    def show_model(self) -> dict:
+        """The model line and the controls for the model loaded now: a page opened after another
+        tab switched models shows that model, not the one it was built with."""
+        info = self.session.info()
+        return {self.model_line: model_line(info), **self.kind_shown(info)}
 
     def _wire_model_box(self) -> None:
         loaded = [self.model_line, self.status, self.layer, self.downloads.note, self.downloads.button,
-                  self.downloads.box]
+                  self.downloads.box, *self.kind_boxes()]
         self.load_btn.click(self.load_model, [self.model_pick, self.quant], loaded, api_name="load_model", **ENGINE)
         self.downloads.wire(self.model_pick, self.load_downloaded, [self.model_pick, self.quant], loaded)
 
@@ -57,7 +89,8 @@ class ModelBox:
         except Exception as exc:  # noqa: BLE001
             return {self.status: f"⚠ {error_text(exc)}"}
         return {self.model_line: model_line(info), self.status: f"Loaded {info['name']}.",
-                self.layer: gr.update(**layer_choices(info["layers"])), self.downloads.box: gr.update(visible=False)}
+                self.layer: gr.update(**layer_choices(info["layers"])), self.downloads.box: gr.update(visible=False),
+                **self.kind_shown(info)}
 
     @checked
     def load_downloaded(self, request: gr.Request, name: Choice, quantization: Quantization,

@@ -89,5 +89,6 @@ def build(session, presets: dict, preset_problems: list[str], default_preset: st
                 tune = TuneTab(engine, presets, default_preset, run, tabs)
         for tab in (run, compare, tune):
             tab.wire()
+        page.load(run.show_model, None, [line, *run.kind_boxes()], queue=False, api_visibility="private")
     page.exports, page.control_names = exports, list(run.controls)
     return page

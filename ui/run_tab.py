@@ -14,6 +14,7 @@ from dllm_local.trace import KV_VIEWS
 
 from . import grid, run_figures
 from .branching import Branching
+from .canvas_controls import is_canvas
 from .control_widgets import run_controls
 from .controls import Specs, controls_from_settings, toggled_controls
 from .engine_queue import ENGINE, EngineQueue
@@ -56,8 +57,9 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, B
                 self._inputs(preset)
                 self._screen_bar(present)
                 with gr.Column(elem_classes="dl-knobs"):  # stepped aside in presenter view
-                    self.controls, self.policy_info, self.length_notice_box = run_controls(
-                        specs, controls_from_settings(preset.get("settings", {}), specs))
+                    self.controls, self.policy_info, self.length_notice_box, self.canvas_reason = run_controls(
+                        specs, controls_from_settings(preset.get("settings", {}), specs),
+                        is_canvas(self.session.info()))
                     self._model_box()
                     with gr.Row():
                         self.export_btn = gr.DownloadButton("Export trace (JSON)", elem_id="export-btn")

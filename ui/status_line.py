@@ -5,6 +5,7 @@ from __future__ import annotations
 from dllm_local.tiny.tasks import verdict
 
 from . import grid
+from .canvas_controls import canvas_settings_line, is_canvas
 from .controls import settings_line
 from .replay import prompt_of
 
@@ -32,8 +33,9 @@ def run_status(trace: dict, notice: str, first_paint: float | None, done: bool, 
     if done:
         st = trace.get("stats", {})
         answer = trace.get("text", "")
+        settings = (canvas_settings_line if is_canvas(trace.get("model") or {}) else settings_line)(trace["settings"])
         parts.append(("Stopped" if st.get("stopped") else "Done") + f": {work_line(trace)} "
-                     f"({settings_line(trace['settings'])}). **Answer:** {answer}{_verdict_text(trace, answer)}")
+                     f"({settings}). **Answer:** {answer}{_verdict_text(trace, answer)}")
     else:
         parts.append(f"Running… {count(n, 'step')} so far.")
         if frozen_at is not None:
@@ -59,7 +61,9 @@ def work_line(trace: dict) -> str:
         work += f", {count(forwards, 'forward')} ({len(steps)} main + {forwards - len(steps)} verifying)"
     elif steps and guider:
         work += f", {count(forwards, 'forward')}"
-    return work + (f" + {count(guider, 'guider forward')}" if guider else "")
+    encoder = int(st.get("encoder_forwards") or 0)  # a canvas model's encoder passes, apart from its decoder's
+    return work + (f" + {count(guider, 'guider forward')}" if guider else "") + (
+        f" + {count(encoder, 'encoder forward')}" if encoder else "")
 
 
 def _verdict_text(trace: dict, answer: str) -> str:

@@ -22,7 +22,7 @@ from ..policies import registry
 from ..settings import Settings
 from ..trace import fold
 
-MODEL_CHOICES = ["tiny", *HUB_MODELS]
+MODEL_CHOICES = ["tiny", "tiny-diffusiongemma", *HUB_MODELS]
 _ENDS = {"end", "result", "error", "dead"}
 
 
