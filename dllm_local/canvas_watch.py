@@ -31,7 +31,7 @@ class DecoderWatch:
     @staticmethod
     def _keep(store: dict, layer: int):
         def hook(module, args, output) -> None:
-            store[layer] = output[0].detach().clone()
+            store[layer] = output.detach().clone()  # [batch, canvas, heads, head_dim]
         return hook
 
     def _routed(self, layer: int):

@@ -58,6 +58,22 @@ class ModelHandle:
     experts: tuple[int, int] | None = None  # a mixture of experts': (per layer, routed per token)
     canvas_length: int | None = None  # a canvas model's tokens per canvas
 
+    def quantized_parts(self) -> tuple[float, list[str]]:
+        """The share of the parameters in quantized layers, and the modules that hold them (their
+        first three name parts: ``model.decoder.self_conditioning``): transformers leaves tied weights unquantized, which for some families
+        (DiffusionGemma: every text layer) is most of the model."""
+        counts = {"all": 0, "quantized": 0}
+        groups = set()
+        for name, module in self.model.named_modules():
+            quantized = type(module).__name__ in ("Linear4bit", "Linear8bitLt")
+            for param in module.parameters(recurse=False):
+                size = logical_parameters(torch.nn.ParameterList([param]))
+                counts["all"] += size
+                counts["quantized"] += size * quantized
+            if quantized:
+                groups.add(".".join(name.split(".")[:3]))
+        return counts["quantized"] / max(1, counts["all"]), sorted(groups)
+
     def summary(self) -> dict:
         """What the handle holds, as JSON values (``python -m dllm_local info`` prints it)."""
         return {
@@ -69,7 +85,14 @@ class ModelHandle:
             "layers": self.model.config.get_text_config().num_hidden_layers, "kind": self.kind,
             **({"experts": self.experts[0], "active_experts": self.experts[1]} if self.experts else {}),
             **({"canvas_length": self.canvas_length} if self.canvas_length else {}),
+            **self._quantization_summary(),
         }
+
+    def _quantization_summary(self) -> dict:
+        if not self.quantization:
+            return {}
+        share, groups = self.quantized_parts()
+        return {"quantized_share": round(share, 4), "quantized_modules": groups}
 
 
 @dataclass
