@@ -8,7 +8,10 @@ import html
 from dllm_local.tiny.tasks import TASKS, recognise
 
 from . import policy_marks
-from .grid_ends import COLLAPSE_PADDING, end_runs, fold_end_runs, token_label
+from .canvas_parts import is_canvas
+from .canvas_views import canvas_grid_html
+from .grid_ends import (BOX, CONF_STOPS, COLLAPSE_PADDING, POS, STEP_STOPS, SWATCH, attr, css, end_runs, fold_end_runs,
+                        interp, text_colour, token_label)
 from .replay import Trace, drafts, first_end, is_end_token, prompt_len, prompt_of, state_at, theorem1, what_if
 
 __all__ = ["CAPTION", "COLLAPSE_PADDING", "OFF_TASK", "TINY_MODEL", "off_task_notice", "token_grid_html", "token_label"]
@@ -33,52 +36,18 @@ def off_task_notice(prompt: str | None, model_name: str | None) -> str:
     return OFF_TASK
 
 
-def _attr(text: str) -> str:
-    """Escape for a double-quoted attribute; apostrophes stay readable in the hover text."""
-    return html.escape(text, quote=False).replace('"', "&quot;")
-
-
 def chip_rgb(color_by: str, commit_step: int, confidence: float | None, last: int) -> tuple[int, int, int]:
     """A committed box's colour: by the step that committed it, or by its confidence then (a token
     a branch forced has none: coloured by its step)."""
     if color_by == "confidence" and confidence is not None:
-        return _interp(_CONF_STOPS, confidence)
-    return _interp(_STEP_STOPS, 0.1 + 0.9 * commit_step / max(1, last))
+        return interp(CONF_STOPS, confidence)
+    return interp(STEP_STOPS, 0.1 + 0.9 * commit_step / max(1, last))
 
 
-def _interp(stops: list[tuple[int, int, int]], t: float) -> tuple[int, int, int]:
-    t = min(1.0, max(0.0, t))
-    x = t * (len(stops) - 1)
-    i = min(int(x), len(stops) - 2)
-    f = x - i
-    a, b = stops[i], stops[i + 1]
-    return tuple(round(a[k] + (b[k] - a[k]) * f) for k in range(3))  # type: ignore[return-value]
-
-
-# Light -> dark blue for "when" (sequential), red -> yellow -> green for "how sure".
-_STEP_STOPS = [(222, 235, 247), (158, 202, 225), (66, 146, 198), (8, 81, 156), (8, 48, 107)]
-_CONF_STOPS = [(215, 48, 39), (252, 141, 89), (254, 224, 139), (145, 207, 96), (26, 152, 80)]
-
-
-def css(rgb: tuple[int, int, int]) -> str:
-    return f"rgb({rgb[0]},{rgb[1]},{rgb[2]})"
-
-
-def text_colour(rgb: tuple[int, int, int]) -> str:
-    luminance = 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2]
-    return "#fff" if luminance < 140 else "#111"
-
-
-# Every box is a button for the side panel: data-pos names its answer position.
-_BOX = ("display:inline-flex;flex-direction:column;align-items:center;margin:2px;padding:1px 5px;border-radius:4px;"
-        "font-family:ui-monospace,monospace;font-size:18px;white-space:pre;min-width:1.6em;vertical-align:top;cursor:pointer;")
 # This step's commits are outlined inside the box, τ′'s frame lies outside it: a box can show both.
 _COMMIT_OUTLINE = "outline:3px solid #e4572e;outline-offset:-3px;"
 _WHAT_IF_SHADOW = "0 0 0 3px #1a9850"
 _WHAT_IF_FRAME = f"box-shadow:{_WHAT_IF_SHADOW};border-radius:6px;"
-_POS = '<span class="dl-pos" style="font-size:14px;opacity:0.85;line-height:1.1;">{}</span>'
-
-
 def _history(trace: Trace, history: list[list]) -> tuple[str, str]:
     """A position's taken-back tokens: struck through under the box, and told in the hover."""
     if not history:
@@ -146,6 +115,8 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
     """
     if color_by not in ("step", "confidence"):
         raise ValueError(f"color_by must be 'step' or 'confidence', not {color_by!r}")
+    if is_canvas(trace):  # a canvas model commits nothing: its grid shows each canvas's drafts
+        return canvas_grid_html(trace, step, color_by)
     state = state_at(trace, step)
     shown = state["step"]
     last = len(trace.get("steps") or []) - 1  # palette spans the whole run: stable colours while scrubbing
@@ -166,7 +137,7 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
         would = set(replay["commits"][shown])
     boxes, stray, eventful, ends = [], False, set(), {}
     for p, (token, s, conf) in enumerate(zip(ids, state["commit_step"], state["confidence"])):
-        number = _POS.format(f"{p}{policy_marks.ACCEPTED_MARK}" if p in accepted else p)
+        number = POS.format(f"{p}{policy_marks.ACCEPTED_MARK}" if p in accepted else p)
         past, past_title = _history(trace, state["history"][p])
         drafts = sent_back.get(p, [])
         past += "".join(f'<s class="dl-sent-back" data-step="{at}" style="font-size:14px;color:#d73027;">'
@@ -181,7 +152,7 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
             elif scored.get(p) is not None:  # a later block: the trace keeps its confidence, not its candidates
                 title += (f" · step {shown}'s confidence {scored[p]:.2f} (top-k is recorded for the "
                           "current block only)")
-            style, classes = f"{_BOX}background:#e5e5e5;color:#777;", "dl-tok dl-masked"
+            style, classes = f"{BOX}background:#e5e5e5;color:#777;", "dl-tok dl-masked"
             if any(at == shown for at, _, _ in drafts):
                 style += "border:3px solid #d73027;"
                 classes += " dl-rejected"
@@ -191,12 +162,12 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
             if window and p in window:
                 style += policy_marks.WINDOW_MASKED + policy_marks.window_bar(_WHAT_IF_SHADOW if p in would else "")
                 classes += " dl-window"
-            boxes.append(f'<span class="{classes}" title="{_attr(title)}" data-pos="{p}" style="{style}">'
+            boxes.append(f'<span class="{classes}" title="{attr(title)}" data-pos="{p}" style="{style}">'
                          f"{number}▢{past}</span>")
             continue
         vis = token_label(trace, token)
         rgb = chip_rgb(color_by, s, conf, last)
-        style = f"{_BOX}background:{css(rgb)};color:{text_colour(rgb)};"
+        style = f"{BOX}background:{css(rgb)};color:{text_colour(rgb)};"
         classes = ["dl-tok"]
         title = (f"pos {p} · token '{vis}' · step {s} · confidence {conf:.2f}" if conf is not None else
                  f"pos {p} · token '{vis}' · forced after step {s} by the branch (no forward chose it)") + past_title
@@ -235,25 +206,25 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
         if window and p in window:
             style += policy_marks.window_bar(_WHAT_IF_SHADOW if p in would else "")
             classes.append("dl-window")
-        boxes.append(f'<span class="{" ".join(classes)}" title="{_attr(title)}" data-pos="{p}" data-token="{token}" '
+        boxes.append(f'<span class="{" ".join(classes)}" title="{attr(title)}" data-pos="{p}" data-token="{token}" '
                      f'style="{style}">{number}{html.escape(vis)}{past}</span>')
     tail = policy_marks.masked_tail(trace, record, ids) if window is not None else None
     if tail and tail[1] - tail[0] >= COLLAPSE_PADDING:  # the positions a sliding-window run never decodes
-        chip = policy_marks.tail_chip(*tail, sum(tail[0] <= p < tail[1] for p in window), _BOX)
+        chip = policy_marks.tail_chip(*tail, sum(tail[0] <= p < tail[1] for p in window), BOX)
         boxes[tail[0]:] = [f'<details class="dl-pad" style="display:inline;">{chip}{"".join(boxes[tail[0]:])}</details>']
     new = {p for p, s in enumerate(state["commit_step"]) if s is not None and s == shown}
-    fold_end_runs(trace, ids, boxes, end_runs(trace, ids, eventful, new), _BOX, _COMMIT_OUTLINE,
+    fold_end_runs(trace, ids, boxes, end_runs(trace, ids, eventful, new), BOX, _COMMIT_OUTLINE,
                   lambda start, stop: policy_marks.window_bar() if window and any(start <= p < stop for p in window)
                   else "")
-    swatch = "display:inline-block;width:1.1em;height:0.9em;border-radius:3px;vertical-align:middle;margin:0 3px;"
+    swatch = SWATCH
     if color_by == "confidence":
-        scale = (f'<span style="{swatch}background:{css(_CONF_STOPS[0])}"></span>low → high confidence at commit'
-                 f'<span style="{swatch}background:{css(_CONF_STOPS[-1])}"></span>')
+        scale = (f'<span style="{swatch}background:{css(CONF_STOPS[0])}"></span>low → high confidence at commit'
+                 f'<span style="{swatch}background:{css(CONF_STOPS[-1])}"></span>')
     elif last >= 1:
-        scale = (f'<span style="{swatch}background:{css(_interp(_STEP_STOPS, 0.1))}"></span>step 0 → step {last}'
-                 f'<span style="{swatch}background:{css(_interp(_STEP_STOPS, 1.0))}"></span>')
+        scale = (f'<span style="{swatch}background:{css(interp(STEP_STOPS, 0.1))}"></span>step 0 → step {last}'
+                 f'<span style="{swatch}background:{css(interp(STEP_STOPS, 1.0))}"></span>')
     else:  # a run of one step (or none yet): one colour
-        scale = f'<span style="{swatch}background:{css(_interp(_STEP_STOPS, 0.1))}"></span>step 0'
+        scale = f'<span style="{swatch}background:{css(interp(STEP_STOPS, 0.1))}"></span>step 0'
     committed = len(ids) - state["masked"]
     where = "before any step" if shown < 0 else f"after step {shown}"
     marks = ""

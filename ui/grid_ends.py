@@ -1,6 +1,7 @@
 """The token grid's names for tokens and its ends of text: a distinct name for each stop token
 that still reads as an end of text, and the runs of end-of-text boxes folded into one chip, split
-so that nothing that happened at the step shown is hidden inside a chip."""
+so that nothing that happened at the step shown is hidden inside a chip; and the boxes' look (box,
+colour scales, swatch) that the masked-model grid (``grid``) and the canvas grid (``canvas_views``) share."""
 from __future__ import annotations
 
 import html
@@ -71,3 +72,38 @@ def fold_end_runs(trace: Trace, ids: list[int | None], boxes: list[str], runs: l
                 f"(pos {start}–{stop - 1})</summary>")
         boxes[start:stop] = [f'<details class="dl-pad" style="display:inline;">{chip}{"".join(boxes[start:stop])}'
                              "</details>"]
+
+
+def attr(text: str) -> str:
+    """Escape for a double-quoted attribute; apostrophes stay readable in the hover text."""
+    return html.escape(text, quote=False).replace('"', "&quot;")
+
+
+def interp(stops: list[tuple[int, int, int]], t: float) -> tuple[int, int, int]:
+    t = min(1.0, max(0.0, t))
+    x = t * (len(stops) - 1)
+    i = min(int(x), len(stops) - 2)
+    f = x - i
+    a, b = stops[i], stops[i + 1]
+    return tuple(round(a[k] + (b[k] - a[k]) * f) for k in range(3))  # type: ignore[return-value]
+
+
+# Light -> dark blue for "when" (sequential), red -> yellow -> green for "how sure".
+STEP_STOPS = [(222, 235, 247), (158, 202, 225), (66, 146, 198), (8, 81, 156), (8, 48, 107)]
+CONF_STOPS = [(215, 48, 39), (252, 141, 89), (254, 224, 139), (145, 207, 96), (26, 152, 80)]
+
+
+def css(rgb: tuple[int, int, int]) -> str:
+    return f"rgb({rgb[0]},{rgb[1]},{rgb[2]})"
+
+
+def text_colour(rgb: tuple[int, int, int]) -> str:
+    luminance = 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2]
+    return "#fff" if luminance < 140 else "#111"
+
+
+# Every box is a button for the side panel: data-pos names its answer position.
+BOX = ("display:inline-flex;flex-direction:column;align-items:center;margin:2px;padding:1px 5px;border-radius:4px;"
+       "font-family:ui-monospace,monospace;font-size:18px;white-space:pre;min-width:1.6em;vertical-align:top;cursor:pointer;")
+POS = '<span class="dl-pos" style="font-size:14px;opacity:0.85;line-height:1.1;">{}</span>'
+SWATCH = "display:inline-block;width:1.1em;height:0.9em;border-radius:3px;vertical-align:middle;margin:0 3px;"

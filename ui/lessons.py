@@ -13,9 +13,12 @@ from statistics import fmean
 from dllm_local.policies import registry
 from dllm_local.tiny.tasks import verdict as task_verdict
 
+from .canvas_lessons import canvas_told
+from .canvas_parts import is_canvas
 from .replay import MEAN_LAYERS, Trace, drafts, is_end_token, prompt_len, prompt_of, steps_upto, theorem1
 
 HOLDS, FAILS, UNMEASURABLE = "holds", "does not hold", "not measurable in this run"
+STATUS = {True: HOLDS, False: FAILS, None: UNMEASURABLE}  # a claim's status from whether it holds (None: unmeasurable)
 # Reused K/V count as close to exact when their mean cosine with the exact K/V is at least this.
 CLOSE_TO_EXACT = 0.99
 KINDS = ("prompt", "decoded", "masked")
@@ -112,8 +115,7 @@ def reused_kv_error(trace: Trace, step: int, layer: str, which: str) -> dict[str
 
 def reused_kv_errors(trace: Trace, upto_step: int | None, layer: str, which: str) -> list[dict[str, list[float]] | None]:
     """``reused_kv_error`` of every step up to ``upto_step``, in one pass over the trace."""
-    P, decoded = prompt_len(trace), set()
-    errors = []
+    P, decoded, errors = prompt_len(trace), set(), []
     for record in steps_upto(trace, upto_step):
         errors.append(_reused(record, P, decoded, layer, which))
         decoded |= {int(p) for p, _, _ in record.get("committed") or []}
@@ -151,8 +153,7 @@ def kv_reuse_verdict(trace: Trace, step: int, layer: str, which: str) -> Verdict
     if not steps or not any((s.get("exact") or {}).get("cache_vs_exact") for s in steps):
         return Verdict("kv_reuse", KV_CLAIM, UNMEASURABLE, "it needs the exact-drift diagnostic and the full trace")
     per_step = reused_kv_errors(trace, step, layer, which)
-    here = per_step[-1]
-    run = _pool([s for s in per_step if s])
+    here, run = per_step[-1], _pool([s for s in per_step if s])
     after_one = _pool([s for i, s in enumerate(per_step)
                        if s and i > 0 and len(steps[i - 1].get("committed") or []) == 1])
     numbers = {"layer": layer, "which": which, "step": len(steps) - 1, "at_step": _summary(here or {}),
@@ -160,8 +161,7 @@ def kv_reuse_verdict(trace: Trace, step: int, layer: str, which: str) -> Verdict
     if not any(run.values()):
         return Verdict("kv_reuse", KV_CLAIM, UNMEASURABLE,
                        "no step reused a cached entry: every forward recomputed everything", numbers)
-    means = {kind: fmean(values) for kind, values in run.items() if values}
-    status = HOLDS if min(means.values()) >= CLOSE_TO_EXACT else FAILS
+    status = HOLDS if min(fmean(values) for values in run.values() if values) >= CLOSE_TO_EXACT else FAILS
     parts = [f"{which.upper()}, {name}, over the run: {_kinds(run)}"]
     if here and any(here.values()):
         parts.append(f"at step {len(steps) - 1}: {_kinds(here)}")
@@ -220,8 +220,7 @@ def answer_verdict(trace: Trace) -> Verdict:
     """Is a finished run's answer right (or valid) for its tiny task, and how many content tokens
     did its most parallel step commit at once? A wrong answer after parallel commits is the
     conflict parallel decoding risks."""
-    answer, prompt = trace.get("text") or "", prompt_of(trace) or ""
-    judged = task_verdict(prompt, answer)
+    judged = task_verdict(prompt_of(trace) or "", trace.get("text") or "")
     claim = "The answer is " + ("valid" if judged in ("valid", "invalid") else "right")
     if not trace.get("final_ids"):
         return Verdict("answer", claim, UNMEASURABLE, "the run has not ended")
@@ -295,5 +294,7 @@ def verdicts_html(verdicts: list[Verdict | None]) -> str:
 
 
 def grid_verdicts(trace: Trace, step: int) -> list[Verdict | None]:
-    """The claims about commits, beside the token grid."""
+    """The claims about commits, beside the token grid; a canvas model's own (``canvas_lessons``)."""
+    if is_canvas(trace):
+        return [Verdict(t.lesson, t.claim, STATUS[t.holds], t.detail, t.numbers) for t in canvas_told(trace, step)]
     return [theorem1_verdict(trace, step), answer_verdict(trace), verification_verdict(trace, step)]

@@ -8,6 +8,8 @@ import html
 from statistics import fmean
 
 from . import policy_marks
+from .canvas_parts import is_canvas
+from .canvas_views import canvas_position_panel_html
 from .grid import token_label
 from .replay import Trace, answer_length, first_end, is_end_token, prompt_len, state_at
 
@@ -209,6 +211,8 @@ def position_panel_html(trace: Trace, step: int, position: int) -> str:
         step = int(step)
     except (TypeError, ValueError):
         step = len(steps) - 1
+    if is_canvas(trace):  # a canvas model redraws its canvas each step: the panel tells its drafts
+        return canvas_position_panel_html(trace, step, position)
     state = state_at(trace, step)
     shown, token, at, conf = state["step"], *(state[k][position] for k in ("ids", "commit_step", "confidence"))
     events = _events(trace, shown, position)

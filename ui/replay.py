@@ -9,6 +9,7 @@ the same trace as it grows.
 """
 from __future__ import annotations
 
+from .canvas_parts import is_canvas, settled_tokens
 from .trace_parts import (Trace, answer_length, first_end, is_end_token, prompt_len, prompt_of, steps_upto, token_text,
                           visible)
 
@@ -148,7 +149,8 @@ def numbers(trace: Trace, upto_step: int | None = None) -> dict:
       nfe              diffusion-model forwards: the steps' main forwards plus any verification
                        forwards (sum of ``forwards``)
       guider_forwards  the guider's forwards (guided decoding), counted apart from ``nfe``
-      committed        answer tokens committed so far (net of tokens taken back to mask)
+      committed        answer tokens committed so far (net of tokens taken back to mask); a canvas
+                       model's: the tokens of the canvases ended so far, up to the first end of text
       revisions        committed tokens taken back to mask so far (policies that revise)
       gen_length       size of the answer region
       tau              tokens committed per forward (committed / nfe)
@@ -172,10 +174,12 @@ def numbers(trace: Trace, upto_step: int | None = None) -> dict:
                 and float(stats.get("wall_s") or 0.0) > 0)
     revisions = sum(len(s.get("revoked") or []) for s in steps)
     committed = sum(len(s.get("committed") or []) for s in steps) - revisions
+    if is_canvas(trace):  # a canvas model commits nothing: its answer so far is the ended canvases' drafts
+        committed = len(settled_tokens(trace, len(steps) - 1))
     values = _final_numbers(stats) if finished else _running_numbers(steps, committed)
     values["guider_forwards"] = _guider_forwards(trace, steps, finished)
     if not finished:
-        ids = state_at(trace, len(steps) - 1)["ids"]
+        ids = settled_tokens(trace, len(steps) - 1) if is_canvas(trace) else state_at(trace, len(steps) - 1)["ids"]
         before_end = ids[:first_end(trace, ids)]
         content = sum(t is not None for t in before_end)
         values["content_tokens_per_s"] = content / values["model_s"] if values["model_s"] else 0.0
@@ -206,7 +210,9 @@ def _final_numbers(stats: dict) -> dict:
 def _running_numbers(steps: list[dict], committed: int) -> dict:
     """What the final stats say, for the records so far (content tokens are known only at the end)."""
     nfe = sum(int(s.get("forwards") or 0) for s in steps)
-    model_s = sum(float(s.get("model_ms") or 0.0) for s in steps) / 1e3
+    # a canvas model's encoder passes are model time too, as in its final stats
+    model_s = sum(float(s.get("model_ms") or 0.0) + float(((s.get("canvas") or {}).get("encoder") or {}).get("ms") or 0.0)
+                  for s in steps) / 1e3
     other_s = sum(float(s.get("other_ms") or 0.0) for s in steps) / 1e3
     g = sum(int(s.get("g") or 0) for s in steps)
     reads = sum(int(s.get("reads") or 0) for s in steps)

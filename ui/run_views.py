@@ -11,6 +11,7 @@ from dllm_local.devices import DEVICES
 from dllm_local.experiments.costmodel import TARGET_MODELS, project
 
 from . import acceptance, grid, lessons, run_figures, tables
+from .canvas_parts import is_canvas
 from .figure_style import on_screen
 from .inputs import (Choice, ColorBy, DeviceName, FontScale, Fraction, KVView, PageState, StepIndex, TargetName, Theme,
                      Which, checked)
@@ -33,13 +34,22 @@ def draw(trace: dict, step: int | None, color_by: str, layer: str, which: str, k
                  [*lessons.grid_verdicts(trace, at), acceptance.acceptance_verdict(trace, at)] if steps else [])}
     if with_plots:
         scale = FONT_SCALES.get(font_scale, 1.0)
+        kv_told, cache_told = _kv_and_cache_verdicts(trace, at, layer, which) if steps else ([], [])
         views.update(confidence=on_screen(run_figures.confidence_heatmap(trace, upto), scale, theme),
                      kv=on_screen(run_figures.kv_heatmap(trace, layer=layer, which=which, upto_step=upto, view=kv_view),
                                   scale, theme),
                      cache=on_screen(run_figures.cache_panel(trace, upto), scale, theme),
-                     kv_verdicts=lessons.verdicts_html([lessons.kv_reuse_verdict(trace, at, layer, which)] if steps else []),
-                     cache_verdicts=lessons.verdicts_html([lessons.cache_saves_verdict(trace, at)] if steps else []))
+                     kv_verdicts=lessons.verdicts_html(kv_told), cache_verdicts=lessons.verdicts_html(cache_told))
     return views
+
+
+def _kv_and_cache_verdicts(trace: dict, at: int, layer: str, which: str) -> tuple[list, list]:
+    """The verdicts beside the KV and the cache panels; a canvas model's is its encoder's exact cache,
+    beside both (it has no cache policy whose reuse or savings to check)."""
+    if is_canvas(trace):
+        encoder = [v for v in lessons.grid_verdicts(trace, at) if v.lesson == "encoder_cache"]
+        return encoder, encoder
+    return [lessons.kv_reuse_verdict(trace, at, layer, which)], [lessons.cache_saves_verdict(trace, at)]
 
 
 def grid_at(trace: dict, step: int, color_by: str, what_if: float) -> str:

@@ -4,9 +4,11 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
+from ..canvas_parts import is_canvas
 from ..figure_style import message_figure, styled
 from ..replay import Trace, steps_upto
 from .axes import EMPTY_MESSAGE, axis_ticks, cell_range
+from .canvas_kv import canvas_cache_panel
 from .tracked import HEIGHT as MAP_HEIGHT, add_position_map, has_window
 
 CAPTION = ("Bars: positions recomputed per forward (G); lines: share of K/V read from cache, per step and "
@@ -18,6 +20,8 @@ HIT_RATE_TICKS = [0.0, 0.25, 0.5, 0.75, 1.0]
 
 def cache_panel(trace: Trace, upto_step: int | None = None) -> go.Figure:
     """Bars: G (positions recomputed) per step; lines: hit rate per step and cumulative (right axis)."""
+    if is_canvas(trace):  # the encoder's cache: no cache policy, no partial recompute
+        return canvas_cache_panel(trace, upto_step)
     title = "Cache: recomputed positions and hit rate"
     steps = steps_upto(trace, upto_step)
     if not steps:

@@ -7,9 +7,11 @@ import html
 import numpy as np
 import plotly.graph_objects as go
 
+from ..canvas_parts import is_canvas
 from ..figure_style import message_figure, styled
 from ..replay import Trace, answer_length, prompt_len, steps_upto, theorem1, token_text, visible
 from .axes import EMPTY_MESSAGE, NAN, cell_gaps, mark_column, mark_size, num, position_axis, step_axis
+from .canvas_entropy import canvas_entropy_heatmap
 
 CAPTION = ("Each row is one step, not one forward: colour is the model's confidence at still-masked positions "
            "in the step, x marks a commit; a policy that commits early on bright cells saves steps. A step that also "
@@ -26,6 +28,8 @@ def confidence_heatmap(trace: Trace, upto_step: int | None = None) -> go.Figure:
     Cells that were not scored (already committed, or outside the forward) are NaN; an "x" marks
     each commit at (position, step of commit).
     """
+    if is_canvas(trace):  # a canvas model scores no masks: its entropy and stopping rule instead
+        return canvas_entropy_heatmap(trace, upto_step)
     title = "Confidence at masked positions"
     steps = steps_upto(trace, upto_step)
     if not steps:

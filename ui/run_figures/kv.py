@@ -8,9 +8,11 @@ import plotly.graph_objects as go
 
 from dllm_local.trace import KV_VIEWS
 
+from ..canvas_parts import is_canvas
 from ..figure_style import message_figure, styled
 from ..replay import MEAN_LAYERS, Trace, answer_length, prompt_len, state_at, steps_upto
 from .axes import EMPTY_MESSAGE, NAN, cell_gaps, cell_range, mark_column, mark_size, num, position_axis, step_axis
+from .canvas_kv import canvas_kv_heatmap
 from .cosine_scale import COS_SCALE, colour_bar
 
 SUMMARY_MESSAGE = "per-position KV data needs trace level 'full'"
@@ -130,6 +132,8 @@ def kv_heatmap(trace: Trace, layer: int | str = MEAN_LAYERS, which: str = "k", u
         raise ValueError(f"which must be 'k' or 'v', not {which!r}")
     if view not in KV_VIEWS:
         raise ValueError(f"view must be one of {KV_VIEWS}, not {view!r}")
+    if is_canvas(trace):  # a decoder over a canvas and an encoder's exact cache: views of their own
+        return canvas_kv_heatmap(trace, str(layer), which, upto_step, view)
     layer = str(layer)
     names = {"drift": "KV drift", "true_drift": "True KV drift (exact)", "cache_error": "Cache vs exact"}
     where = "all layers (mean)" if layer == MEAN_LAYERS else f"layer {layer}"

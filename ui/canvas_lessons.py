@@ -1,0 +1,100 @@
+"""A canvas model's claims, checked on its own trace (DiffusionGemma): how each canvas ended (the
+stopping rule ends it early once its draft is stable and it is confident), that the encoder's cache
+is exact, and how many of the experts each step routed to.
+
+Each claim comes as ``Told`` (lesson, claim, holds: True / False / None for not measurable, the line
+with its numbers, the numbers); ``lessons.grid_verdicts`` makes them ``Verdict`` lines. Pure
+functions of the trace dict."""
+from __future__ import annotations
+
+from statistics import fmean
+from typing import NamedTuple
+
+from .canvas_parts import canvas_ended, canvas_rules, canvas_steps, stable_for
+from .trace_parts import Trace, steps_upto
+
+
+class Told(NamedTuple):
+    lesson: str
+    claim: str
+    holds: bool | None  # None: not measurable in this run (yet)
+    detail: str
+    numbers: dict
+
+
+def canvas_ending(trace: Trace, canvas: int, rows: list[int]) -> Told:
+    """How canvas ``canvas`` (0-based) ended, or stands, at the last of its steps ``rows``."""
+    steps, rules = trace.get("steps") or [], canvas_rules(trace)
+    n, last = canvas + 1, steps[rows[-1]]["canvas"]
+    most = rules.max_steps if rules.max_steps is not None else "max_denoising_steps (not in this trace)"
+    threshold = rules.confidence_threshold if rules.confidence_threshold is not None else "not in this trace"
+    lowest = min(float(steps[i]["canvas"]["mean_entropy"]) for i in rows)
+    numbers = {"canvas": n, "steps": len(rows), "max": rules.max_steps, "threshold": rules.confidence_threshold,
+               "finished": bool(last["finished"]), "mean_entropy": float(last["mean_entropy"]),
+               "lowest_mean_entropy": lowest, "stable_for": stable_for(steps, rows)}
+    claim = f"The stopping rule ends canvas {n} early"
+    if last["finished"]:
+        return Told("canvas_stop", claim, True,
+                    f"canvas {n} stopped early at step {len(rows)} of {most}: stable for {numbers['stable_for']} "
+                    f"step(s) and confident (mean entropy {numbers['mean_entropy']:.3f} < {threshold})", numbers)
+    if not canvas_ended(trace, rows[-1]):
+        return Told("canvas_stop", claim, None,
+                    f"canvas {n} at step {len(rows)} of {most} so far: not yet stable and confident "
+                    f"(mean entropy {numbers['mean_entropy']:.3f}, threshold {threshold})", numbers)
+    stopped = (trace.get("stats") or {}).get("stopped") and rows[-1] == len(steps) - 1
+    if stopped or (rules.max_steps is not None and len(rows) < rules.max_steps):  # neither finished nor out of steps
+        return Told("canvas_stop", claim, None, f"canvas {n} was stopped at step {len(rows)} of {most}, before "
+                    "its stopping rule or its last step", numbers)
+    return Told("canvas_stop", claim, False,
+                f"canvas {n} ran all {len(rows)} steps: never stable and confident "
+                f"(lowest mean entropy {lowest:.3f}, threshold {threshold})", numbers)
+
+
+ENCODER_CLAIM = "The encoder's cache is exact"
+
+
+def encoder_cache(trace: Trace, step: int | None = None) -> Told:
+    """The encoder's cache up to ``step``: entries the decoder read from it (every step reads all
+    of it) and entries the encoder computed (each canvas's first step: the prompt, then the canvas
+    before). Exact by construction; where the trace has the per-position K/V (trace level
+    "full"), every entry read is checked to be 1.0 (unchanged from the step before)."""
+    steps = steps_upto(trace, step)
+    reads = sum(int(s.get("reads") or 0) for s in steps)
+    computed = sum(int((s["canvas"].get("encoder") or {}).get("positions") or 0) for s in steps)
+    read_back = [value for s in steps for layer in (s.get("kv") or {}).values() for which in ("k", "v")
+                 for value in (layer.get(which) or [])[: int(s["canvas"]["start"])]]
+    numbers = {"reads": reads, "computed": computed, "checked": len(read_back),
+               "least_cosine": min(read_back, default=None)}
+    line = (f"the encoder cache: {reads} entries read, {computed} computed; exact by construction (the encoder "
+            "never recomputes what it cached)")
+    if read_back:
+        line += f"; {len(read_back)} K/V entries read checked, least cosine with the step before {min(read_back):.4f}"
+    exact = all(value == 1.0 for value in read_back)
+    return Told("encoder_cache", ENCODER_CLAIM, exact if steps else None, line if steps else "no step yet", numbers)
+
+
+def experts_routed(trace: Trace, step: int | None = None) -> list[Told]:
+    """Per decoder layer, the distinct experts the router chose per step, on average over the
+    steps up to ``step``, of the model's experts: fewer than all is routing that leaves some idle."""
+    total = (trace.get("model") or {}).get("experts")
+    steps = steps_upto(trace, step)
+    layers = sorted({layer for s in steps for layer in s["canvas"].get("experts") or {}}, key=int)
+    if not total or not layers:
+        return []
+    told = []
+    for layer in layers:
+        mean = fmean(len(s["canvas"]["experts"][layer]) for s in steps if layer in (s["canvas"].get("experts") or {}))
+        told.append(Told("experts", f"Each step routes layer {layer} to only some of its experts", mean < int(total),
+                         f"experts: layer {layer} routed to {mean:.1f} distinct of {total} experts on average per step",
+                         {"layer": int(layer), "mean_distinct": mean, "experts": int(total)}))
+    return told
+
+
+def canvas_told(trace: Trace, step: int | None = None) -> list[Told]:
+    """Every canvas claim up to ``step``: how each canvas begun so far ended (or stands), the
+    encoder's cache, the experts."""
+    if not steps_upto(trace, step):
+        return []
+    endings = [canvas_ending(trace, canvas, rows) for canvas, rows in sorted(canvas_steps(trace, step).items())]
+    return [*endings, encoder_cache(trace, step), *experts_routed(trace, step)]
+
