@@ -13,6 +13,7 @@ import pytest
 
 import dllm_local
 from dllm_local.settings import Settings
+from ui import run_figures
 
 from test_page import OUT, _choose, _shown_run, _status, _wait_run_ended, browser, export_trace, server  # noqa: F401
 
@@ -59,10 +60,18 @@ def _canvas_controls_shown(pg) -> None:
         assert pg.locator(selector).first.is_disabled(), selector
     for selector in CANVAS_BOXES:
         assert _text_box(pg, selector).is_visible() and _text_box(pg, selector).is_enabled(), selector
+    _captions_say(pg, run_figures.CANVAS_CAPTIONS)
 
 
-def _grid_classes(pg) -> dict[str, set[int]]:
-    """The grid's canvas boxes by class: absolute positions (data-pos)."""
+def _captions_say(pg, captions: dict[str, str]) -> None:
+    pg.wait_for_function("(c) => document.querySelector('#panel-cache').innerText.includes(c)",
+                         arg=captions["cache"][:60])
+    for panel, caption in captions.items():
+        assert caption[:60] in pg.inner_text(f"#panel-{panel}"), panel
+
+
+def _grid_classes(pg) -> dict[str, list[int]]:
+    """The grid's canvas boxes by class: their answer positions (data-pos, as a masked model's boxes)."""
     return pg.evaluate("""() => Object.fromEntries(['accepted', 'renoised', 'changed'].map((c) => [c,
         [...document.querySelectorAll(`#token-grid .dl-canvas-${c}`)].map((b) => Number(b.dataset.pos))]))""")
 
@@ -109,22 +118,28 @@ def test_a_canvas_model_loads_runs_and_shows_its_steps_on_the_page(pg, browser, 
     assert "canvas 1 stopped early at step" in verdicts or "canvas 1 ran all" in verdicts, verdicts
     # A step where the sampler renoised some positions and the draft changed, and the step before
     # it kept other positions: the grid shows each step's own.
+    answer = len(trace["prompt_ids"])  # the trace's positions are absolute; the grid's, in the answer
+    size = trace["model"]["canvas_length"]
+
+    def recorded(step: int, what: str) -> set[int]:
+        return {p - answer for p in trace["steps"][step]["canvas"][what]}
+
     steps = [s["canvas"] for s in trace["steps"]]
-    at = next(i for i in range(1, len(steps)) if steps[i]["changed"] and len(steps[i]["accepted"]) < 32
-              and steps[i]["canvas"] == steps[i - 1]["canvas"] and set(steps[i]["accepted"]) != set(steps[i - 1]["accepted"]))
+    at = next(i for i in range(1, len(steps)) if steps[i]["changed"] and len(steps[i]["accepted"]) < size
+              and steps[i]["canvas"] == steps[i - 1]["canvas"] and recorded(i, "accepted") != recorded(i - 1, "accepted"))
     _show_step(pg, at)
     shown = _grid_classes(pg)
-    canvas = set(range(steps[at]["start"], steps[at]["start"] + 32))
-    assert set(shown["accepted"]) == set(steps[at]["accepted"])
-    assert set(shown["renoised"]) == canvas - set(steps[at]["accepted"]) and shown["renoised"]
-    assert set(shown["changed"]) == set(steps[at]["changed"]) and shown["changed"]
+    canvas = set(range(steps[at]["start"] - answer, steps[at]["start"] - answer + size))
+    assert set(shown["accepted"]) == recorded(at, "accepted")
+    assert set(shown["renoised"]) == canvas - recorded(at, "accepted") and shown["renoised"]
+    assert set(shown["changed"]) == recorded(at, "changed") and shown["changed"]
     pg.screenshot(path=str(OUT / "diffusion-gemma-step.png"), full_page=True)
     pg.click("#step-prev")
     pg.wait_for_function("(s) => document.querySelector('#scrubber input[type=number]').value === String(s)",
                          arg=at - 1)
     pg.wait_for_timeout(500)
     back = _grid_classes(pg)
-    assert set(back["accepted"]) == set(steps[at - 1]["accepted"]) != set(shown["accepted"])
+    assert set(back["accepted"]) == recorded(at - 1, "accepted") != set(shown["accepted"])
 
     # A masked model back: its controls come back, the canvas knobs go.
     _load(pg, "tiny")
@@ -134,3 +149,4 @@ def test_a_canvas_model_loads_runs_and_shows_its_steps_on_the_page(pg, browser, 
         assert pg.locator(selector).first.is_enabled(), selector
     for selector in CANVAS_BOXES:
         assert not _text_box(pg, selector).is_visible(), selector
+    _captions_say(pg, run_figures.CAPTIONS)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gradio as gr
 
+from . import run_figures
 from .canvas_controls import CANVAS_CONTROLS, is_canvas
 from .controls import masked_only
 from .downloads import DownloadBox
@@ -52,13 +53,18 @@ class ModelBox:
 
     def kind_boxes(self) -> list[gr.Component]:
         """What a model's kind changes (``kind_shown``)."""
-        return [self.canvas_reason, *self._masked_boxes(), *(self.controls[name] for name in CANVAS_CONTROLS)]
+        return [self.canvas_reason, self.grid_caption, *self.captions.values(), *self._masked_boxes(),
+                *(self.controls[name] for name in CANVAS_CONTROLS)]
 
     def kind_shown(self, info: dict) -> dict:
         """The controls for the kind of model ``info`` describes: for a canvas model its own knobs,
-        and the masked boxes disabled, with the reason; for a masked model the other way round."""
+        and the masked boxes disabled, with the reason; for a masked model the other way round. The
+        figures' captions for that kind; the grid's caption is a masked model's (a canvas grid says
+        its own in its legend)."""
         canvas = is_canvas(info)
-        return {self.canvas_reason: gr.update(visible=canvas),
+        captions = run_figures.CANVAS_CAPTIONS if canvas else run_figures.CAPTIONS
+        return {self.canvas_reason: gr.update(visible=canvas), self.grid_caption: gr.update(visible=not canvas),
+                **{box: captions[name] for name, box in self.captions.items()},
                 **{box: gr.update(interactive=not canvas) for box in self._masked_boxes()},
                 **{self.controls[name]: gr.update(visible=canvas) for name in CANVAS_CONTROLS}}
 

@@ -28,6 +28,7 @@ CSS = """
 .policy-info, .policy-info p {color: #444; font-size: 15px !important; padding: 4px 12px}
 #status, #status p {font-size: 16px !important}
 #tune-concurrency-line, #tune-concurrency-line p {font-size: 18px !important}
+.dl-knobs .block:has(:disabled):not(:has(.block)) {opacity: 0.5}
 .dl-verdict {font-size: 16px; margin: 2px 0; padding: 3px 8px; border-left: 5px solid #999}
 .dl-verdict[data-status="holds"] {border-color: #1a7f37; background: #eef8f0}
 .dl-verdict[data-status="does not hold"] {border-color: #c62828; background: #fdeeee}

@@ -93,7 +93,7 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, B
                         self.grid = gr.HTML(elem_id="token-grid")
                         self.grid_verdicts = gr.HTML(elem_id="grid-verdicts")
                     self._branch_boxes()
-                gr.Markdown(grid.CAPTION, elem_classes="caption")
+                self.grid_caption = gr.Markdown(grid.CAPTION, elem_classes="caption")  # a masked model's grid
                 self.color_by = gr.Radio(["step", "confidence"], value="step", label="Colour tokens by",
                                          elem_classes="dl-knobs")
                 self.what_if = gr.Slider(0, 1, 0, step=0.05, elem_id="what-if",
@@ -116,14 +116,16 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, B
                            "cache_verdicts": self.cache_verdicts}
 
     def _panels(self) -> None:
-        """The token's side panel and the three figures, each in a box that presenter view shows alone."""
+        """The token's side panel and the three figures, each in a box that presenter view shows alone,
+        captioned for the kind of model loaded."""
+        captions = run_figures.CANVAS_CAPTIONS if is_canvas(self.session.info()) else run_figures.CAPTIONS
         with gr.Column(elem_id="panel-token"):
             self._token_panel()
         # Each plot starts with its empty figure: the browser loads the plotting
         # library with the page, not on the first run's first step.
         with gr.Column(elem_id="panel-confidence"):
             self.conf_plot = gr.Plot(run_figures.confidence_heatmap({}), label="Confidence", elem_id="conf-plot")
-            gr.Markdown(run_figures.CAPTIONS["confidence"], elem_classes="caption")
+            self.captions = {"confidence": gr.Markdown(captions["confidence"], elem_classes="caption")}
         with gr.Column(elem_id="panel-kv"):
             with gr.Row():
                 self.layer = gr.Dropdown(**layer_choices(self.session.info().get("layers", 1)), label="Layer",
@@ -133,11 +135,11 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, B
             self.kv_plot = gr.Plot(run_figures.kv_heatmap({}, which="v"), label="KV cosine similarity",
                                    elem_id="kv-plot")
             self.kv_verdicts = gr.HTML(elem_id="kv-verdicts")
-            gr.Markdown(run_figures.CAPTIONS["kv"], elem_classes="caption")
+            self.captions["kv"] = gr.Markdown(captions["kv"], elem_classes="caption")
         with gr.Column(elem_id="panel-cache"):
             self.cache_plot = gr.Plot(run_figures.cache_panel({}), label="Cache", elem_id="cache-plot")
             self.cache_verdicts = gr.HTML(elem_id="cache-verdicts")
-            gr.Markdown(run_figures.CAPTIONS["cache"], elem_classes="caption")
+            self.captions["cache"] = gr.Markdown(captions["cache"], elem_classes="caption")
 
     # ---------------------------------------------------------------- events
     def wire(self) -> None:
