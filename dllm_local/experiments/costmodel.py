@@ -18,23 +18,101 @@ from ..devices import DeviceProfile
 
 
 @dataclass(frozen=True)
+class Experts:
+    """A mixture of experts' routed blocks: ``per_layer`` experts in each of ``layers`` layers,
+    ``routed`` of them per token, ``bytes_each`` bytes (bf16) per expert (its gate, up and down)."""
+
+    per_layer: int
+    routed: int
+    layers: int
+    bytes_each: float
+
+    def distinct(self, tokens: float) -> float:
+        """Expected distinct experts one layer reads when ``tokens`` tokens are each routed to
+        ``routed`` of its ``per_layer`` experts: E x (1 - (1 - k/E)^T), routing taken as uniform and
+        independent across tokens. One token reads k; a canvas of 256 tokens reads all 128 but 9e-6."""
+        return self.per_layer * (1 - (1 - self.routed / self.per_layer) ** tokens)
+
+
+@dataclass(frozen=True)
 class TargetModel:
-    """``params``: the parameters a position's arithmetic uses; ``weight_bytes``: the bytes one
-    forward reads (bf16). Both leave out the input embedding, from which a forward only gathers
-    its tokens' rows; the output head, a full matmul, is in both."""
+    """``params``: the parameters a position's arithmetic uses (for a mixture of experts, the dense
+    ones and the ``routed`` experts of each layer); ``weight_bytes``: the bytes a forward reads when
+    it reads every weight (bf16). Both leave out the input embedding, from which a forward only
+    gathers its tokens' rows; the output head, a full matmul, is in both. ``experts``: a mixture of
+    experts' routed blocks, whose weights a forward reads only for the experts its tokens chose."""
 
     name: str
     params: float
     weight_bytes: float
+    experts: Experts | None = None
+
+    def expert_read_bytes(self, positions: float) -> float:
+        """The routed experts' share of :meth:`read_bytes` (0 for a dense model)."""
+        if self.experts is None:
+            return 0.0
+        e = self.experts
+        return e.layers * e.distinct(positions) * e.bytes_each
+
+    def read_bytes(self, positions: float) -> float:
+        """Bytes a forward over ``positions`` tokens reads: every weight of a dense model; of a
+        mixture of experts, the dense weights and each layer's expected distinct experts."""
+        if self.experts is None:
+            return self.weight_bytes
+        e = self.experts
+        return self.weight_bytes - e.layers * e.per_layer * e.bytes_each + self.expert_read_bytes(positions)
+
+    def floor_s(self, positions: float, device: DeviceProfile) -> float:
+        """:func:`step_floor_s` of a forward over ``positions`` tokens, with the weights it reads."""
+        return step_floor_s(self.read_bytes(positions), self.params, positions, device)
+
+    def crossover_positions(self, device: DeviceProfile) -> float:
+        """Positions per forward at which a forward turns compute-bound. A mixture of experts reads
+        more experts as positions grow, so its crossover solves read(n) / bandwidth = n x 2 x
+        params / FLOP rate; the read is concave and bounded, so the root is one, found by bisection."""
+        whole = crossover_positions(self.weight_bytes, self.params, device)
+        if self.experts is None:
+            return whole
+        low, high = 0.0, whole  # read(n) <= weight_bytes, so the arithmetic has overtaken by then
+        for _ in range(200):
+            middle = (low + high) / 2
+            if self.read_bytes(middle) / device.bandwidth > middle * 2 * self.params / device.flops:
+                low = middle
+            else:
+                high = middle
+        return (low + high) / 2
+
+
+def _layout(layers: int, experts: int, routed: int, expert_params: int, dense_params: int, name: str) -> TargetModel:
+    """A bf16 mixture of experts from its parameter counts (``dense_params``: all but the experts)."""
+    return TargetModel(name, dense_params + layers * routed * expert_params,
+                       2 * (dense_params + layers * experts * expert_params),
+                       Experts(experts, routed, layers, 2 * expert_params))
 
 
 # The real models a run is projected onto. LLaDA-8B's weight index says 16,031,162,368 bytes of
 # bf16 (8.016 B parameters), of which the 126,464 x 4,096 input embedding is 0.518 B; Dream-v0-7B
 # is Qwen2.5-7B's 7.616 B parameters, with a 152,064 x 3,584 embedding (0.545 B).
+# DiffusionGemma-26B-A4B: transformers' DiffusionGemmaConfig with gemma-4-26B-A4B's text sizes
+# (DIFFUSIONGEMMA_26B_A4B_TEXT; 30 layers, 128 experts of 3 x 704 x 2,816 = 5,947,392 parameters,
+# 8 routed per token) counts 25,250,986,752 text parameters on the meta device: 22,837,985,280 in
+# experts and 2,413,001,472 dense (attention, the dense MLP beside the experts, routers, norms,
+# the self-conditioning MLP and the 262,144 x 2,816 embedding, which the tied head reads whole).
+# Encoder and decoder share these weights; the vision tower, which text never runs, is left out.
 TARGET_MODELS = {
     "LLaDA-8B-Instruct": TargetModel("LLaDA-8B-Instruct", 8.016e9 - 0.518e9, 2 * (8.016e9 - 0.518e9)),
     "Dream-v0-Instruct-7B": TargetModel("Dream-v0-Instruct-7B", 7.616e9 - 0.545e9, 2 * (7.616e9 - 0.545e9)),
+    "DiffusionGemma-26B-A4B": _layout(30, 128, 8, 5_947_392, 2_413_001_472, "DiffusionGemma-26B-A4B"),
 }
+# gemma-4-26B-A4B's text config (public configs of google/gemma-4-26B-A4B-it, e.g. ollama's Gemma 4
+# tests; diffusiongemma-26B-A4B's own config.json was not read here): the arguments of
+# DiffusionGemmaTextConfig that build the layout above. Experts per layer, routed, expert width.
+DIFFUSIONGEMMA_26B_A4B_TEXT = dict(
+    vocab_size=262_144, hidden_size=2816, intermediate_size=2112, num_hidden_layers=30, num_attention_heads=16,
+    num_key_value_heads=8, num_global_key_value_heads=2, head_dim=256, global_head_dim=512, num_experts=128,
+    top_k_experts=8, moe_intermediate_size=704, sliding_window=1024, max_position_embeddings=262_144)
+
+
 def step_floor_s(weight_bytes: float, params: float, positions: float, device: DeviceProfile) -> float:
     """Lower bound on one forward's time: the weight read or the arithmetic, whichever is larger."""
     return max(weight_bytes / device.bandwidth, positions * 2 * params / device.flops)
@@ -68,27 +146,47 @@ def project(stats: dict, prompt_len: int, gen_length: int, model: TargetModel, d
     Rows: this run (its mean G, its content tau: answer tokens per forward), the LLaDA baseline
     (no cache, one token per step: G = prompt + answer, gen_length forwards for the same answer)
     and an autoregressive decoder of the same size (G = 1, one answer token per forward). Per row:
-    ``floor_ms`` = max(weight bytes / bandwidth, G x 2 x params / FLOP rate), which ``bound``
-    decides it, ``tokens_per_s`` = tau / floor and ``speedup_vs_ar`` against the last row.
+    ``floor_ms`` = max(weight read / bandwidth, G x 2 x params / FLOP rate), which ``bound``
+    decides it, ``tokens_per_s`` = tau / (floor + encoder) and ``speedup_vs_ar`` against the last row.
+
+    A mixture of experts reads, per forward of G tokens, its dense weights and each layer's
+    expected distinct experts (:meth:`Experts.distinct`): ``experts_read`` of ``experts_total``
+    per layer, ``expert_read_ms`` of the read; the arithmetic counts the routed experts alone.
+    A canvas run (its stats count ``encoder_forwards``; G is the canvas length, tau answer tokens
+    per decoder pass) also writes each finished canvas into the encoder's cache with a forward of
+    G positions: those passes' floors, spread over the decoder passes, are ``encoder_ms`` of this
+    run's row. The encoder's first pass, over the prompt, is the prefill, which no row counts.
     """
     content = float(stats.get("content_tokens") or 0)
+    g_run = float(stats["mean_g"])
+    canvas_passes = max(0, int(stats.get("encoder_forwards") or 0) - 1)  # the first one read the prompt
+    encoder_ms = canvas_passes * model.floor_s(g_run, device) * 1e3 / max(1, int(stats.get("nfe") or 0))
     strategies = [
-        ("this run", float(stats["mean_g"]), float(stats["content_tokens_per_forward"])),
-        ("LLaDA baseline (no cache, 1 token/step)", float(prompt_len + gen_length), content / max(1, gen_length)),
-        ("autoregressive, same size", 1.0, 1.0),
+        ("this run", g_run, float(stats["content_tokens_per_forward"]), encoder_ms),
+        ("LLaDA baseline (no cache, 1 token/step)", float(prompt_len + gen_length), content / max(1, gen_length), 0.0),
+        ("autoregressive, same size", 1.0, 1.0, 0.0),
     ]
-    read_ms = model.weight_bytes / device.bandwidth * 1e3
     rows = []
-    for name, g, tau in strategies:
+    for name, g, tau, encoder in strategies:
+        read_ms = model.read_bytes(g) / device.bandwidth * 1e3
         compute_ms = g * 2 * model.params / device.flops * 1e3
         floor_ms = max(read_ms, compute_ms)
         rows.append({"strategy": name, "g": g, "tau": tau, "read_ms": read_ms, "compute_ms": compute_ms,
                      "floor_ms": floor_ms, "bound": "bandwidth" if read_ms >= compute_ms else "compute",
-                     "tokens_per_s": tau / floor_ms * 1e3})
+                     "encoder_ms": encoder, "encoder_forwards": canvas_passes if encoder else 0,
+                     "tokens_per_s": tau / (floor_ms + encoder) * 1e3, **_expert_columns(model, g, device)})
     ar = rows[-1]["tokens_per_s"]
     for row in rows:
         row["speedup_vs_ar"] = row["tokens_per_s"] / ar
     return rows
+
+
+def _expert_columns(model: TargetModel, g: float, device: DeviceProfile) -> dict:
+    """A row's experts: read per layer of the total, and their share of the read (None: dense)."""
+    if model.experts is None:
+        return {"experts_read": None, "experts_total": None, "expert_read_ms": None}
+    return {"experts_read": model.experts.distinct(g), "experts_total": model.experts.per_layer,
+            "expert_read_ms": model.expert_read_bytes(g) / device.bandwidth * 1e3}
 
 
 # ----------------------------------------------------------------------------- concurrency
@@ -143,14 +241,14 @@ def concurrency_curve(model: TargetModel, device: DeviceProfile, g: float, tau: 
     ``speedup`` = diffusion tokens/s over AR tokens/s.
     """
     _check_g_tau(g, tau)
-    read_ms = model.weight_bytes / device.bandwidth * 1e3
     rows = []
     for b in concurrency:
         if b < 1:
             raise ValueError(f"concurrency must be at least 1 request, not {b}")
         row: dict = {"concurrency": b}
         for name, positions, tokens in (("diffusion", b * g, tau), ("ar", b * 1.0, 1.0)):
-            step_ms = step_floor_s(model.weight_bytes, model.params, positions, device) * 1e3
+            step_ms = model.floor_s(positions, device) * 1e3
+            read_ms = model.read_bytes(positions) / device.bandwidth * 1e3
             compute_ms = positions * 2 * model.params / device.flops * 1e3
             row.update({f"{name}_step_ms": step_ms,
                         f"{name}_bound": "bandwidth" if read_ms >= compute_ms else "compute",
@@ -171,13 +269,47 @@ def concurrency_crossovers(model: TargetModel, device: DeviceProfile, g: float, 
     B / weight read reaches diffusion's flat throughput, B = crossover x τ / G; ``inf`` when τ >= G
     (AR's own ceiling, one token per position, is not above diffusion's) and ``0.0`` when τ <= 1
     (diffusion commits no more per forward than AR, so AR is never behind).
+
+    A mixture of experts (:func:`_moe_overtakes`) also has ``ar_leads_until``: at low concurrency
+    an AR step reads only its tokens' experts while a diffusion step of G tokens reads nearly all,
+    so AR leads while read(B x G) / read(B) > τ; ``0.0`` when diffusion leads from one request.
     """
     _check_g_tau(g, tau)
-    x = crossover_positions(model.weight_bytes, model.params, device)
+    x = model.crossover_positions(device)
     if tau >= g:
         overtakes = math.inf
     elif tau <= 1:
         overtakes = 0.0
-    else:
+    elif model.experts is None:
         overtakes = x * tau / g
-    return {"crossover_positions": x, "diffusion_saturates": x / g, "ar_saturates": x, "ar_overtakes": overtakes}
+    else:
+        return {"crossover_positions": x, "diffusion_saturates": x / g, "ar_saturates": x,
+                **_moe_overtakes(model, device, g, tau, x)}
+    turns = {"crossover_positions": x, "diffusion_saturates": x / g, "ar_saturates": x, "ar_overtakes": overtakes}
+    return turns if model.experts is None else {**turns, "ar_leads_until": 0.0}  # read(B x G) <= G x read(B)
+
+
+def _ar_lead(model: TargetModel, device: DeviceProfile, g: float, tau: float, b: float) -> float:
+    """AR's throughput over diffusion's at B requests (above 1: AR is ahead)."""
+    return model.floor_s(b * g, device) / (tau * model.floor_s(b, device))
+
+
+def _moe_overtakes(model: TargetModel, device: DeviceProfile, g: float, tau: float, x: float) -> dict:
+    """A mixture of experts' ``ar_overtakes`` and ``ar_leads_until`` (1 < τ < G), from one request
+    on. Between diffusion's saturation (x / G) and AR's (x) diffusion is flat and AR rises, so AR's
+    lead grows there and they cross at most once; below x / G both wait for their reads and AR's
+    lead, read(B x G) / (τ read(B)), shrinks as B grows (B x G tokens already read nearly every
+    expert, B tokens read more of them with every request)."""
+    def crossing(low: float, high: float) -> float:  # AR's lead is below 1 at one end, above at the other
+        behind_low = _ar_lead(model, device, g, tau, low) < 1
+        for _ in range(200):
+            middle = (low + high) / 2
+            low, high = (middle, high) if (_ar_lead(model, device, g, tau, middle) < 1) == behind_low else (low, middle)
+        return (low + high) / 2
+
+    saturates = x / g
+    if _ar_lead(model, device, g, tau, saturates) >= 1:
+        return {"ar_overtakes": 0.0, "ar_leads_until": 0.0}  # AR is ahead at every concurrency
+    overtakes = crossing(saturates, x)
+    leads = crossing(1.0, saturates) if saturates > 1 and _ar_lead(model, device, g, tau, 1.0) > 1 else 0.0
+    return {"ar_overtakes": overtakes, "ar_leads_until": leads}

@@ -5,13 +5,16 @@ parameters are read by their attributes; bitsandbytes itself is never imported h
 A transformers model (every family's, a ``DiffusionLM``) names its input embedding and its config
 says whether its head reuses it; of any other module (a test's, a block of one), the first
 ``nn.Embedding`` is the input embedding, tied when another module holds its weight.
+
+:func:`loaded_bytes` tells, from shapes alone (a model built on the meta device will do), what
+transformers' ``BitsAndBytesConfig`` leaves of a model: the memory a checkpoint needs per precision.
 """
 from __future__ import annotations
 
 import math
 
 import torch
-from transformers import PreTrainedModel
+from transformers import DiffusionGemmaForBlockDiffusion, PreTrainedModel
 
 from .protocol import DiffusionLM
 
@@ -38,11 +41,70 @@ def arithmetic_parameters(model: DiffusionLM | torch.nn.Module) -> int:
 def weight_read_bytes(model: DiffusionLM | torch.nn.Module) -> int:
     """Bytes one forward reads from memory: every parameter as stored (packed 4-bit or int8 with
     its quantization constants), except the input embedding, from which a forward only gathers the
-    rows of its tokens (1 GB of LLaDA-8B's 16 GB), unless the output head reads it whole (tied)."""
+    rows of its tokens (1 GB of LLaDA-8B's 16 GB), unless the output head reads it whole (tied).
+
+    A DiffusionGemma's forward is a decoder pass: its text weights (encoder and decoder share them)
+    with every expert, and not its vision tower, which text never runs. Every expert, because a
+    pass routes a whole canvas: T tokens each sent to k of E experts leave a layer's expert unread
+    with probability (1 - k/E)^T, so the pass reads E x (1 - (1 - k/E)^T) of them, 128 less 9e-6 for
+    the 26B-A4B's canvas of 256 tokens (8 of 128 each) and 7.9992 of the tiny model's 8 at 32 tokens
+    (2 each); a run's trace counts all 8 in each step. Forwards over fewer tokens (an AR step, a short
+    prompt's encoder pass) read fewer: the cost model counts those (costmodel.Experts.distinct)."""
     embedding = _input_embedding_weight(model)
     if embedding is not None and _tied_to_head(model, embedding):
         embedding = None
-    return sum(_stored_bytes(p) for p in model.parameters() if p is not embedding)
+    return sum(_stored_bytes(p) for p in _forward_parameters(model) if p is not embedding)
+
+
+def _forward_parameters(model: DiffusionLM | torch.nn.Module) -> list[torch.Tensor]:
+    """The parameters a text forward runs: a DiffusionGemma's decoder (its text weights, tied to the
+    encoder's) and its head; of any other model, all of them."""
+    if isinstance(model, DiffusionGemmaForBlockDiffusion):
+        return list(dict.fromkeys([*model.model.decoder.parameters(), *model.lm_head.parameters()]))
+    return list(model.parameters())
+
+
+NF4_BLOCK = 64  # values per absmax in bitsandbytes' 4-bit quantization (its default, as transformers loads)
+
+
+def loaded_bytes(model: PreTrainedModel, quantization: str | None, dtype_bytes: int = 2) -> int:
+    """Bytes ``model``'s weights take once loaded with ``quantization`` (None, "4bit" or "8bit",
+    the loader's BitsAndBytesConfig), every other parameter at ``dtype_bytes`` each, from shapes.
+    A quantized weight of n values and r rows: NF4 packs two values a byte, with one fp32 absmax
+    per ``NF4_BLOCK`` values and a 16-value fp32 code table (no double quantization: the loader's
+    config); LLM.int8 keeps one int8 a value and one fp32 scale a row.
+
+    Only what transformers' bitsandbytes quantizer converts shrinks: plain ``nn.Linear`` modules
+    outside its kept list (the output head, the last module and every tied weight). A
+    DiffusionGemma ties its encoder's text layers to its decoder's, so all of them are kept, and
+    its experts are 3-D parameters, no ``nn.Linear``: of its weights only the vision tower, its
+    embedder and the self-conditioning MLP are quantized.
+    """
+    converted = {id(m.weight): m.out_features for m in quantized_linears(model)} if quantization else {}
+    total = 0
+    for p in model.parameters():
+        rows = converted.get(id(p))
+        if rows is None:
+            total += p.numel() * dtype_bytes
+        elif quantization == "4bit":
+            total += (p.numel() + 1) // 2 + math.ceil(p.numel() / NF4_BLOCK) * 4 + 16 * 4
+        else:
+            total += p.numel() + rows * 4
+    return total
+
+
+def quantized_linears(model: PreTrainedModel) -> list[torch.nn.Linear]:
+    """The ``nn.Linear`` modules transformers' BitsAndBytesConfig replaces in ``model``: all but the
+    ones its quantizer keeps (``get_keys_to_not_convert``: every tied weight, the output head and
+    the module of the last parameter, which it finds before the weights are tied: counted here
+    with the tied copies, as the head's own weight)."""
+    from transformers.quantizers.quantizers_utils import should_convert_module
+
+    tied = model.all_tied_weights_keys
+    last = list(model.named_parameters(remove_duplicate=False))[-1][0]
+    head = [name for name, m in model.named_modules() if m is model.get_output_embeddings()]
+    kept = list({key.removesuffix(".weight") for key in (*tied, *tied.values(), last, *head)})
+    return [m for name, m in model.named_modules() if type(m) is torch.nn.Linear and should_convert_module(name, kept)]
 
 
 def stored_bytes(module: torch.nn.Module) -> int:
