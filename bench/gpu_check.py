@@ -35,6 +35,16 @@ other ``--released-batches`` (default 32) at the first. Each forward is timed ap
 main forward (packed for the whole batch) and its verify forwards (one per request, as
 ``dllm_local.batch`` runs an unmasking policy's extra forwards) show separately.
 
+A DiffusionGemma-shaped random model (``--diffusiongemma``, CUDA only): transformers'
+DiffusionGemmaConfig with gemma-4-26B-A4B's layer sizes (costmodel.DIFFUSIONGEMMA_26B_A4B_TEXT: 128
+experts of width 704, 8 routed per token, a dense MLP beside them) but ``--dg-layers`` of its 30
+layers (6 keeps its five sliding layers to one full), written to disk and loaded by
+``dllm_local.load`` in bf16 and in 4-bit. Per load: the modules bitsandbytes quantized (only
+``nn.Linear`` outside transformers' kept list: the text layers are tied encoder to decoder, so
+kept, and the experts are 3-D parameters), the memory beside ``footprint.loaded_bytes``' count and
+projected to 30 layers, and a canvas run's decoder passes against the roofline floor
+(TargetModel.floor_s: the dense weights, every expert a canvas routes, and the routed arithmetic).
+
 As a library (bench/cuda_smoke.py): ``check(parse_args([...]), probe)`` returns every row, with
 the random model's build time and peak memory, and ``probe``'s measurement of each model loaded.
 """
@@ -57,8 +67,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import dllm_local  # noqa: E402
 from dllm_local import Settings  # noqa: E402
 from dllm_local.devices import DEVICES, DeviceProfile, measure_device  # noqa: E402
-from dllm_local.experiments.costmodel import machine_name, step_floor_s  # noqa: E402
-from dllm_local.models.footprint import logical_parameters, stored_bytes, weight_read_bytes  # noqa: E402
+from dllm_local.experiments.costmodel import (  # noqa: E402
+    DIFFUSIONGEMMA_26B_A4B_TEXT, Experts, TargetModel, machine_name, step_floor_s)
+from dllm_local.models.footprint import (  # noqa: E402
+    loaded_bytes, logical_parameters, stored_bytes, weight_read_bytes)
 from dllm_local.models import LLaDAConfig, LLaDAModelLM  # noqa: E402
 from dllm_local.models.loader import ASSETS, TINY_MODEL, ModelHandle, free_device_memory, load_tokenizer  # noqa: E402
 from dllm_local.policies import registry  # noqa: E402
@@ -490,6 +502,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "--lengths, the larger sizes at the first (empty: none)")
     ap.add_argument("--released-block", type=int, default=16, help="their block size (16: the authors')")
     ap.add_argument("--released-steps", type=int, default=4, help="timed steps per released row, after the prefill")
+    ap.add_argument("--diffusiongemma", choices=("auto", "no"), default="auto",
+                    help="the DiffusionGemma-shaped rows (26B-A4B layer sizes, bf16 and 4-bit); auto: on CUDA only "
+                         "(its layers are 26B-wide)")
+    ap.add_argument("--dg-layers", type=int, default=6, help="layers of the DiffusionGemma-shaped model (of 30)")
+    ap.add_argument("--dg-steps", type=int, default=4, help="decoder passes timed per DiffusionGemma load")
     ap.add_argument("--json", default=None, help="also write the rows here")
     return ap.parse_args(argv)
 
@@ -538,6 +555,8 @@ def check(args: argparse.Namespace, probe: Probe | None = None) -> dict:
     if args.quantized == "yes" or (args.quantized == "auto" and device.type == "cuda"):
         quantized = check_quantized(args, device, lengths, profile, rows, batches, swept, probes, probe)
 
+    canvas = diffusiongemma_rows(args, device, profile)
+
     print_policy_rows(rows)
     print()
     print_generate_rows(generated)
@@ -558,8 +577,11 @@ def check(args: argparse.Namespace, probe: Probe | None = None) -> dict:
               "threshold 0.9; per step after the prefill: G and forwards over the whole batch, main_ms the (packed) "
               "main forward, verify_ms the verify forwards (one per request), step_ms the step's wall time; random "
               "weights commit one token per request per step and flash_verify accepts none")
+    if canvas:
+        print()
+        print_diffusiongemma_rows(canvas)
     out = {"build": build, "policies": rows, "generate": generated, "quantized": quantized, "batches": swept,
-           "released": released, "probes": probes}
+           "released": released, "probes": probes, "diffusiongemma": canvas}
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
     return out
@@ -609,6 +631,146 @@ def check_quantized(args: argparse.Namespace, device: torch.device, lengths: lis
         if not args.quant_checkpoint:
             shutil.rmtree(folder, ignore_errors=True)
     return out
+
+
+# ---------------------------------------------------------------- DiffusionGemma (mixture of experts)
+DG_REAL_LAYERS = DIFFUSIONGEMMA_26B_A4B_TEXT["num_hidden_layers"]
+TINY_DIFFUSIONGEMMA = ASSETS / "models" / "tiny-diffusiongemma"  # its tokenizer and generation config
+DG_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+
+
+def diffusiongemma_config(layers: int, text: dict = DIFFUSIONGEMMA_26B_A4B_TEXT, vision: dict | None = None):
+    """transformers' DiffusionGemmaConfig with the ``text`` sizes (26B-A4B's) at ``layers`` layers,
+    the released pattern of five sliding layers to one full (the last one full); ``vision``: the
+    vision tower's sizes, transformers' default when None (text never runs it)."""
+    from transformers import DiffusionGemmaConfig
+
+    types = ["full_attention" if (i + 1) % 6 == 0 or i == layers - 1 else "sliding_attention" for i in range(layers)]
+    return DiffusionGemmaConfig(text_config={**text, "num_hidden_layers": layers, "layer_types": types},
+                                vision_config=vision)
+
+
+def write_diffusiongemma(path: Path, config, device: torch.device) -> Path:
+    """A random DiffusionGemma checkpoint of ``config`` as ``dllm_local.load`` reads one: bf16
+    safetensors drawn on ``device`` (written from a CPU copy), the tiny model's tokenizer and
+    generation config (its ids are a subset of the real vocabulary)."""
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    if (path / "config.json").exists():
+        return path
+    path.mkdir(parents=True, exist_ok=True)
+    with torch.device("meta"):
+        model = DiffusionGemmaForBlockDiffusion(config)
+    model = model.to(torch.bfloat16).to_empty(device=device)
+    model.tie_weights()  # to_empty gives tied parameters fresh storage: tie them again before drawing
+    gen = torch.Generator(device=device).manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "scale" in name:
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+    model.save_pretrained(path, state_dict={k: v.to("cpu") for k, v in model.state_dict().items()})
+    for name in DG_FILES:
+        shutil.copy(TINY_DIFFUSIONGEMMA / name, path / name)
+    del model
+    free_device_memory()
+    return path
+
+
+def diffusiongemma_target(handle: ModelHandle) -> TargetModel:
+    """The loaded shallow model as the roofline sees it, projected onto the real depth: its bytes
+    as stored (packed where quantized) with every expert, and the arithmetic of the routed ones."""
+    text = handle.model.config.text_config
+    layers = handle.model.model.decoder.layers
+    added = DG_REAL_LAYERS - len(layers)
+    experts = Experts(text.num_experts, text.top_k_experts, DG_REAL_LAYERS, stored_bytes(layers[0].experts) / text.num_experts)
+    expert_params = logical_parameters(layers[0].experts) / text.num_experts
+    all_bytes = weight_read_bytes(handle.model) + added * stored_bytes(layers[0])
+    dense_params = (logical_parameters(handle.model.model.decoder) + added * logical_parameters(layers[0])
+                    - DG_REAL_LAYERS * text.num_experts * expert_params)
+    return TargetModel(f"random DiffusionGemma, {DG_REAL_LAYERS} layers",
+                       dense_params + DG_REAL_LAYERS * text.top_k_experts * expert_params, all_bytes, experts)
+
+
+def diffusiongemma_rows(args: argparse.Namespace, device: torch.device, profile: DeviceProfile) -> list[dict]:
+    """Per load (bf16, 4-bit): what was quantized, the memory (measured, counted by
+    ``footprint.loaded_bytes``, projected to 30 layers) and the median decoder pass of a canvas run
+    beside its roofline floor. Only on CUDA: elsewhere it says so and returns no rows."""
+    if args.diffusiongemma == "no" or device.type != "cuda":
+        if args.diffusiongemma != "no":
+            print("DiffusionGemma rows skipped: they need CUDA", flush=True)
+        return []
+    folder = Path(tempfile.mkdtemp(prefix="gpu_check_dg_"))
+    rows = []
+    try:
+        t = time.perf_counter()
+        write_diffusiongemma(folder, diffusiongemma_config(args.dg_layers), device)
+        print(f"DiffusionGemma checkpoint ({args.dg_layers} of {DG_REAL_LAYERS} layers) ready in "
+              f"{time.perf_counter() - t:.1f}s", flush=True)
+        for quantization in (None, "4bit"):
+            _reset_peak(device)
+            try:
+                handle = dllm_local.load(str(folder), device=str(device), quantization=quantization)
+            except dllm_local.ModelLoadError as exc:
+                print(f"DiffusionGemma {quantization or 'bf16'} load skipped: {exc}", flush=True)
+                continue
+            rows.append(diffusiongemma_row(handle, quantization, args.dg_steps, profile))
+            del handle
+            free_device_memory()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return rows
+
+
+def diffusiongemma_row(handle: ModelHandle, quantization: str | None, steps: int, profile: DeviceProfile) -> dict:
+    """One load's row: its quantized modules, memory and timed decoder passes (one canvas)."""
+    model = handle.model
+    layers = model.model.decoder.layers
+    canvas = model.config.canvas_length
+    settings = Settings(gen_length=canvas, block_size=canvas, trace="off", canvas_params={"max_denoising_steps": steps})
+    run = dllm_local.stream(handle, prompt_text(handle, 256), settings)
+    passes = [record.model_ms for record in run]
+    stats = run.result.stats
+    run.release()
+    target = diffusiongemma_target(handle)
+    added = (DG_REAL_LAYERS - len(layers)) * stored_bytes(layers[0])
+    return {"weights": quantization or "bf16", "layers": len(layers),
+            "linears": ", ".join(f"{n} {kind}" for kind, n in sorted(_linear_kinds(model).items())),
+            "memory_gb": handle.memory_bytes / 2**30,
+            "counted_gb": loaded_bytes(meta_twin(model), quantization, handle.dtype.itemsize) / 2**30,
+            "memory_gb_30L": (handle.memory_bytes + added) / 2**30, "peak_gb": _peak_gb(handle.device),
+            "G": canvas, "pass_ms": statistics.median(passes), "encoder_ms": stats.encoder_s * 1e3,
+            "experts_read": target.experts.distinct(canvas),
+            "floor_ms_30L": target.floor_s(canvas, profile) * 1e3}
+
+
+def meta_twin(model: torch.nn.Module) -> torch.nn.Module:
+    """The unquantized shapes of a loaded DiffusionGemma (on the meta device: no memory), which
+    ``footprint.loaded_bytes`` counts."""
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    with torch.device("meta"):
+        return DiffusionGemmaForBlockDiffusion(model.config)
+
+
+def _linear_kinds(model: torch.nn.Module) -> Counter:
+    """Linear weights per module kind (nn.Linear, bitsandbytes' Linear4bit or Linear8bitLt; the
+    subclasses of nn.Linear), a weight tied to several modules (encoder and decoder) once."""
+    kinds = {id(m.weight): type(m).__name__ for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    return Counter(kinds.values())
+
+
+def print_diffusiongemma_rows(rows: list[dict]) -> None:
+    _print_table([("weights", 7, ""), ("layers", 6, ""), ("linears", 30, ""), ("memory_gb", 9, ".2f"),
+                  ("counted_gb", 10, ".2f"), ("memory_gb_30L", 13, ".2f"), ("peak_gb", 7, ".1f"), ("G", 4, ""),
+                  ("pass_ms", 8, ".2f"), ("encoder_ms", 10, ".2f"), ("experts_read", 12, ".1f"),
+                  ("floor_ms_30L", 12, ".3f")], rows)
+    print(f"DiffusionGemma rows: transformers' DiffusionGemmaConfig at gemma-4-26B-A4B's layer sizes, {rows[0]['layers']} "
+          f"of {DG_REAL_LAYERS} layers, random weights; memory as loaded, counted by footprint.loaded_bytes and "
+          f"projected to {DG_REAL_LAYERS} layers; pass_ms the median decoder pass of one canvas (G positions), "
+          f"encoder_ms the encoder's passes; floor_ms_30L the roofline at {DG_REAL_LAYERS} layers (every expert a "
+          f"canvas routes read: experts_read per layer)")
 
 
 if __name__ == "__main__":

@@ -80,14 +80,21 @@ def numbers_html(nums: dict, timing: dict[str, dict] | None = None) -> str:
 
 def cost_table_html(rows: list[dict], model: str, device: str, trace: Trace) -> str:
     """The projection of :func:`dllm_local.experiments.costmodel.project` as a table, with its
-    formula written out for this run, and this machine's measured step apart."""
+    formula written out for this run, and this machine's measured step apart. A mixture of experts
+    shows the experts each row's forward reads per layer and their share of the read; a canvas run,
+    its encoder's passes over finished canvases per decoder pass."""
     run = rows[0]
+    moe = run["experts_total"] is not None
+    encoder = run["encoder_ms"] > 0
     head = ("<tr><th>strategy</th><th>G (positions / forward)</th><th>τ (answer tokens / forward)</th>"
-            "<th>step floor</th><th>bound</th><th>answer tokens / s</th><th>speedup vs AR</th></tr>")
+            + ("<th>experts read / layer</th><th>expert read</th>" if moe else "")
+            + "<th>step floor</th>" + ("<th>encoder (per forward)</th>" if encoder else "")
+            + "<th>bound</th><th>answer tokens / s</th><th>speedup vs AR</th></tr>")
     body = "".join(
         f"<tr><td>{html.escape(r['strategy'])}</td><td>{r['g']:.0f}</td><td>{r['tau']:.2f}</td>"
-        f"<td>{r['floor_ms']:.2f} ms</td><td>{r['bound']}</td><td>{r['tokens_per_s']:.0f}</td>"
-        f"<td><b>{r['speedup_vs_ar']:.2f}×</b></td></tr>"
+        + (f"<td>{r['experts_read']:.1f} of {r['experts_total']}</td><td>{r['expert_read_ms']:.2f} ms</td>" if moe else "")
+        + f"<td>{r['floor_ms']:.2f} ms</td>" + (f"<td>{r['encoder_ms']:.2f} ms</td>" if encoder else "")
+        + f"<td>{r['bound']}</td><td>{r['tokens_per_s']:.0f}</td><td><b>{r['speedup_vs_ar']:.2f}×</b></td></tr>"
         for r in rows
     )
     stats = trace.get("stats") or {}
@@ -95,10 +102,15 @@ def cost_table_html(rows: list[dict], model: str, device: str, trace: Trace) -> 
     guider = int(stats.get("guider_forwards") or 0)
     measured = stats["model_s"] / max(1, stats["nfe"] + guider) * 1e3 if stats.get("nfe") else None
     model_name = (trace.get("model") or {}).get("name", "the loaded model")
-    formula = (f"step floor = max(weight bytes / bandwidth, G × 2 × params / FLOP rate) = "
+    read = (f"weight read = dense weights + each layer's expected distinct experts, E × (1 − (1 − k/E)^G) "
+            f"({run['experts_read']:.1f} of {run['experts_total']} here, {run['expert_read_ms']:.2f} ms of the read); "
+            f"the arithmetic counts the k routed experts. " if moe else "")
+    canvas = (f" Plus the encoder: {run['encoder_forwards']} pass(es) writing finished canvases into its cache, "
+              f"{run['encoder_ms']:.2f} ms per decoder pass; tokens/s = τ / (floor + encoder)." if encoder else "")
+    formula = (f"{read}step floor = max(weight read / bandwidth, G × 2 × params / FLOP rate) = "
                f"max({run['read_ms']:.2f} ms, {run['g']:.0f} × 2 × params / FLOP rate = {run['compute_ms']:.2f} ms) "
                f"= {run['floor_ms']:.2f} ms; tokens/s = τ / floor; speedup = this over the autoregressive row "
-               f"(one token per weight read at batch 1).")
+               f"(one token per weight read at batch 1).{canvas}")
     note = ("" if measured is None else
             f"Measured here: {html.escape(str(model_name))} took {measured:.2f} ms per forward of model time "
             + (f"(its {stats['nfe']} forwards and the guider's {guider} together) " if guider else "")
@@ -107,4 +119,3 @@ def cost_table_html(rows: list[dict], model: str, device: str, trace: Trace) -> 
     return (f'<div {style}><b>This run projected onto {html.escape(model)} on {html.escape(device)}</b>, batch 1, '
             f"bf16.</div><table class=\"dl-cost\" {style}>{head}{body}</table>"
             f'<div class="dl-formula" {style}>{html.escape(formula)}</div><div {style}>{note}</div>')
-
