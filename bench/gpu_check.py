@@ -653,7 +653,8 @@ def diffusiongemma_config(layers: int, text: dict = DIFFUSIONGEMMA_26B_A4B_TEXT,
 def write_diffusiongemma(path: Path, config, device: torch.device) -> Path:
     """A random DiffusionGemma checkpoint of ``config`` as ``dllm_local.load`` reads one: bf16
     safetensors drawn on ``device`` (written from a CPU copy), the tiny model's tokenizer and
-    generation config (its ids are a subset of the real vocabulary)."""
+    generation config (its ids are a subset of the real vocabulary). Allocated once in bf16, as
+    ``build_random`` does: built on the meta device, then emptied onto ``device``."""
     from transformers import DiffusionGemmaForBlockDiffusion
 
     if (path / "config.json").exists():
@@ -662,14 +663,10 @@ def write_diffusiongemma(path: Path, config, device: torch.device) -> Path:
     with torch.device("meta"):
         model = DiffusionGemmaForBlockDiffusion(config)
     model = model.to(torch.bfloat16).to_empty(device=device)
-    model.tie_weights()  # to_empty gives tied parameters fresh storage: tie them again before drawing
-    gen = torch.Generator(device=device).manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name or "scale" in name:
-                p.fill_(1.0)
-            else:
-                p.normal_(0.0, 0.02, generator=gen)
+    # transformers' own initialisation, drawn on the device: the weights, the persistent buffers
+    # (each layer's scalar) that to_empty left unset, and the ties between encoder and decoder.
+    torch.manual_seed(0)
+    model.init_weights()
     model.save_pretrained(path, state_dict={k: v.to("cpu") for k, v in model.state_dict().items()})
     for name in DG_FILES:
         shutil.copy(TINY_DIFFUSIONGEMMA / name, path / name)
