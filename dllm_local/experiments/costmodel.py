@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,18 +50,14 @@ class TargetModel:
 
     def expert_read_bytes(self, positions: float) -> float:
         """The routed experts' share of :meth:`read_bytes` (0 for a dense model)."""
-        if self.experts is None:
-            return 0.0
         e = self.experts
-        return e.layers * e.distinct(positions) * e.bytes_each
+        return 0.0 if e is None else e.layers * e.distinct(positions) * e.bytes_each
 
     def read_bytes(self, positions: float) -> float:
         """Bytes a forward over ``positions`` tokens reads: every weight of a dense model; of a
         mixture of experts, the dense weights and each layer's expected distinct experts."""
-        if self.experts is None:
-            return self.weight_bytes
-        e = self.experts
-        return self.weight_bytes - e.layers * e.per_layer * e.bytes_each + self.expert_read_bytes(positions)
+        e = self.experts  # the experts no token chose are not read
+        return self.weight_bytes - (0.0 if e is None else e.layers * (e.per_layer - e.distinct(positions)) * e.bytes_each)
 
     def floor_s(self, positions: float, device: DeviceProfile) -> float:
         """:func:`step_floor_s` of a forward over ``positions`` tokens, with the weights it reads."""
@@ -72,22 +69,16 @@ class TargetModel:
         params / FLOP rate; the read is concave and bounded, so the root is one, found by bisection."""
         whole = crossover_positions(self.weight_bytes, self.params, device)
         if self.experts is None:
-            return whole
-        low, high = 0.0, whole  # read(n) <= weight_bytes, so the arithmetic has overtaken by then
-        for _ in range(200):
-            middle = (low + high) / 2
-            if self.read_bytes(middle) / device.bandwidth > middle * 2 * self.params / device.flops:
-                low = middle
-            else:
-                high = middle
-        return (low + high) / 2
+            return whole  # read(n) <= weight_bytes: by ``whole`` the arithmetic has overtaken
+        return _root(0.0, whole, lambda n: self.read_bytes(n) / device.bandwidth > n * 2 * self.params / device.flops)
 
 
-def _layout(layers: int, experts: int, routed: int, expert_params: int, dense_params: int, name: str) -> TargetModel:
-    """A bf16 mixture of experts from its parameter counts (``dense_params``: all but the experts)."""
-    return TargetModel(name, dense_params + layers * routed * expert_params,
-                       2 * (dense_params + layers * experts * expert_params),
-                       Experts(experts, routed, layers, 2 * expert_params))
+def _root(low: float, high: float, before: Callable[[float], bool]) -> float:
+    """Where ``before`` turns from true (at ``low``) to false (at ``high``), by bisection."""
+    for _ in range(200):
+        middle = (low + high) / 2
+        low, high = (middle, high) if before(middle) else (low, middle)
+    return (low + high) / 2
 
 
 # The real models a run is projected onto. LLaDA-8B's weight index says 16,031,162,368 bytes of
@@ -102,11 +93,11 @@ def _layout(layers: int, experts: int, routed: int, expert_params: int, dense_pa
 TARGET_MODELS = {
     "LLaDA-8B-Instruct": TargetModel("LLaDA-8B-Instruct", 8.016e9 - 0.518e9, 2 * (8.016e9 - 0.518e9)),
     "Dream-v0-Instruct-7B": TargetModel("Dream-v0-Instruct-7B", 7.616e9 - 0.545e9, 2 * (7.616e9 - 0.545e9)),
-    "DiffusionGemma-26B-A4B": _layout(30, 128, 8, 5_947_392, 2_413_001_472, "DiffusionGemma-26B-A4B"),
+    "DiffusionGemma-26B-A4B": TargetModel("DiffusionGemma-26B-A4B", 2_413_001_472 + 30 * 8 * 5_947_392,
+                                          2 * (2_413_001_472 + 30 * 128 * 5_947_392), Experts(128, 8, 30, 2 * 5_947_392)),
 }
-# gemma-4-26B-A4B's text config (public configs of google/gemma-4-26B-A4B-it, e.g. ollama's Gemma 4
-# tests; diffusiongemma-26B-A4B's own config.json was not read here): the arguments of
-# DiffusionGemmaTextConfig that build the layout above. Experts per layer, routed, expert width.
+# gemma-4-26B-A4B's text config (public copies of its config.json, e.g. ollama's Gemma 4 tests; the
+# released diffusiongemma-26B-A4B config.json was not read here), as DiffusionGemmaTextConfig takes it.
 DIFFUSIONGEMMA_26B_A4B_TEXT = dict(
     vocab_size=262_144, hidden_size=2816, intermediate_size=2112, num_hidden_layers=30, num_attention_heads=16,
     num_key_value_heads=8, num_global_key_value_heads=2, head_dim=256, global_head_dim=512, num_experts=128,
@@ -152,11 +143,10 @@ def project(stats: dict, prompt_len: int, gen_length: int, model: TargetModel, d
     A mixture of experts reads, per forward of G tokens, its dense weights and each layer's
     expected distinct experts (:meth:`Experts.distinct`): ``experts_read`` of ``experts_total``
     per layer, ``expert_read_ms`` of the read; the arithmetic counts the routed experts alone.
-    A canvas run (its stats count ``encoder_forwards``; G is the canvas length, tau answer tokens
-    per decoder pass) also writes each finished canvas into the encoder's cache with a forward of
-    G positions: those passes' floors, spread over the decoder passes, are ``encoder_ms`` of this
-    run's row. The encoder's first pass, over the prompt, is the prefill, which no row counts.
-    """
+    A canvas run (stats with ``encoder_forwards``; G the canvas length, tau answer tokens per
+    decoder pass) writes each finished canvas into the encoder's cache, a forward of G positions:
+    their floors over the decoder passes are ``encoder_ms``. Its first pass, the prompt's, is the
+    prefill, which no row counts."""
     content = float(stats.get("content_tokens") or 0)
     g_run = float(stats["mean_g"])
     canvas_passes = max(0, int(stats.get("encoder_forwards") or 0) - 1)  # the first one read the prompt
@@ -183,10 +173,9 @@ def project(stats: dict, prompt_len: int, gen_length: int, model: TargetModel, d
 
 def _expert_columns(model: TargetModel, g: float, device: DeviceProfile) -> dict:
     """A row's experts: read per layer of the total, and their share of the read (None: dense)."""
-    if model.experts is None:
-        return {"experts_read": None, "experts_total": None, "expert_read_ms": None}
-    return {"experts_read": model.experts.distinct(g), "experts_total": model.experts.per_layer,
-            "expert_read_ms": model.expert_read_bytes(g) / device.bandwidth * 1e3}
+    e = model.experts
+    return {"experts_read": e and e.distinct(g), "experts_total": e and e.per_layer,
+            "expert_read_ms": e and model.expert_read_bytes(g) / device.bandwidth * 1e3}
 
 
 # ----------------------------------------------------------------------------- concurrency
@@ -270,10 +259,9 @@ def concurrency_crossovers(model: TargetModel, device: DeviceProfile, g: float, 
     (AR's own ceiling, one token per position, is not above diffusion's) and ``0.0`` when τ <= 1
     (diffusion commits no more per forward than AR, so AR is never behind).
 
-    A mixture of experts (:func:`_moe_overtakes`) also has ``ar_leads_until``: at low concurrency
-    an AR step reads only its tokens' experts while a diffusion step of G tokens reads nearly all,
-    so AR leads while read(B x G) / read(B) > τ; ``0.0`` when diffusion leads from one request.
-    """
+    A mixture of experts (:func:`_moe_overtakes`) also has ``ar_leads_until``: an AR step reads
+    only its tokens' experts, a diffusion step of G tokens nearly all, so AR leads at low concurrency
+    while read(B x G) / read(B) > τ; ``0.0`` when diffusion leads from one request."""
     _check_g_tau(g, tau)
     x = model.crossover_positions(device)
     if tau >= g:
@@ -302,10 +290,7 @@ def _moe_overtakes(model: TargetModel, device: DeviceProfile, g: float, tau: flo
     expert, B tokens read more of them with every request)."""
     def crossing(low: float, high: float) -> float:  # AR's lead is below 1 at one end, above at the other
         behind_low = _ar_lead(model, device, g, tau, low) < 1
-        for _ in range(200):
-            middle = (low + high) / 2
-            low, high = (middle, high) if (_ar_lead(model, device, g, tau, middle) < 1) == behind_low else (low, middle)
-        return (low + high) / 2
+        return _root(low, high, lambda b: (_ar_lead(model, device, g, tau, b) < 1) == behind_low)
 
     saturates = x / g
     if _ar_lead(model, device, g, tau, saturates) >= 1:
