@@ -84,8 +84,8 @@ def cost_table_html(rows: list[dict], model: str, device: str, trace: Trace) -> 
     shows the experts each row's forward reads per layer and their share of the read; a canvas run,
     its encoder's passes over finished canvases per decoder pass."""
     run = rows[0]
-    moe = run["experts_total"] is not None
-    encoder = run["encoder_ms"] > 0
+    moe = run.get("experts_total") is not None  # a dense target's rows, or rows made before experts, have none
+    encoder = (run.get("encoder_ms") or 0) > 0
     head = ("<tr><th>strategy</th><th>G (positions / forward)</th><th>τ (answer tokens / forward)</th>"
             + ("<th>experts read / layer</th><th>expert read</th>" if moe else "")
             + "<th>step floor</th>" + ("<th>encoder (per forward)</th>" if encoder else "")
