@@ -22,6 +22,7 @@ HUB_MODELS = {
     "llada-8b-instruct": ("GSAI-ML/LLaDA-8B-Instruct", 16.0),
     "llada-1.5": ("GSAI-ML/LLaDA-1.5", 16.0),
     "dream-7b": ("Dream-org/Dream-v0-Instruct-7B", 15.2),
+    "diffusiongemma-26b": ("google/diffusiongemma-26B-A4B-it", 51.6),  # a 26B mixture of experts, 4B active
 }
 # The files of a model folder the loader, the tokenizer or transformers may open: all a download
 # fetches (a repository's other weight formats are left on the hub).

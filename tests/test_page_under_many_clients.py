@@ -13,6 +13,7 @@ import pytest
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 from dllm_local.errors import ModelLoadError
+from dllm_local.hub import HUB_MODELS
 from dllm_local.serving.session import MODEL_CHOICES
 from ui.engine_queue import CANCELLED
 
@@ -242,9 +243,9 @@ def test_model_access_rules(tmp_path):
     closed = ModelAccess()
     assert closed.check("tiny") == "tiny"
     # A listed hub model not on this machine is a download of many GB: only with --allow-downloads.
-    for name in MODEL_CHOICES[1:]:
+    for name, (_, gigabytes) in HUB_MODELS.items():
         with pytest.raises(ModelLoadError, match=rf"{name} \(.+\) is not on this machine.*--allow-downloads "
-                                                 r"\(it is about 1\d(\.\d)? GB\); or download it first: hf download"):
+                                                 rf"\(it is about {gigabytes:g} GB\); or download it first: hf download"):
             closed.check(name)
     assert ModelAccess(allow_downloads=True).check("tiny") == "tiny"  # with it, hub models: see test_downloads.py
     for name in (str(tmp_path / "m"), "org/model", "", "m"):

@@ -32,6 +32,13 @@ def canvas_values(settings: dict) -> dict[str, str]:
     return {canvas_key(name): "" if given.get(name) is None else str(given[name]) for name in CANVAS_KNOBS}
 
 
+def knob_placeholder(model: dict, name: str) -> str:
+    """What an empty knob box stands for: the loaded checkpoint's value (its info's
+    ``canvas_defaults``, from its generation_config.json)."""
+    value = (model.get("canvas_defaults") or {}).get(name)
+    return "empty: the checkpoint's value" if value is None else f"empty: the checkpoint's {value:g}"
+
+
 def _empty(value: object) -> bool:
     return value is None or (isinstance(value, str) and not value.strip())
 

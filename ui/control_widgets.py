@@ -10,7 +10,7 @@ import gradio as gr
 from dllm_local.canvas_settings import CANVAS_KNOBS, canvas_knob
 from dllm_local.settings import knob
 
-from .canvas_controls import REASON_NOTE, canvas_key
+from .canvas_controls import REASON_NOTE, canvas_key, is_canvas, knob_placeholder
 from .controls import KINDS, Specs, knobs, masked_only, policy_choices, spec_named, visible_knobs
 
 
@@ -56,28 +56,28 @@ def setting_widget(name: str, value: Any, step: float | None = None, **options: 
     return gr.Slider(spec.low, spec.high if spec.top is None else spec.top, value, step=step, **common)
 
 
-def canvas_knob_widgets(values: dict, canvas: bool) -> dict[str, gr.Component]:
+def canvas_knob_widgets(values: dict, canvas: bool, model: dict) -> dict[str, gr.Component]:
     """A box per canvas knob (``canvas_settings.CANVAS_KNOBS``), by control name, set to
     ``values`` and shown while a canvas model is loaded (``canvas``). A box left empty is the
-    checkpoint's own value, which the page does not know: text, which ``Settings`` reads as the
+    checkpoint's own value (``model``: the loaded model's info says it): text, which ``Settings`` reads as the
     number the knob asks for (and within its bounds, or says why not)."""
     widgets = {}
     for name in CANVAS_KNOBS:
         label, help_ = canvas_knob(name)
         widgets[canvas_key(name)] = gr.Textbox(values[canvas_key(name)], label=label, info=help_, visible=canvas,
-                                               placeholder="empty: the checkpoint's value",
+                                               placeholder=knob_placeholder(model, name),
                                                elem_id=f"canvas-{name.replace('_', '-')}")
     return widgets
 
 
-def run_controls(specs: Specs, start: dict, canvas: bool) -> tuple[dict[str, gr.Component], dict[str, gr.Markdown],
-                                                                   gr.Markdown, gr.Markdown]:
+def run_controls(specs: Specs, start: dict, model: dict) -> tuple[dict[str, gr.Component], dict[str, gr.Markdown],
+                                                                  gr.Markdown, gr.Markdown]:
     """The run's controls set to ``start`` (control values, see ``controls.controls_from_settings``),
-    laid out where it is called (inside a Blocks), for a canvas model (``canvas``: its own knobs
-    shown, the masked models' controls disabled) or a masked one: by control name; each policy's
+    laid out where it is called (inside a Blocks), for the loaded ``model`` (its info): for a canvas
+    model its own knobs shown, the masked models' controls disabled; by control name; each policy's
     description box, by kind; the box for the generation length's notice; and the line saying why
     a canvas model's controls are disabled."""
-    shown = visible_knobs(start["cache"], start["unmask"], specs)
+    shown, canvas = visible_knobs(start["cache"], start["unmask"], specs), is_canvas(model)
     canvas_reason = gr.Markdown(REASON_NOTE, visible=canvas, elem_id="canvas-reason", elem_classes="policy-info")
     controls: dict[str, gr.Component] = {}
     policy_info: dict[str, gr.Markdown] = {}
@@ -96,7 +96,7 @@ def run_controls(specs: Specs, start: dict, canvas: bool) -> tuple[dict[str, gr.
         controls["temperature"] = setting_widget("temperature", start["temperature"], step=0.1)
         controls["seed"] = setting_widget("seed", start["seed"])
     controls["exact_drift"] = setting_widget("exact_drift", start["exact_drift"])
-    controls.update(canvas_knob_widgets(start, canvas))
+    controls.update(canvas_knob_widgets(start, canvas, model))
     for name in masked_only(specs):  # read as the page is put together (Blocks' config), not before
         controls[name].interactive = not canvas
     return controls, policy_info, length_notice, canvas_reason

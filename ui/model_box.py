@@ -5,7 +5,9 @@ from __future__ import annotations
 import gradio as gr
 
 from . import run_figures
-from .canvas_controls import CANVAS_CONTROLS, is_canvas
+from dllm_local.canvas_settings import CANVAS_KNOBS
+
+from .canvas_controls import CANVAS_CONTROLS, canvas_key, is_canvas, knob_placeholder
 from .controls import masked_only
 from .downloads import DownloadBox
 from .engine_handler import engine_handler
@@ -66,7 +68,8 @@ class ModelBox:
         return {self.canvas_reason: gr.update(visible=canvas), self.grid_caption: gr.update(visible=not canvas),
                 **{box: captions[name] for name, box in self.captions.items()},
                 **{box: gr.update(interactive=not canvas) for box in self._masked_boxes()},
-                **{self.controls[name]: gr.update(visible=canvas) for name in CANVAS_CONTROLS}}
+                **{self.controls[canvas_key(name)]: gr.update(visible=canvas, placeholder=knob_placeholder(info, name))
+                   for name in CANVAS_KNOBS}}
 
     def show_model(self) -> dict:
         """The model line and the controls for the model loaded now: a page opened after another

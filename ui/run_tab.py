@@ -58,8 +58,7 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, B
                 self._screen_bar(present)
                 with gr.Column(elem_classes="dl-knobs"):  # stepped aside in presenter view
                     self.controls, self.policy_info, self.length_notice_box, self.canvas_reason = run_controls(
-                        specs, controls_from_settings(preset.get("settings", {}), specs),
-                        is_canvas(self.session.info()))
+                        specs, controls_from_settings(preset.get("settings", {}), specs), self.session.info())
                     self._model_box()
                     with gr.Row():
                         self.export_btn = gr.DownloadButton("Export trace (JSON)", elem_id="export-btn")

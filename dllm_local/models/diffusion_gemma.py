@@ -36,3 +36,12 @@ def experts(config: Any) -> tuple[int, int] | None:
 
 def max_positions(config: Any) -> int:
     return config.text_config.max_position_embeddings
+
+
+def knob_defaults(model: Any) -> dict:
+    """Each canvas knob's value when a run leaves it unset: the checkpoint's generation config,
+    transformers' defaults where that is silent (as ``generate`` resolves them)."""
+    config, _ = model._prepare_generation_config(None)
+    return {"max_denoising_steps": config.max_denoising_steps, "canvas_length": model.config.canvas_length,
+            "entropy_bound": config.sampler_config.entropy_bound, "t_max": config.t_max, "t_min": config.t_min,
+            "stability_threshold": config.stability_threshold, "confidence_threshold": config.confidence_threshold}

@@ -57,6 +57,7 @@ class ModelHandle:
     kind: str = "masked"  # masked diffusion (the sampler's loop) or canvas diffusion (canvas.py's)
     experts: tuple[int, int] | None = None  # a mixture of experts': (per layer, routed per token)
     canvas_length: int | None = None  # a canvas model's tokens per canvas
+    canvas_defaults: dict | None = None  # its knobs' values when a run leaves them unset
 
     def quantized_parts(self) -> tuple[float, list[str]]:
         """The share of the parameters in quantized layers, and the modules that hold them (their
@@ -84,7 +85,8 @@ class ModelHandle:
             "max_length": self.max_length, "trained_length": self.trained_length, "mask_id": self.mask_id, "stop_ids": list(self.stop_ids),
             "layers": self.model.config.get_text_config().num_hidden_layers, "kind": self.kind,
             **({"experts": self.experts[0], "active_experts": self.experts[1]} if self.experts else {}),
-            **({"canvas_length": self.canvas_length} if self.canvas_length else {}),
+            **({"canvas_length": self.canvas_length, "canvas_defaults": self.canvas_defaults}
+               if self.canvas_length else {}),
             **self._quantization_summary(),
         }
 
@@ -186,6 +188,7 @@ def _canvas_handle(name: str, path: Path, family: str, model, tokenizer, dtype: 
         num_parameters=logical_parameters(model), memory_bytes=model.get_memory_footprint(),
         max_length=diffusion_gemma.max_positions(model.config), weight_read_bytes=weight_read_bytes(model),
         kind="canvas", experts=diffusion_gemma.experts(model.config), canvas_length=model.config.canvas_length,
+        canvas_defaults=diffusion_gemma.knob_defaults(model),
     )
 
 
