@@ -55,8 +55,9 @@ def _decision(state: CanvasState, trace: Trace, p: int) -> tuple[list[str], str,
     return classes, style, words
 
 
-def _pending_box(trace: Trace, p: int, canvas: int) -> str:
-    never = run_complete(trace)
+def _pending_box(trace: Trace, p: int, canvas: int, started: set[int]) -> str:
+    """A position of a canvas not begun by the step shown; ``started``: the canvases the whole trace begins."""
+    never = run_complete(trace) and canvas not in started
     title = f"pos {p} · canvas {canvas + 1}: " + ("never started (the answer ended before it)" if never
                                                   else "not started yet")
     return (f'<span class="dl-tok dl-canvas-pending" title="{attr(title)}" data-pos="{p}" '
@@ -126,12 +127,12 @@ def canvas_grid_html(trace: Trace, step: int, color_by: str = "step") -> str:
     ``color_by`` "step": by the step since which the draft token stands; "confidence": by entropy."""
     state = canvas_state_at(trace, step)
     last = len(trace.get("steps") or []) - 1
-    answer_end = first_end(trace, state.ids)
+    answer_end, started = first_end(trace, state.ids), set(canvas_steps(trace))
     boxes = []
     for p in range(answer_length(trace)):
         if p == 0 or state.canvas_of[p] != state.canvas_of[p - 1]:
             boxes.append(_LABEL.format(state.canvas_of[p] + 1))
-        boxes.append(_pending_box(trace, p, state.canvas_of[p]) if state.ids[p] is None
+        boxes.append(_pending_box(trace, p, state.canvas_of[p], started) if state.ids[p] is None
                      else _token_box(trace, state, p, color_by, last, answer_end))
     return (f'{_step_line(trace, state)}<div class="dl-grid dl-canvas-grid" style="line-height:1.2;">'
             f'{"".join(boxes)}</div>{_legend(trace, state, color_by, last)}')
