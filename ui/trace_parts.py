@@ -46,8 +46,11 @@ _SPECIAL = re.compile(r"\s*(<\|[^|]*\|>|</s>|<eos>|<pad>)\s*")
 def is_end_token(trace: Trace, token_id: int | None) -> bool:
     if token_id is None:
         return False
-    if token_id in ((trace.get("model") or {}).get("stop_ids") or []):
+    model = trace.get("model") or {}
+    if token_id in (model.get("stop_ids") or []):
         return True
+    if model.get("kind") == "canvas":  # transformers' rule: only the end tokens its generation config names
+        return False
     text = token_text(trace, token_id)
     return bool(_SPECIAL.fullmatch(text)) and any(w in text.lower() for w in ("end", "eot", "eos", "pad", "/s"))
 

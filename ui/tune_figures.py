@@ -151,6 +151,8 @@ def concurrency_line(crossovers: dict) -> str:
 
     saturates, overtakes = crossovers["diffusion_saturates"], crossovers["ar_overtakes"]
     first = f"Diffusion saturates at {about(saturates)} concurrent requests"
+    if crossovers.get("ar_leads_until", 0) > 0:  # a mixture of experts: one AR token reads only its own experts
+        first = f"AR leads below {about(crossovers['ar_leads_until'])} requests; {first[0].lower()}{first[1:]}"
     if math.isinf(overtakes):
         return f"{first}; AR never overtakes it (τ ≥ G: diffusion's ceiling is not below AR's)."
     if overtakes <= 0:
