@@ -53,10 +53,12 @@ class CanvasRules:
 
 
 def canvas_rules(trace: Trace) -> CanvasRules:
-    """The knobs from the run's settings (``canvas_params``); a knob left to the checkpoint is not
-    in the trace, except the most steps a canvas may take: the length of a canvas that ran out of
-    steps (it did not finish early and the run went on past it, or ended whole)."""
-    params = (trace.get("settings") or {}).get("canvas_params") or {}
+    """The knobs the run set (its settings' ``canvas_params``), else the checkpoint's (the model's
+    ``canvas_defaults``). A trace older than those leaves the thresholds unsaid, and the most steps
+    a canvas may take is then the length of a canvas that ran out of steps (it did not finish early
+    and the run went on past it, or ended whole)."""
+    params = {**((trace.get("model") or {}).get("canvas_defaults") or {}),
+              **((trace.get("settings") or {}).get("canvas_params") or {})}
     most = params.get("max_denoising_steps")
     if most is None:
         steps, by_canvas = trace.get("steps") or [], canvas_steps(trace)
