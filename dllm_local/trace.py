@@ -144,6 +144,8 @@ class ModelInfo(TypedDict, total=False, extra_items=Scalar):
     __pydantic_config__ = ConfigDict(extra="allow")
     name: Text
     stop_ids: list[TokenId]
+    quantized_modules: list[Text]  # a quantized model's: which modules bitsandbytes took
+    canvas_defaults: dict[Text, Scalar]  # a canvas model's knobs when a run leaves them unset
 
 
 def _keep_order(value: Any, handler) -> Any:

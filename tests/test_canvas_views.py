@@ -39,7 +39,7 @@ def runs() -> dict[str, dict]:
     model = load("tiny-diffusiongemma")
 
     def run(params: dict, level: str) -> dict:
-        settings = Settings(gen_length=64, block_size=64, seed=1, trace=level, canvas_params=params)
+        settings = Settings(gen_length=32, block_size=32, seed=1, trace=level, canvas_params=params)  # two canvases
         return generate(model, PROMPT, settings).trace.to_dict()
 
     return {"stops": run(STOPS_EARLY, "full"), "runs_all": run(RUNS_ALL, "full"),
@@ -119,7 +119,8 @@ def test_the_verdicts_say_where_each_canvas_stopped_with_the_traces_numbers(runs
     assert encoder.startswith(f"the encoder cache: {reads} entries read, {P + L} computed; exact by construction (the "
                               "encoder never recomputes what it cached); ")
     assert encoder.endswith("least cosine with the step before 1.0000")  # every entry read checked at level full
-    assert any(re.fullmatch(r"experts: layer 0 routed to \d\.\d distinct of 8 experts on average per step", d)
+    assert any(re.fullmatch(r"experts: layer 0 routed to \d\.\d distinct of 8 on average per pass; the cost model "
+                            r"expects 7\.9 for 16 tokens each sent to 2 \(one autoregressive token reads 2\)", d)
                for d in details)
     # Part way through the second canvas: it is neither stopped nor out of steps yet.
     second = _canvases(trace)[1]
@@ -235,3 +236,27 @@ def test_a_masked_models_trace_is_drawn_as_before(tiny):
     assert numbers(trace)["committed"] == sum(len(s["committed"]) for s in trace["steps"])
     assert [v.lesson for v in lessons.grid_verdicts(trace, 0) if v] == ["theorem1", "answer"]
     assert confidence_heatmap(trace).layout.title.text == "Confidence at masked positions"
+
+
+def test_a_slide_of_a_canvas_step_draws_its_drafts_and_the_samplers_decision(runs):
+    """The slide export draws a canvas trace's grid, not a masked one's (all masks): each
+    position's draft, the sampler's kept (solid) and renoised (dashed) positions and the canvases
+    not started; control bytes a random model draws stay valid XML (shown as their pictures)."""
+    from xml.dom.minidom import parseString
+
+    from ui.slides import grid_svg
+
+    trace = runs["stops"]
+    P = len(trace["prompt_ids"])
+    step = _canvases(trace)[0][3]
+    canvas = trace["steps"][step]["canvas"]
+    chips = {int(g.getAttribute("data-pos")): g for g in parseString(grid_svg(trace, step)).getElementsByTagName("g")}
+    assert sorted(chips) == list(range(trace["gen_length"]))
+    kept = {p - P for p in canvas["accepted"]}
+    for offset, token in enumerate(canvas["draft"]):
+        strokes = [r for r in chips[offset].getElementsByTagName("rect") if r.getAttribute("stroke")]
+        assert len(strokes) == 1 and (strokes[0].getAttribute("stroke-dasharray") == "") == (offset in kept)
+        label = chips[offset].getElementsByTagName("text")[1].firstChild.data
+        assert label == token_label(trace, token)
+    later = chips[trace["model"]["canvas_length"]].getElementsByTagName("text")[1].firstChild.data
+    assert later == "·"  # the second canvas has not started

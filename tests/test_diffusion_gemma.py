@@ -26,7 +26,7 @@ PROMPT = "Tom has 3 apples. He gets 4 more. How many apples does he have?"
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
-    return build_checkpoint(tmp_path_factory.mktemp("diffusion-gemma"), seed=7, canvas_length=16)
+    return build_checkpoint(tmp_path_factory.mktemp("diffusion-gemma"), init_seed=7)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from test_page import OUT, _choose, _shown_run, _status, _wait_run_ended, browse
 PROMPT = "What is 2 plus 3?"
 # Knobs that let the tiny random model's second canvas stop early (its drafts settle), as typed.
 KNOBS = {"confidence_threshold": "0.9", "entropy_bound": "2"}
-GEN_LENGTH = 64  # two canvases of 32
+GEN_LENGTH = 32  # two canvases of 16
 MASKED_ONLY = ("#block-size input[type=range]", "#cache input", "#unmask input", "#temperature input[type=range]",
                "#exact-drift input", "#what-if input[type=range]", "#force-btn")
 CANVAS_BOXES = [f"#canvas-{name.replace('_', '-')}" for name in
@@ -86,7 +86,7 @@ def _show_step(pg, step: int) -> None:
 def test_a_canvas_model_loads_runs_and_shows_its_steps_on_the_page(pg, browser, server, tmp_path):  # noqa: F811
     _load(pg, "tiny-diffusiongemma")
     line = pg.inner_text("#model-line")
-    assert "tiny-diffusiongemma" in line and "canvas diffusion, canvas length 32" in line and "experts" in line, line
+    assert "tiny-diffusiongemma" in line and "canvas diffusion, canvas length 16" in line and "experts" in line, line
     _canvas_controls_shown(pg)
     fresh = browser.new_page()  # a page opened after the switch shows the model loaded now
     fresh.goto(server)

@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 
 from dllm_local.cli import build_parser
-from dllm_local.cli.settings_flags import LONG_GEN_LENGTH, parse_params, settings_from_args
+from dllm_local.canvas_settings import CANVAS_KNOBS, canvas_knob
+from dllm_local.cli.settings_flags import CANVAS_DEST, LONG_GEN_LENGTH, parse_params, settings_from_args
 from dllm_local.cli.sweep import sweep_axes
 from dllm_local.limits import SWEEP_BLOCK_SIZES, SWEEP_GEN_LENGTH, SWEEP_THRESHOLDS
 from dllm_local.settings import Settings, knob
 
 ROOT = Path(__file__).resolve().parents[1]
-KNOBS = [f.name for f in fields(Settings)]
+KNOBS = [f.name for f in fields(Settings) if f.name != "canvas_params"]  # that one's knobs: a flag each, below
 PARAMS_FLAGS = {"cache_params": "cache_param", "unmask_params": "unmask_param"}  # given as KEY=VALUE pairs
 
 
@@ -47,6 +48,15 @@ def test_each_settings_flag_is_its_knob(name):
     if k.low is not None and k.high is not None:
         assert f"{k.low}..{k.high}" in action.help
     assert tuple(action.choices or ()) == k.choices
+
+
+@pytest.mark.parametrize("name", CANVAS_KNOBS)
+def test_each_canvas_knob_is_a_flag_with_its_help_and_the_checkpoints_default(name):
+    action = _actions("generate")[CANVAS_DEST + name]
+    label, help_ = canvas_knob(name)
+    assert action.option_strings == [f"--{name.replace('_', '-')}"] and action.default is argparse.SUPPRESS
+    assert help_ in action.help and label in action.help
+    assert _settings("generate", "--prompt", "hi", action.option_strings[0], "3").canvas_params == {name: 3}
 
 
 def test_a_command_without_settings_flags_gets_the_knobs_defaults():

@@ -10,7 +10,9 @@ from __future__ import annotations
 from statistics import fmean
 from typing import NamedTuple
 
-from .canvas_parts import canvas_ended, canvas_rules, canvas_steps, stable_for
+from dllm_local.experiments.costmodel import Experts
+
+from .canvas_parts import canvas_ended, canvas_length, canvas_rules, canvas_steps, stable_for
 from .trace_parts import Trace, steps_upto
 
 
@@ -74,19 +76,26 @@ def encoder_cache(trace: Trace, step: int | None = None) -> Told:
 
 
 def experts_routed(trace: Trace, step: int | None = None) -> list[Told]:
-    """Per decoder layer, the distinct experts the router chose per step, on average over the
-    steps up to ``step``, of the model's experts: fewer than all is routing that leaves some idle."""
-    total = (trace.get("model") or {}).get("experts")
+    """Per decoder layer, the distinct experts its router chose per pass, on average over the
+    passes up to ``step``, against the cost model's expectation for a canvas of G tokens each sent
+    to k of E experts, E(1 - (1 - k/E)^G): a pass over a whole canvas reads nearly every expert,
+    where one autoregressive token reads k (so a canvas model's MoE saves less per pass)."""
+    model = trace.get("model") or {}
+    total, routed = model.get("experts"), model.get("active_experts")
     steps = steps_upto(trace, step)
     layers = sorted({layer for s in steps for layer in s["canvas"].get("experts") or {}}, key=int)
-    if not total or not layers:
+    if not total or not routed or not layers:
         return []
+    expected = Experts(int(total), int(routed), 1, 0.0).distinct(canvas_length(trace))
     told = []
     for layer in layers:
         mean = fmean(len(s["canvas"]["experts"][layer]) for s in steps if layer in (s["canvas"].get("experts") or {}))
-        told.append(Told("experts", f"Each step routes layer {layer} to only some of its experts", mean < int(total),
-                         f"experts: layer {layer} routed to {mean:.1f} distinct of {total} experts on average per step",
-                         {"layer": int(layer), "mean_distinct": mean, "experts": int(total)}))
+        told.append(Told("experts", f"Layer {layer} reads the experts the cost model expects of a canvas",
+                         abs(mean - expected) <= 0.15 * expected,
+                         f"experts: layer {layer} routed to {mean:.1f} distinct of {total} on average per pass; the "
+                         f"cost model expects {expected:.1f} for {canvas_length(trace)} tokens each sent to {routed} "
+                         f"(one autoregressive token reads {routed})",
+                         {"layer": int(layer), "mean_distinct": mean, "expected": expected, "experts": int(total)}))
     return told
 
 

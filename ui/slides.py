@@ -20,6 +20,8 @@ from .grid import chip_rgb, css, text_colour, token_label
 from .grid_ends import end_runs
 from .lessons import MARKS, grid_verdicts
 from .policy_marks import sent_back
+from .canvas_parts import is_canvas
+from .canvas_slides import canvas_chips
 from .replay import Trace, first_end, is_end_token, state_at
 
 MONO = "DejaVu Sans Mono, Menlo, Consolas, monospace"
@@ -114,7 +116,12 @@ def grid_svg(trace: Trace, step: int, color_by: str = "step") -> str:
     Sized to its content, at most ``MAX_WIDTH`` wide."""
     if color_by not in ("step", "confidence"):
         raise ValueError(f"color_by must be 'step' or 'confidence', not {color_by!r}")
-    chips, shown, committed = _chips(trace, step, color_by)
+    if is_canvas(trace):
+        chips, shown, head = canvas_chips(trace, step, color_by)
+    else:
+        chips, shown, committed = _chips(trace, step, color_by)
+        where = "before any step" if shown < 0 else f"after step {shown}"
+        head = f"{where} · {committed}/{len(state_at(trace, shown)['ids'])} committed"
     rows, row, used = [], [], 0.0
     for chip in chips:
         w = _chip_width(chip)
@@ -125,8 +132,6 @@ def grid_svg(trace: Trace, step: int, color_by: str = "step") -> str:
         used += w + GAP
     rows += [row] if row else []
     width = max([720.0] + [sum(_chip_width(c) + GAP for c in r) - GAP + 2 * PAD for r in rows])
-    where = "before any step" if shown < 0 else f"after step {shown}"
-    head = f"{where} · {committed}/{len(state_at(trace, shown)['ids'])} committed"
     body = [f'<text x="{PAD}" y="{PAD + LINE_PX}" font-family="{SANS}" font-size="{LINE_PX}" fill="#333">'
             f"{escape(head)}</text>"]
     y = PAD + LINE_PX + 12

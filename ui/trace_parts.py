@@ -33,11 +33,17 @@ def token_text(trace: Trace, token_id: int | None) -> str:
     return (trace.get("vocab") or {}).get(str(token_id), f"#{token_id}")
 
 
+# Other control characters as their Unicode pictures (U+2400 on): a byte token of a random or small
+# model may be one, and XML (a slide's SVG) refuses them raw.
+_CONTROL_PICTURES = {**{code: 0x2400 + code for code in range(0x20)}, 0x7F: 0x2421}
+
+
 def visible(text: str) -> str:
-    """Whitespace made visible so a token that is a space or newline still shows up."""
+    """Whitespace and control characters made visible, so a token that is a space, a newline or a
+    control byte still shows up (and stays valid in any markup)."""
     if text == "":
         return "∅"
-    return text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥").replace("\r", "␍")
+    return text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥").replace("\r", "␍").translate(_CONTROL_PICTURES)
 
 
 _SPECIAL = re.compile(r"\s*(<\|[^|]*\|>|</s>|<eos>|<pad>)\s*")

@@ -45,10 +45,12 @@ def tokenizer():
     return tok
 
 
-def build_checkpoint(path: str | Path, seed: int = 0, canvas_length: int = 32, logit_scale: float = 32.0,
+def build_checkpoint(path: str | Path, init_seed: int = 0, canvas_length: int = 16, logit_scale: float = 32.0,
                      dtype: torch.dtype = torch.float32, **text_sizes) -> Path:
-    """Write a random DiffusionGemma to ``path``; ``logit_scale`` multiplies the (tied) embedding, so
-    its logits are that much sharper and its canvases settle in fewer steps."""
+    """Write a random DiffusionGemma to ``path``, its weights drawn from ``init_seed``; ``logit_scale``
+    multiplies the (tied) embedding, so its logits are that much sharper: with canvases of 16, some
+    settle before the last step (a random model's mean entropy rarely falls below the stopping
+    rule's threshold otherwise)."""
     from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
 
     path = Path(path)
@@ -58,11 +60,11 @@ def build_checkpoint(path: str | Path, seed: int = 0, canvas_length: int = 32, l
             "eos_token_id": tok.eos_token_id, "bos_token_id": tok.bos_token_id}
     config = DiffusionGemmaConfig(text_config=text, vision_config=VISION_SIZES, canvas_length=canvas_length,
                                   image_token_id=2, boi_token_id=2, eoi_token_id=2)  # the unused <|mdm_mask|>
-    torch.manual_seed(seed)
+    torch.manual_seed(init_seed)
     model = DiffusionGemmaForBlockDiffusion(config).eval()
     with torch.no_grad():
         model.get_input_embeddings().weight.mul_(logit_scale)
-        g = torch.Generator().manual_seed(seed)
+        g = torch.Generator().manual_seed(init_seed)
         for name, p in model.named_parameters():  # norms of ones would hide a norm applied to the wrong tensor
             if name.endswith("norm.weight") and "vision" not in name:
                 p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
