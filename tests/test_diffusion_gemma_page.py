@@ -134,6 +134,11 @@ def test_a_canvas_model_loads_runs_and_shows_its_steps_on_the_page(pg, browser, 
     assert set(shown["renoised"]) == canvas - recorded(at, "accepted") and shown["renoised"]
     assert set(shown["changed"]) == recorded(at, "changed") and shown["changed"]
     pg.screenshot(path=str(OUT / "diffusion-gemma-step.png"), full_page=True)
+    # The cost panel projects the run onto the released checkpoint, experts counted.
+    pg.click("#cost-accordion button, #cost-accordion .label-wrap")
+    pg.wait_for_function("() => document.querySelector('#cost-model').innerText.includes('DiffusionGemma-26B-A4B')",
+                         timeout=30_000)
+    assert "experts read" in pg.inner_text("#cost-model")
     pg.click("#step-prev")
     pg.wait_for_function("(s) => document.querySelector('#scrubber input[type=number]').value === String(s)",
                          arg=at - 1)

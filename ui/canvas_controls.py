@@ -18,6 +18,12 @@ def is_canvas(model: dict) -> bool:
     return model.get("kind") == "canvas"
 
 
+def cost_target(model: dict) -> str:
+    """The real model the cost panel projects a run of ``model`` onto, by its kind: a canvas
+    model's released checkpoint, else LLaDA-8B."""
+    return "DiffusionGemma-26B-A4B" if is_canvas(model) else "LLaDA-8B-Instruct"
+
+
 def canvas_key(name: str) -> str:
     """The control name of a canvas knob, e.g. "canvas.entropy_bound"."""
     return f"canvas.{name}"

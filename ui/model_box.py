@@ -7,7 +7,7 @@ import gradio as gr
 from . import run_figures
 from dllm_local.canvas_settings import CANVAS_KNOBS
 
-from .canvas_controls import CANVAS_CONTROLS, canvas_key, is_canvas, knob_placeholder
+from .canvas_controls import CANVAS_CONTROLS, canvas_key, cost_target, is_canvas, knob_placeholder
 from .controls import masked_only
 from .downloads import DownloadBox
 from .engine_handler import engine_handler
@@ -55,8 +55,8 @@ class ModelBox:
 
     def kind_boxes(self) -> list[gr.Component]:
         """What a model's kind changes (``kind_shown``)."""
-        return [self.canvas_reason, self.grid_caption, *self.captions.values(), *self._masked_boxes(),
-                *(self.controls[name] for name in CANVAS_CONTROLS)]
+        return [self.canvas_reason, self.grid_caption, self.cost_target, *self.captions.values(),
+                *self._masked_boxes(), *(self.controls[name] for name in CANVAS_CONTROLS)]
 
     def kind_shown(self, info: dict) -> dict:
         """The controls for the kind of model ``info`` describes: for a canvas model its own knobs,
@@ -66,6 +66,7 @@ class ModelBox:
         canvas = is_canvas(info)
         captions = run_figures.CANVAS_CAPTIONS if canvas else run_figures.CAPTIONS
         return {self.canvas_reason: gr.update(visible=canvas), self.grid_caption: gr.update(visible=not canvas),
+                self.cost_target: cost_target(info),
                 **{box: captions[name] for name, box in self.captions.items()},
                 **{box: gr.update(interactive=not canvas) for box in self._masked_boxes()},
                 **{self.controls[canvas_key(name)]: gr.update(visible=canvas, placeholder=knob_placeholder(info, name))

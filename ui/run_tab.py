@@ -14,7 +14,7 @@ from dllm_local.trace import KV_VIEWS
 
 from . import grid, run_figures
 from .branching import Branching
-from .canvas_controls import is_canvas
+from .canvas_controls import cost_target, is_canvas
 from .control_widgets import run_controls
 from .controls import Specs, controls_from_settings, toggled_controls
 from .engine_queue import ENGINE, EngineQueue
@@ -104,7 +104,8 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, B
         with gr.Accordion("Cost model: this run projected onto a real model on a GPU", open=False,
                           elem_id="cost-accordion"):
             with gr.Row():
-                self.cost_target = gr.Dropdown(list(TARGET_MODELS), value="LLaDA-8B-Instruct", label="Real model")
+                self.cost_target = gr.Dropdown(list(TARGET_MODELS), value=cost_target(self.session.info()),
+                                               label="Real model")
                 self.cost_device = gr.Dropdown(list(DEVICES), value="H100", label="GPU")
             self.cost_html = gr.HTML(elem_id="cost-model")
         # What a view is drawn with; the screen's font scale and theme last (the plots' type and colours).
