@@ -63,6 +63,7 @@ class BatchRun:
         """``settings``: one for every request, or one per request (an evaluation's own seeds)."""
         if not isinstance(prompts, (list, tuple)) or not prompts:
             raise SettingsError("a batch needs a list of at least one prompt")
+        handle.require_masked("batched decoding")
         if not handle.model.packs_requests:
             raise SettingsError(f"{type(handle.model).__name__} decodes one request at a time: batched decoding "
                                 f"runs LLaDA-family models (LLaDA and the tiny model)")

@@ -223,3 +223,10 @@ def test_quantized_loads_say_what_transformers_quantized(checkpoint, bits):
     assert 0 < summary["quantized_share"] < 0.5 and "model.decoder.self_conditioning" in summary["quantized_modules"]
     result = generate(quantized, PROMPT, Settings(gen_length=16, block_size=16, seed=1))
     assert result.stats.nfe == len(result.trace.steps) >= 1 and len(result.trace.final_ids) == 16
+
+
+@pytest.mark.parametrize("argv", [["bench", "--n", "1"], ["sweep", "--n", "1"], ["eval", "--n", "2", "--batch-size", "2"]])
+def test_masked_diffusion_tools_refuse_a_canvas_model_before_they_start(checkpoint, argv, capsys):
+    assert cli_main([*argv, "--model", str(checkpoint), "--quiet"]) != 0
+    err = capsys.readouterr().err
+    assert "works on masked-diffusion models" in err and "canvas model (DiffusionGemma)" in err and "%" not in err

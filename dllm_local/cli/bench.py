@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> None:
     else:
         problems = task_problems(args.task, args.n, args.seed_data)
     handle = load_model(args, args.quiet, batched=args.batch_size > 1 or bool(args.concurrency))
+    handle.require_masked("bench")
     if args.concurrency:
         guider = guider_for(args, handle, needed=True)
         report = run_concurrency(handle, guider, problems, args.concurrency, base, args.gpu, progress=not args.quiet,

@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> None:
                        f"{p.row['model_tok_s']:.1f} tok/s", file=sys.stderr)
 
     try:
-        work = runner(args, job, base)
+        work = runner(args, job, base, masked_only="a sweep")
         with progress_bar(results, "sweep", disable=args.quiet) as on_unit:
             report = run_sweep(job, work, results, on_point=point_done, on_unit=on_unit, chunk=args.chunk)
     except KeyboardInterrupt:

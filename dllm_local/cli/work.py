@@ -53,8 +53,9 @@ def results_file(args: argparse.Namespace, job, command: str):
     return results
 
 
-def runner(args: argparse.Namespace, job, settings, batched: bool = False):
-    """The cluster's workers (--ray), or this process with the model loaded here."""
+def runner(args: argparse.Namespace, job, settings, batched: bool = False, masked_only: str = ""):
+    """The cluster's workers (--ray), or this process with the model loaded here; ``masked_only``:
+    the work, refused on a canvas model (the workers refuse a sweep themselves)."""
     if not args.ray and (args.workers or args.worker_cpus != 1):
         raise SettingsError("--workers and --worker-cpus size a Ray cluster's workers: give --ray too")
     if args.ray:
@@ -66,6 +67,8 @@ def runner(args: argparse.Namespace, job, settings, batched: bool = False):
     from ..experiments.units import LocalRunner, Worker
 
     handle = load_model(args, args.quiet, batched)
+    if masked_only:
+        handle.require_masked(masked_only)
     warn_past_trained_length(settings, handle)
     return LocalRunner(Worker(job, handle, guider_for(args, handle, settings)))
 

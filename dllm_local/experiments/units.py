@@ -127,6 +127,7 @@ class Worker:
 
         spec = job.model
         handle = load(spec.name, device=spec.device, quantization=spec.quantization)
+        handle.require_masked("a sweep")
         apply_threads(spec.threads, handle, batched=job.batch_size > 1)
         needs_guider = any(Settings.from_dict(s).unmask_spec.needs_guider for s in job.settings)
         guider = load_guider(spec.guider or "tiny-guider", device=handle.device) if needs_guider else None

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..errors import ModelLoadError
+from ..errors import ModelLoadError, SettingsError
 from . import KINDS, diffusion_gemma
 from .build import build_model, family_config, load_tokenizer
 from .checks import (check_chat_template, check_family, check_folder, check_guider_type, check_mask_id, check_memory,
@@ -58,6 +58,14 @@ class ModelHandle:
     experts: tuple[int, int] | None = None  # a mixture of experts': (per layer, routed per token)
     canvas_length: int | None = None  # a canvas model's tokens per canvas
     canvas_defaults: dict | None = None  # its knobs' values when a run leaves them unset
+
+    def require_masked(self, what: str) -> None:
+        """Refuse ``what`` (a masked-diffusion tool: policies compared, requests packed) before it
+        starts, for a canvas model, with what it can do instead."""
+        if self.kind == "canvas":
+            raise SettingsError(f"{what} works on masked-diffusion models (LLaDA, Dream, the tiny model); {self.name} "
+                                f"is a canvas model (DiffusionGemma), with its own sampler: decode it with generate or "
+                                f"eval, one request at a time, and set its knobs (--entropy-bound, --t-max, ...)")
 
     def quantized_parts(self) -> tuple[float, list[str]]:
         """The share of the parameters in quantized layers, and the modules that hold them (their

@@ -147,6 +147,7 @@ class Engine:
         from ..experiments.sweep import run_sweep, sweep_job
         from ..experiments.units import LocalRunner, ModelSpec, Worker
 
+        self.handle.require_masked("a sweep")
         base_settings = Settings.from_dict(base)
         model = ModelSpec(self.handle.name, self.device, self.handle.quantization, self.guider_name)
         job = sweep_job(base_settings, axes, task, int(n), seed, model)
