@@ -7,6 +7,7 @@ is drawn as before."""
 from __future__ import annotations
 
 import html
+import json
 import math
 import re
 
@@ -116,9 +117,15 @@ def test_the_verdicts_say_where_each_canvas_stopped_with_the_traces_numbers(runs
     reads = sum(step["reads"] for step in trace["steps"])
     # The encoder computed the prompt, then the first canvas: each entry once.
     encoder = next(d for d in details if d.startswith("the encoder cache"))
-    assert encoder.startswith(f"the encoder cache: {reads} entries read, {P + L} computed; exact by construction (the "
-                              "encoder never recomputes what it cached); ")
-    assert encoder.endswith("least cosine with the step before 1.0000")  # every entry read checked at level full
+    assert encoder == (f"the encoder cache: {reads} entries read, {P + L} computed; exact by construction (the "
+                       "encoder never recomputes what it cached); each of its 2 pass(es) found every entry of the "
+                       "passes before in its cache")
+    # A pass that found fewer entries than the passes before computed (a cache recomputed or lost) fails it.
+    broken = json.loads(json.dumps(trace))
+    second = next(s for s in broken["steps"] if s["canvas"]["encoder"] and s["canvas"]["canvas"] == 1)
+    second["canvas"]["encoder"]["cached"] = 0
+    told = next(v for v in lessons.grid_verdicts(broken, len(broken["steps"]) - 1) if v.claim.startswith("The encoder"))
+    assert told.status == lessons.FAILS and f"a pass found 0 entries in its cache where the passes before computed {P}" in told.detail
     assert any(re.fullmatch(r"experts: layer 0 routed to \d\.\d distinct of 8 on average per pass; the cost model "
                             r"expects 7\.9 for 16 tokens each sent to 2 \(one autoregressive token reads 2\)", d)
                for d in details)

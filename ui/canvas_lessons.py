@@ -58,21 +58,23 @@ ENCODER_CLAIM = "The encoder's cache is exact"
 def encoder_cache(trace: Trace, step: int | None = None) -> Told:
     """The encoder's cache up to ``step``: entries the decoder read from it (every step reads all
     of it) and entries the encoder computed (each canvas's first step: the prompt, then the canvas
-    before). Exact by construction; where the trace has the per-position K/V (trace level
-    "full"), every entry read is checked to be 1.0 (unchanged from the step before)."""
+    before). Exact by construction: the decoder only reads what the encoder wrote once. What the
+    run measured, and could break it: each encoder pass found in the cache every entry the passes
+    before it computed (``cached``, read from the live cache), so none was recomputed or lost."""
     steps = steps_upto(trace, step)
+    passes = [s["canvas"]["encoder"] for s in steps if s["canvas"].get("encoder")]
     reads = sum(int(s.get("reads") or 0) for s in steps)
-    computed = sum(int((s["canvas"].get("encoder") or {}).get("positions") or 0) for s in steps)
-    read_back = [value for s in steps for layer in (s.get("kv") or {}).values() for which in ("k", "v")
-                 for value in (layer.get(which) or [])[: int(s["canvas"]["start"])]]
-    numbers = {"reads": reads, "computed": computed, "checked": len(read_back),
-               "least_cosine": min(read_back, default=None)}
+    computed = sum(int(p["positions"]) for p in passes)
+    before = [sum(int(p["positions"]) for p in passes[:i]) for i in range(len(passes))]
+    kept = all(int(p["cached"]) == earlier for p, earlier in zip(passes, before))
+    numbers = {"reads": reads, "computed": computed, "passes": len(passes), "kept": kept}
     line = (f"the encoder cache: {reads} entries read, {computed} computed; exact by construction (the encoder "
-            "never recomputes what it cached)")
-    if read_back:
-        line += f"; {len(read_back)} K/V entries read checked, least cosine with the step before {min(read_back):.4f}"
-    exact = all(value == 1.0 for value in read_back)
-    return Told("encoder_cache", ENCODER_CLAIM, exact if steps else None, line if steps else "no step yet", numbers)
+            f"never recomputes what it cached); each of its {len(passes)} pass(es) found every entry of the passes "
+            f"before in its cache" if kept else
+            f"the encoder cache: {reads} entries read, {computed} computed; a pass found "
+            f"{next(int(p['cached']) for p, e in zip(passes, before) if int(p['cached']) != e)} entries in its cache "
+            f"where the passes before computed {next(e for p, e in zip(passes, before) if int(p['cached']) != e)}")
+    return Told("encoder_cache", ENCODER_CLAIM, kept if steps else None, line if steps else "no step yet", numbers)
 
 
 def experts_routed(trace: Trace, step: int | None = None) -> list[Told]:
