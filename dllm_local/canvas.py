@@ -31,8 +31,9 @@ from typing import Any, Iterator
 
 import torch
 
+from .canvas_settings import CANVAS_KNOBS
 from .canvas_trace import CanvasStep
-from .canvas_watch import DecoderWatch
+from .canvas_watch import DecoderWatch, KeepScores
 from .errors import SequenceTooLongError, SettingsError
 from .limits import MAX_GEN_LENGTH
 from .models.loader import ModelHandle
@@ -42,32 +43,17 @@ from .result import Result
 from .settings import Settings
 from .trace import StepRecord, Trace
 
-_DEFAULTS = Settings()
-
-
-def _not_applicable(settings: Settings) -> str:
-    """What in ``settings`` means nothing for canvas decoding, said once; empty when nothing."""
-    given = [f"{name} {getattr(settings, name)!r}" for name in ("cache", "unmask", "temperature", "steps",
-                                                                  "exact_drift", "early_stop")
-             if getattr(settings, name) != getattr(_DEFAULTS, name)]
-    if settings.cache_params or settings.unmask_params:
-        given.append("policy parameters")
-    if not given:
-        return ""
-    return (f"{', '.join(given)}: a canvas model (DiffusionGemma) refines whole canvases with its own sampler; "
-            "masked-diffusion settings do not apply. Set its own knobs in canvas_params (max_denoising_steps, "
-            "canvas_length, entropy_bound, t_max, t_min, stability_threshold, confidence_threshold)")
-
-
 class CanvasRun:
     """One canvas-diffusion generation in progress: iterate for one step record per decoder pass;
     ``stop()`` ends it between passes (the canvas in progress joins the answer as its draft)."""
 
     def __init__(self, handle: ModelHandle, prompt: Prompt, settings: Settings, guider: Any = None,
                  branch: Any = None) -> None:
-        problem = _not_applicable(settings)
-        if problem:
-            raise SettingsError(problem)
+        given = settings.masked_settings_given()
+        if given:
+            raise SettingsError(f"{', '.join(given)}: a canvas model (DiffusionGemma) refines whole canvases with its own "
+                                f"sampler; masked-diffusion settings do not apply. Set its own knobs in canvas_params "
+                                f"({', '.join(CANVAS_KNOBS)})")
         if branch is not None:
             raise SettingsError("a branch forces one token into a masked-diffusion run; a canvas model redraws its "
                                 "whole canvas every step, so it has no branches")
@@ -84,16 +70,18 @@ class CanvasRun:
                 None, max_new_tokens=settings.gen_length, **params)
         except ValueError as exc:  # transformers' own checks of its knobs (t_max above t_min with the checkpoint's)
             raise SettingsError(f"canvas_params: {exc}") from None
+        # A static cache makes generate compile its steps; the same computation runs here uncompiled.
+        self.config.cache_implementation = None
         self.prompt_ids = encode_prompt(handle, prompt)
-        self.num_canvases = math.ceil(settings.gen_length / self.canvas_length)
+        _, new_tokens = self.model._prepare_generated_length(self.config, len(self.prompt_ids))
+        self.num_canvases = math.ceil(new_tokens / self.canvas_length)
         self.gen_length = self.num_canvases * self.canvas_length  # the answer region: whole canvases
         total = len(self.prompt_ids) + self.gen_length
-        if self.gen_length > MAX_GEN_LENGTH or total > handle.max_length:
-            raise SequenceTooLongError(
-                f"gen_length {settings.gen_length} makes {self.num_canvases} canvas(es) of {self.canvas_length}, "
-                f"{self.gen_length} tokens; with the prompt's {len(self.prompt_ids)} that is {total}, beyond the "
-                f"{'page' if self.gen_length > MAX_GEN_LENGTH else 'model'}'s maximum of "
-                f"{MAX_GEN_LENGTH if self.gen_length > MAX_GEN_LENGTH else handle.max_length}")
+        limit = min(len(self.prompt_ids) + MAX_GEN_LENGTH, handle.max_length)
+        if total > limit:  # the page's longest answer region, and the model's positions
+            raise SequenceTooLongError(f"gen_length {new_tokens} makes {self.num_canvases} canvas(es) of "
+                                       f"{self.canvas_length}: with the prompt's {len(self.prompt_ids)} tokens, "
+                                       f"{total} positions, beyond the maximum of {limit}")
         self._stop = threading.Event()
         self.result = None
         self._watch: DecoderWatch | None = None
@@ -110,10 +98,12 @@ class CanvasRun:
         self._stop.set()
 
     def release(self) -> None:
-        """Drop the hooks and the encoder's cache; the result and trace stay."""
+        """Drop the hooks and the encoder's cache, and give the model its own canvas length back;
+        the result and trace stay."""
         if self._watch is not None:
             self._watch.remove()
         self._watch = self.cache = None
+        self.model.config.canvas_length = self.handle.canvas_length
 
     def __iter__(self) -> Iterator[StepRecord]:
         generator = self._decode()
@@ -139,11 +129,12 @@ class CanvasRun:
                 decoder_attention_mask=self.decoder_attention_mask, cache=self.cache, sampler=self.sampler,
                 diffusion_stopping_criteria=self.stopping, batch_size=1, device=input_ids.device,
                 model_kwargs=self.model_kwargs)
-            draft = current
+            draft, passes = current, 0
             # 1.c. per denoising step, from N down to 1
             for step_in_canvas, cur_step in enumerate(reversed(range(1, gc.max_denoising_steps + 1))):
                 if self._stop.is_set():
                     break
+                passes += 1
                 history = self._stability_history()
                 before = draft
                 current, draft, conditioning, finished = m._denoising_step(  # i. to v.
@@ -154,9 +145,11 @@ class CanvasRun:
                     logits_processor=self.logits_processor, diffusion_stopping_criteria=self.stopping,
                     **self.model_kwargs)
                 yield self._record(canvas, step_in_canvas, cur_step, P + canvas * L, before, current, draft,
-                                   conditioning, bool(finished.all()), history, encoder if step_in_canvas == 0 else None)
+                                   bool(finished.all()), history, encoder if step_in_canvas == 0 else None)
                 if bool(finished.all()):
                     break
+            if not passes:  # stopped before this canvas's first pass: its random tokens are no draft
+                break
             # 1.d. the draft joins the answer
             input_ids = torch.cat([input_ids, draft], dim=-1)
             # 1.e. an end token or the length ends the answer
@@ -191,11 +184,12 @@ class CanvasRun:
         self.decoder_attention_mask = torch.nn.functional.pad(self.attention_mask, (0, self.canvas_length), value=True)
         self.sampler = m._prepare_sampler(gc)
         self.logits_processor = m._prepare_logits_processor(gc, None)
+        self._scores = KeepScores()
+        self.logits_processor.append(self._scores)  # last: it sees what the sampler and the stopping rule see
         self.ar_stopping = m._prepare_ar_stopping_criteria(gc, None)
         self.stopping = m._prepare_diffusion_stopping_criteria(gc)
-        self._watch = DecoderWatch(m.model.decoder)
+        self._watch = DecoderWatch(m.model.decoder, keep_kv=self.settings.trace != "off")
         self._gpus = model_gpus(m)
-        self._model_s = 0.0
         self.trace = Trace(settings=self.settings.to_dict(), model=h.summary(), prompt_ids=list(self.prompt_ids),
                            gen_length=self.gen_length, mask_id=h.mask_id)
         self._t0 = self._t_step = time.perf_counter()
@@ -211,7 +205,6 @@ class CanvasRun:
                                                         position_ids=self.encoder_position_ids, **self.model_kwargs),
                                 self._gpus)
         self.cache = output.cache
-        self._model_s += seconds
         st.encoder_forwards += 1
         st.encoder_s += seconds
         if prefill:
@@ -220,8 +213,7 @@ class CanvasRun:
         return {"positions": int(unread.shape[1]), "cached": int(cached), "ms": round(seconds * 1e3, 4)}
 
     def _timed_decoder(self, **kwargs):
-        output, seconds = timed(lambda: self.model(**kwargs), self._gpus)
-        self._model_s += seconds
+        output, seconds = timed(lambda: self.model.forward(**kwargs), self._gpus)  # as generate calls it
         self._decoder_s = seconds
         return output
 
@@ -231,12 +223,12 @@ class CanvasRun:
         return None if history is None else history.clone()
 
     def _record(self, canvas: int, step_in_canvas: int, cur_step: int, start: int, before: torch.Tensor,
-                current: torch.Tensor, draft: torch.Tensor, logits: torch.Tensor, finished: bool,
-                history: torch.Tensor | None, encoder: dict | None) -> StepRecord:
+                current: torch.Tensor, draft: torch.Tensor, finished: bool, history: torch.Tensor | None,
+                encoder: dict | None) -> StepRecord:
         gc, L = self.config, self.canvas_length
         accepted = self.sampler.accepted_token_mask[0]
         offsets = accepted.nonzero().flatten()
-        entropy = torch.distributions.Categorical(logits=logits[0].float()).entropy()
+        entropy = torch.distributions.Categorical(logits=self._scores.scores[0]).entropy()
         mean_entropy = float(entropy.mean())
         threshold = gc.stability_threshold or 0
         stable = threshold == 0 or (history is not None and bool((history == draft[None]).all()))
@@ -248,7 +240,7 @@ class CanvasRun:
             "entropy": [round(e, 5) for e in entropy.tolist()],
             "entropy_bound": float(self.sampler.entropy_bound), "temperature": round(float(temperature), 6),
             "mean_entropy": round(mean_entropy, 6), "stable": stable,
-            "confident": gc.confidence_threshold is not None and mean_entropy < gc.confidence_threshold,
+            "confident": finished or (gc.confidence_threshold is not None and mean_entropy < gc.confidence_threshold),
             "finished": finished, "experts": self._watch.experts_record(),
             "encoder": encoder,
         }
@@ -283,7 +275,8 @@ class CanvasRun:
         for step in trace.steps:
             ids.update(step.token_ids())
         trace.vocab = {str(i): h.tokenizer.decode([i]) for i in sorted(ids)}
-        generated = sum(t != pad for t in produced)  # transformers' tokens per forward: pads not counted
+        pad_named = self.config.pad_token_id  # transformers' tokens per forward: its pads not counted
+        generated = sum(t != pad_named for t in produced) if pad_named is not None else len(produced)
         forwards = max(1, st.nfe)
         st.stopped, st.gen_length, st.content_tokens = stopped, self.gen_length, cut
         st.tokens_per_forward = round(generated / forwards, 4)

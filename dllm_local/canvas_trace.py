@@ -2,7 +2,9 @@
 the step, what the sampler accepted and renoised, the entropy it bounded, the schedule's
 temperature, the stopping rule's state and the experts routed; on a canvas's first step, the
 encoder's pass that filled the cache the canvas reads. Positions are absolute, as everywhere in
-a trace; ``draft`` holds the canvas from ``start`` on."""
+a trace; ``draft`` holds the canvas from ``start`` on. The record's ``reads`` counts the cached
+positions the canvas attends over (the full-attention layers' count: the sliding-window layers
+keep the last window of them)."""
 from __future__ import annotations
 
 from typing import Annotated

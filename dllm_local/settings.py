@@ -87,6 +87,15 @@ class Settings:
             raise SettingsError(f"early_stop: the {self.cache} cache ends the answer at its first committed end of "
                                 f"text by itself; leave early_stop off")
 
+    def masked_settings_given(self) -> list[str]:
+        """The masked-diffusion knobs set away from their defaults, named with their values: a
+        canvas model, with its own sampler, refuses them."""
+        defaults = Settings()
+        given = [f"{name} {getattr(self, name)!r}" for name in ("cache", "unmask", "temperature", "steps",
+                                                                  "exact_drift", "early_stop")
+                 if getattr(self, name) != getattr(defaults, name)]
+        return given + ["policy parameters"] * bool(self.cache_params or self.unmask_params)
+
     @property
     def cache_spec(self) -> registry.PolicySpec:
         return registry.get("cache", self.cache)

@@ -24,6 +24,7 @@ from ui.position_panel import position_panel_html
 from ui.replay import numbers
 from ui.run_figures import cache_panel, confidence_heatmap, kv_heatmap
 from ui.run_figures.canvas_kv import ENCODER_EXACT
+from ui.canvas_views import ACCEPTED, RENOISED
 from ui.run_views import draw
 
 PROMPT = "What is 2 plus 3?"
@@ -118,8 +119,8 @@ def test_the_verdicts_say_where_each_canvas_stopped_with_the_traces_numbers(runs
     # The encoder computed the prompt, then the first canvas: each entry once.
     encoder = next(d for d in details if d.startswith("the encoder cache"))
     assert encoder == (f"the encoder cache: {reads} entries read, {P + L} computed; exact by construction (the "
-                       "encoder never recomputes what it cached); each of its 2 pass(es) found every entry of the "
-                       "passes before in its cache")
+                       "encoder never recomputes what it cached); each of its 2 pass(es) found the cache grown by "
+                       "exactly what the passes before computed")
     # A pass that found fewer entries than the passes before computed (a cache recomputed or lost) fails it.
     broken = json.loads(json.dumps(trace))
     second = next(s for s in broken["steps"] if s["canvas"]["encoder"] and s["canvas"]["canvas"] == 1)
@@ -166,6 +167,23 @@ def test_the_side_panel_tells_a_positions_draft_at_every_step_of_its_canvas(runs
     assert "has not started" in before and "<table" not in before
 
 
+def test_a_run_with_its_own_canvas_length_is_drawn_in_its_canvases():
+    """canvas_params' canvas_length (8) over the checkpoint's (16): four canvases of 8, each
+    step's sampler decision on its own canvas's boxes."""
+    settings = Settings(gen_length=32, block_size=32, seed=3, trace="full",  # seed 2 ends in its first canvas
+                        canvas_params={"canvas_length": 8, "max_denoising_steps": 6})
+    trace = generate(load("tiny-diffusiongemma"), PROMPT, settings).trace.to_dict()
+    P = len(trace["prompt_ids"])
+    assert sorted(_canvases(trace)) == [0, 1, 2, 3]
+    for i in (0, 7, len(trace["steps"]) - 1):
+        canvas = trace["steps"][i]["canvas"]
+        boxes = _boxes(token_grid_html(trace, i))
+        mine = set(range(canvas["start"] - P, canvas["start"] - P + 8))
+        assert {p for p, (classes, _, _) in boxes.items() if ACCEPTED in classes} == {q - P for q in canvas["accepted"]}
+        assert {p for p, (classes, _, _) in boxes.items() if RENOISED in classes} == mine - {q - P for q in canvas["accepted"]}
+        assert f"canvas {canvas['canvas'] + 1} of 4" in token_grid_html(trace, i)
+
+
 def _trace_named(fig, name: str):
     return next(t for t in fig.data if t.name == name)
 
@@ -179,6 +197,7 @@ def test_the_kv_view_shows_the_encoders_entries_exact_and_the_decoders_drift(run
     for i, step in enumerate(trace["steps"]):
         start, L = step["canvas"]["start"], len(step["canvas"]["draft"])
         assert (exact[i, :start] == 1.0).all() and np.isnan(exact[i, start:]).all()
+        assert step["kv"]["0"]["k"][:start] == [None] * start  # drawn from the start: nothing stored there
         recorded = np.array([np.nan if v is None else v for v in step["kv"]["0"]["k"][start:start + L]])
         np.testing.assert_allclose(drift[i, start:start + L], recorded, rtol=1e-5)
         assert np.isnan(drift[i, start:start + L]).all() == (i in first_steps)

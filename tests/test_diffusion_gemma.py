@@ -79,7 +79,10 @@ def test_the_answer_and_the_passes_are_transformers_generate_s(handle, case):
     # One step record per decoder pass; the encoder's passes apart, one per canvas.
     canvases = sorted({s.block for s in trace.steps})
     assert result.stats.encoder_forwards == len(canvases) == sum(s.canvas["encoder"] is not None for s in trace.steps)
-    assert [s.canvas["draft"] for s in trace.steps if s.canvas["finished"] or s is trace.steps[-1]]
+    # The answer is each canvas's last draft, pad after the first end token.
+    drafts = [t for c in canvases for t in [s for s in trace.steps if s.block == c][-1].canvas["draft"]]
+    end = next((i for i, t in enumerate(drafts) if t in handle.stop_ids), len(drafts))
+    assert tokens == drafts[:end + 1] + [handle.mask_id] * (len(tokens) - end - 1)
 
 
 def test_stopping_rule_state_is_what_ended_each_canvas(handle):
@@ -141,9 +144,9 @@ def test_a_canvas_trace_round_trips_through_the_schema(handle):
         text = trace.to_json()
         assert Trace.from_json(text).to_json() == text
         kv = trace.steps[1].kv["0"]
-        if level == "full":  # the encoder's entries are read unchanged: exact; past the canvas, nothing yet
+        if level == "full":  # the encoder's entries: exact by construction, stored as nothing; past the canvas, nothing yet
             start = trace.steps[1].canvas["start"]
-            assert kv["k"][:start] == [1.0] * start and kv["k"][start + 16:] == [None] * (32 - 16)
+            assert kv["k"][:start] == [None] * start and kv["k"][start + 16:] == [None] * (32 - 16)
             assert all(c is not None for c in kv["k"][start:start + 16])
             assert trace.steps[0].kv["0"]["k"][start:start + 16] == [None] * 16  # nothing before a first pass
         else:
@@ -230,3 +233,31 @@ def test_masked_diffusion_tools_refuse_a_canvas_model_before_they_start(checkpoi
     assert cli_main([*argv, "--model", str(checkpoint), "--quiet"]) != 0
     err = capsys.readouterr().err
     assert "works on masked-diffusion models" in err and "canvas model (DiffusionGemma)" in err and "%" not in err
+
+
+def test_in_bfloat16_the_trace_holds_the_entropies_the_sampler_used(checkpoint):
+    """The sampler and the stopping rule read the float32 processed logits; the logits that
+    condition the next step are cast to the model's dtype. The trace's entropies are the former:
+    the kept ones meet the bound, and a canvas that ended was confident by the rule's own numbers."""
+    handle = load(str(checkpoint), dtype="bfloat16")
+    settings = Settings(gen_length=32, block_size=8, seed=3, canvas_params={"confidence_threshold": 2.0})
+    result = generate(handle, PROMPT, settings)
+    tokens, passes = reference(handle, settings)
+    assert result.trace.final_ids[:len(tokens)] == tokens and result.stats.nfe == passes
+    for step in result.trace.steps:
+        c = step.canvas
+        kept = [c["entropy"][p - c["start"]] for p in c["accepted"]]
+        assert sum(kept) - max(kept) <= c["entropy_bound"] + 1e-5
+        assert not c["finished"] or (c["confident"] and c["mean_entropy"] < 2.0)
+
+
+def test_a_run_stopped_before_its_first_pass_answers_nothing(handle):
+    from dllm_local.sampler import stream
+
+    run = stream(handle, PROMPT, Settings(gen_length=32, block_size=8))
+    run.stop()
+    assert list(run) == []
+    trace = run.result.trace
+    assert trace.stats.stopped and trace.stats.nfe == 0 and trace.stats.tokens_per_forward == 0
+    assert trace.final_ids == [handle.mask_id] * 32 and trace.text == ""
+    assert handle.model.config.canvas_length == handle.canvas_length

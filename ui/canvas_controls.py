@@ -6,22 +6,18 @@ from __future__ import annotations
 
 from dllm_local.canvas_settings import CANVAS_KNOBS
 
+from .canvas_parts import is_canvas_model
+
 REASON = ("DiffusionGemma refines whole canvases with its own sampler: block size and cache policy do not apply; "
           "its encoder cache is exact by construction.")
 # Shown above the run's controls while a canvas model is loaded.
 REASON_NOTE = f"ℹ {REASON} Its own knobs are below (empty: the checkpoint's value)."
 
 
-def is_canvas(model: dict) -> bool:
-    """Whether ``model`` (the engine's info on the loaded model, or a trace's ``model``) is a
-    canvas model; one without a kind (an older trace) is a masked model."""
-    return model.get("kind") == "canvas"
-
-
 def cost_target(model: dict) -> str:
     """The real model the cost panel projects a run of ``model`` onto, by its kind: a canvas
     model's released checkpoint, else LLaDA-8B."""
-    return "DiffusionGemma-26B-A4B" if is_canvas(model) else "LLaDA-8B-Instruct"
+    return "DiffusionGemma-26B-A4B" if is_canvas_model(model) else "LLaDA-8B-Instruct"
 
 
 def canvas_key(name: str) -> str:

@@ -59,8 +59,9 @@ def encoder_cache(trace: Trace, step: int | None = None) -> Told:
     """The encoder's cache up to ``step``: entries the decoder read from it (every step reads all
     of it) and entries the encoder computed (each canvas's first step: the prompt, then the canvas
     before). Exact by construction: the decoder only reads what the encoder wrote once. What the
-    run measured, and could break it: each encoder pass found in the cache every entry the passes
-    before it computed (``cached``, read from the live cache), so none was recomputed or lost."""
+    run measured, and could break it: each encoder pass found the cache grown by exactly what the
+    passes before it computed (``cached``, the live cache's length), so nothing was computed twice.
+    Its sliding-window layers keep only their last window of it; its full-attention layers all."""
     steps = steps_upto(trace, step)
     passes = [s["canvas"]["encoder"] for s in steps if s["canvas"].get("encoder")]
     reads = sum(int(s.get("reads") or 0) for s in steps)
@@ -69,8 +70,8 @@ def encoder_cache(trace: Trace, step: int | None = None) -> Told:
     kept = all(int(p["cached"]) == earlier for p, earlier in zip(passes, before))
     numbers = {"reads": reads, "computed": computed, "passes": len(passes), "kept": kept}
     line = (f"the encoder cache: {reads} entries read, {computed} computed; exact by construction (the encoder "
-            f"never recomputes what it cached); each of its {len(passes)} pass(es) found every entry of the passes "
-            f"before in its cache" if kept else
+            f"never recomputes what it cached); each of its {len(passes)} pass(es) found the cache grown by exactly "
+            f"what the passes before computed" if kept else
             f"the encoder cache: {reads} entries read, {computed} computed; a pass found "
             f"{next(int(p['cached']) for p, e in zip(passes, before) if int(p['cached']) != e)} entries in its cache "
             f"where the passes before computed {next(e for p, e in zip(passes, before) if int(p['cached']) != e)}")

@@ -14,17 +14,25 @@ from .trace_parts import Trace, answer_length, is_end_token, prompt_len, steps_u
 CANVAS_KIND = "canvas"  # trace["model"]["kind"] of a canvas model; masked models say "masked" or nothing
 
 
+def is_canvas_model(model: dict) -> bool:
+    """Whether ``model`` (the engine's info on the loaded model, or a trace's ``model``) is a
+    canvas model; one without a kind (an older trace) is a masked model."""
+    return model.get("kind") == CANVAS_KIND
+
+
 def is_canvas(trace: Trace) -> bool:
-    return (trace.get("model") or {}).get("kind") == CANVAS_KIND
+    return is_canvas_model(trace.get("model") or {})
 
 
 def canvas_length(trace: Trace) -> int:
-    """Tokens per canvas: the model's, else a step's draft's."""
-    length = (trace.get("model") or {}).get("canvas_length")
-    if length:
-        return int(length)
+    """Tokens per canvas of this run: a step's draft's; before any step, the run's setting
+    (``canvas_params``), else the model's own."""
     first = next((s["canvas"] for s in trace.get("steps") or [] if s.get("canvas")), None)
-    return len(first["draft"]) if first else max(1, answer_length(trace))
+    if first:
+        return len(first["draft"])
+    length = ((trace.get("settings") or {}).get("canvas_params") or {}).get("canvas_length") \
+        or (trace.get("model") or {}).get("canvas_length")
+    return int(length) if length else max(1, answer_length(trace))
 
 
 def canvas_count(trace: Trace) -> int:

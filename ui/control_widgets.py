@@ -10,7 +10,8 @@ import gradio as gr
 from dllm_local.canvas_settings import CANVAS_KNOBS, canvas_knob
 from dllm_local.settings import knob
 
-from .canvas_controls import REASON_NOTE, canvas_key, is_canvas, knob_placeholder
+from .canvas_controls import REASON_NOTE, canvas_key, knob_placeholder
+from .canvas_parts import is_canvas_model
 from .controls import KINDS, Specs, knobs, masked_only, policy_choices, spec_named, visible_knobs
 
 
@@ -77,7 +78,7 @@ def run_controls(specs: Specs, start: dict, model: dict) -> tuple[dict[str, gr.C
     model its own knobs shown, the masked models' controls disabled; by control name; each policy's
     description box, by kind; the box for the generation length's notice; and the line saying why
     a canvas model's controls are disabled."""
-    shown, canvas = visible_knobs(start["cache"], start["unmask"], specs), is_canvas(model)
+    shown, canvas = visible_knobs(start["cache"], start["unmask"], specs), is_canvas_model(model)
     canvas_reason = gr.Markdown(REASON_NOTE, visible=canvas, elem_id="canvas-reason", elem_classes="policy-info")
     controls: dict[str, gr.Component] = {}
     policy_info: dict[str, gr.Markdown] = {}

@@ -12,7 +12,8 @@ from dllm_local.policies import registry
 from dllm_local.settings import Length, knob
 from dllm_local.values import read
 
-from .canvas_controls import canvas_notice, canvas_params, canvas_values, is_canvas
+from .canvas_controls import canvas_notice, canvas_params, canvas_values
+from .canvas_parts import is_canvas_model
 
 LENGTH = TypeAdapter(Length)  # a length control's value (a slider's float, or an API call's anything)
 
@@ -97,7 +98,7 @@ def settings_from_controls(v: dict, specs: Specs | None = None, model: dict | No
     info on the loaded model; None: a masked model). Only the chosen policies' knobs are read. The
     values go as the controls give them: ``Settings`` types and checks them, once, with messages
     naming the knob."""
-    if model is not None and is_canvas(model):
+    if model is not None and is_canvas_model(model):
         return canvas_run_settings(v, model)
     specs = specs or registry.all_specs()
     gen_length, block_size, notice = fit_block(v["gen_length"], v["block_size"])

@@ -7,7 +7,8 @@ import gradio as gr
 from . import run_figures
 from dllm_local.canvas_settings import CANVAS_KNOBS
 
-from .canvas_controls import CANVAS_CONTROLS, canvas_key, cost_target, is_canvas, knob_placeholder
+from .canvas_controls import CANVAS_CONTROLS, canvas_key, cost_target, knob_placeholder
+from .canvas_parts import is_canvas_model
 from .controls import masked_only
 from .downloads import DownloadBox
 from .engine_handler import engine_handler
@@ -20,7 +21,7 @@ from .run_views import layer_choices
 def model_line(info: dict) -> str:
     """The header's line on the loaded model: name, family, kind (a canvas model's canvas length;
     a mixture of experts' experts), size, device, dtype, quantization, memory."""
-    kind = [f"canvas diffusion, canvas length {info['canvas_length']}" if is_canvas(info) else "masked diffusion"]
+    kind = [f"canvas diffusion, canvas length {info['canvas_length']}" if is_canvas_model(info) else "masked diffusion"]
     if "experts" in info:  # the engine names experts only for a mixture of experts
         kind.append(f"{info['experts']} experts, {info['active_experts']} active per token")
     return (f"**Model:** {info['name']} · {info['family']} · {' · '.join(kind)} · "
@@ -63,7 +64,7 @@ class ModelBox:
         and the masked boxes disabled, with the reason; for a masked model the other way round. The
         figures' captions for that kind; the grid's caption is a masked model's (a canvas grid says
         its own in its legend)."""
-        canvas = is_canvas(info)
+        canvas = is_canvas_model(info)
         captions = run_figures.CANVAS_CAPTIONS if canvas else run_figures.CAPTIONS
         return {self.canvas_reason: gr.update(visible=canvas), self.grid_caption: gr.update(visible=not canvas),
                 self.cost_target: cost_target(info),

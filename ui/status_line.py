@@ -5,7 +5,8 @@ from __future__ import annotations
 from dllm_local.tiny.tasks import verdict
 
 from . import grid
-from .canvas_controls import canvas_settings_line, is_canvas
+from .canvas_controls import canvas_settings_line
+from .canvas_parts import is_canvas_model
 from .controls import settings_line
 from .replay import prompt_of
 
@@ -33,7 +34,7 @@ def run_status(trace: dict, notice: str, first_paint: float | None, done: bool, 
     if done:
         st = trace.get("stats", {})
         answer = trace.get("text", "")
-        settings = (canvas_settings_line if is_canvas(trace.get("model") or {}) else settings_line)(trace["settings"])
+        settings = (canvas_settings_line if is_canvas_model(trace.get("model") or {}) else settings_line)(trace["settings"])
         parts.append(("Stopped" if st.get("stopped") else "Done") + f": {work_line(trace)} "
                      f"({settings}). **Answer:** {answer}{_verdict_text(trace, answer)}")
     else:

@@ -14,7 +14,8 @@ PROGRESS = False
 EXAMPLES = """examples:
   python -m dllm_local generate --prompt "Tom has 3 apples. He gets 4 more. How many apples does he have?"
   python -m dllm_local generate --prompt "Give two numbers whose sum is 9." --cache dual --unmask threshold --threshold 0.9
-  python -m dllm_local generate --prompt "..." --trace full --json > trace.json"""
+  python -m dllm_local generate --prompt "..." --trace full --json > trace.json
+  python -m dllm_local generate --model tiny-diffusiongemma --prompt "..." --gen-length 100 --entropy-bound 0.5"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,10 +27,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     from ..sampler import generate
 
-    settings = settings_from_args(args)
     if not args.prompt.strip():
         raise SettingsError("--prompt is empty: give the question or message to answer")
     handle = load_model(args)
+    if handle.kind == "canvas":  # whole canvases: a block size means nothing, so any length is accepted
+        args.block_size = args.gen_length
+    settings = settings_from_args(args)
     warn_past_trained_length(settings, handle)
     result = generate(handle, args.prompt, settings, guider_for(args, handle, settings))
     if args.json:

@@ -13,17 +13,24 @@ def _ids(value: Any) -> list[int]:
     return [value] if type(value) is int else [v for v in value or () if type(v) is int]
 
 
-def end_tokens(model: Any, path: Path) -> tuple[int, ...]:
-    """Every end token the checkpoint's generation config names (each ends the answer, as in
-    transformers' ``generate``), else the text config's."""
+def end_tokens(model: Any) -> tuple[int, ...]:
+    """Every end token the checkpoint's generation config names: each ends the answer, as in
+    transformers' ``generate``; none named, nothing ends it before its length."""
+    return tuple(dict.fromkeys(_ids(model.generation_config.eos_token_id)))
+
+
+def end_of_text(model: Any, path: Path) -> int:
+    """The end-of-text token to name: the generation config's first end token, else the text config's."""
     ids = _ids(model.generation_config.eos_token_id) or _ids(model.config.text_config.eos_token_id)
     if not ids:
         raise ModelLoadError(f"{path} names no end token: set eos_token_id in generation_config.json")
-    return tuple(dict.fromkeys(ids))
+    return ids[0]
 
 
 def pad_token(model: Any) -> int:
-    """What transformers writes after the first end token of a finished canvas."""
+    """What transformers writes after the first end token of a finished canvas (the text
+    config's pad where the generation config names none: then transformers writes none, and it
+    only fills the canvases a finished answer never started)."""
     pad = model.generation_config.pad_token_id
     return pad if type(pad) is int else model.config.text_config.pad_token_id or 0
 

@@ -47,8 +47,8 @@ def weight_read_bytes(model: DiffusionLM | torch.nn.Module) -> int:
     with every expert, and not its vision tower, which text never runs. Every expert, because a
     pass routes a whole canvas: T tokens each sent to k of E experts leave a layer's expert unread
     with probability (1 - k/E)^T, so the pass reads E x (1 - (1 - k/E)^T) of them, 128 less 9e-6 for
-    the 26B-A4B's canvas of 256 tokens (8 of 128 each) and 7.9992 of the tiny model's 8 at 32 tokens
-    (2 each); a run's trace counts all 8 in each step. Forwards over fewer tokens (an AR step, a short
+    the 26B-A4B's canvas of 256 tokens (8 of 128 each) and 7.92 of the tiny model's 8 at its 16 tokens
+    (2 each); its runs' traces count 7.8 to 7.9 a pass. Forwards over fewer tokens (an AR step, a short
     prompt's encoder pass) read fewer: the cost model counts those (costmodel.Experts.distinct)."""
     embedding = _input_embedding_weight(model)
     if embedding is not None and _tied_to_head(model, embedding):

@@ -188,10 +188,10 @@ def _canvas_handle(name: str, path: Path, family: str, model, tokenizer, dtype: 
                    quantization: str | None) -> ModelHandle:
     """A canvas model's handle: no mask token (a canvas starts as random tokens; ``mask_id`` holds
     the pad token, which fills a finished answer), its end tokens from its generation config."""
-    stop_ids = diffusion_gemma.end_tokens(model, path)
     return ModelHandle(
         name=name, path=path, family=family, model=model, tokenizer=tokenizer,
-        mask_id=diffusion_gemma.pad_token(model), eos_id=stop_ids[0], stop_ids=stop_ids,
+        mask_id=diffusion_gemma.pad_token(model), eos_id=diffusion_gemma.end_of_text(model, path),
+        stop_ids=diffusion_gemma.end_tokens(model),
         device=next(model.parameters()).device, dtype=dtype, quantization=quantization,
         num_parameters=logical_parameters(model), memory_bytes=model.get_memory_footprint(),
         max_length=diffusion_gemma.max_positions(model.config), weight_read_bytes=weight_read_bytes(model),

@@ -38,7 +38,8 @@ def _row(record: dict, layer: str, which: str) -> list[float]:
 
 def canvas_kv_grid(trace: Trace, steps: list[dict], layer: str, which: str) -> tuple[np.ndarray, np.ndarray]:
     """[steps, prompt + answer] of the decoder's cosine with the step before (canvas cells) and of
-    1.0 where the step read the encoder's cache (every position before its canvas); NaN elsewhere."""
+    1.0 where the step read the encoder's cache (every position before its canvas: exact by
+    construction, so the trace stores nothing there); NaN elsewhere."""
     P, n = prompt_len(trace), answer_length(trace)
     drift = np.full((len(steps), P + n), NAN, dtype=np.float32)
     exact = np.full((len(steps), P + n), NAN, dtype=np.float32)
@@ -46,7 +47,7 @@ def canvas_kv_grid(trace: Trace, steps: list[dict], layer: str, which: str) -> t
         start, length = int(record["canvas"]["start"]), len(record["canvas"]["draft"])
         row = _row(record, layer, which)
         drift[i, start:start + len(row[start:start + length])] = row[start:start + length]
-        exact[i, :start] = row[:start] if len(row) >= start else 1.0  # no K/V recorded: exact by construction
+        exact[i, :start] = 1.0  # the encoder's cache: read, never written by the decoder (nothing stored)
     return drift, exact
 
 
@@ -139,7 +140,8 @@ def canvas_cache_panel(trace: Trace, upto_step: int | None = None) -> go.Figure:
                              hovertemplate=f"%{{x}}: %{{y}} {name}<extra></extra>"))
     fig.update_layout(barmode="stack", xaxis={"title": {"text": "the encoder's pass before each canvas"}},
                       yaxis={"title": {"text": "encoder entries"}, "rangemode": "tozero"})
-    return styled(fig, f"{title} · hit rate {hit_rate(trace, steps):.0%} (read / (read + computed))")
+    return styled(fig, f"{title} · decoder hit rate {hit_rate(trace, steps):.0%} (cached positions read / "
+                       "(read + canvas computed))")
 
 
 def hit_rate(trace: Trace, steps: list[dict]) -> float:
