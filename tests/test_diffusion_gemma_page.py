@@ -135,9 +135,9 @@ def test_a_canvas_model_loads_runs_and_shows_its_steps_on_the_page(pg, browser, 
     assert set(shown["changed"]) == recorded(at, "changed") and shown["changed"]
     pg.screenshot(path=str(OUT / "diffusion-gemma-step.png"), full_page=True)
     # The cost panel projects the run onto the released checkpoint, experts counted.
-    pg.click("#cost-accordion button, #cost-accordion .label-wrap")
-    pg.wait_for_function("() => document.querySelector('#cost-model').innerText.includes('DiffusionGemma-26B-A4B')",
-                         timeout=30_000)
+    pg.get_by_text("Cost model: this run projected onto a real model").first.click()
+    pg.wait_for_function("() => (document.querySelector('#cost-model')?.innerText || '').includes("
+                         "'DiffusionGemma-26B-A4B')", timeout=30_000)  # the accordion's content comes once opened
     assert "experts read" in pg.inner_text("#cost-model")
     pg.click("#step-prev")
     pg.wait_for_function("(s) => document.querySelector('#scrubber input[type=number]').value === String(s)",
