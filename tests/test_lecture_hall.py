@@ -130,6 +130,7 @@ def test_play_and_the_keys_move_the_step(pg):
                          "Number(document.querySelector('#scrubber input[type=number]').value) > 2")
     pg.keyboard.press(" ")  # pause
     pg.wait_for_function("() => document.querySelector('#step-play').innerText.includes('Play')")
+    pg.wait_for_timeout(1000)  # a tick the timer sent before the pause may still land (a loaded CI machine)
     held = step(pg)
     pg.wait_for_timeout(1500)
     assert step(pg) == held  # paused: it stays
