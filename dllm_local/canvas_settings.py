@@ -5,34 +5,29 @@ transformers' own checks, told before a run instead of inside it."""
 from __future__ import annotations
 
 from functools import cache
-from typing import Annotated, Any
 
-from pydantic import Field, TypeAdapter
+from pydantic import TypeAdapter
 from typing_extensions import TypedDict
 
 from .errors import SettingsError
 from .limits import MAX_GEN_LENGTH
-from .values import integer, number, read
-
-
-def _knob(kind: Any, label: str, help_: str, top: float | None = None) -> Any:
-    return Annotated[kind, Field(title=label, description=help_, json_schema_extra={"top": top})]
+from .values import about, integer, number, read
 
 
 class CanvasParams(TypedDict, total=False):
-    max_denoising_steps: _knob(integer(1, MAX_GEN_LENGTH), "Denoising steps",
+    max_denoising_steps: about(integer(1, MAX_GEN_LENGTH), "Denoising steps",
                                "the most decoder passes per canvas; the stopping rule may end one sooner", top=256)
-    canvas_length: _knob(integer(1, MAX_GEN_LENGTH), "Canvas length",
+    canvas_length: about(integer(1, MAX_GEN_LENGTH), "Canvas length",
                          "tokens refined together; the answer is whole canvases", top=512)
-    entropy_bound: _knob(number(0, low_open=True), "Entropy bound",
+    entropy_bound: about(number(0, low_open=True), "Entropy bound",
                          "the sampler keeps the lowest-entropy tokens while their entropies, less the largest, sum "
                          "to at most this; the rest are renoised", top=4.0)
-    t_max: _knob(number(0, low_open=True), "Temperature at the first step", "the schedule falls linearly from this",
+    t_max: about(number(0, low_open=True), "Temperature at the first step", "the schedule falls linearly from this",
                  top=2.0)
-    t_min: _knob(number(0), "Temperature at the last step", "where the schedule ends, at the last step", top=2.0)
-    stability_threshold: _knob(integer(0, 64), "Stable for (steps)",
+    t_min: about(number(0), "Temperature at the last step", "where the schedule ends, at the last step", top=2.0)
+    stability_threshold: about(integer(0, 64), "Stable for (steps)",
                                "a canvas ends once its draft was the same this many steps and it is confident", top=8)
-    confidence_threshold: _knob(number(0, low_open=True), "Confident below (mean entropy)",
+    confidence_threshold: about(number(0, low_open=True), "Confident below (mean entropy)",
                                 "and a canvas is confident once the mean entropy of its positions is below this", top=1.0)
 
 

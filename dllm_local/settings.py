@@ -8,10 +8,10 @@ import json
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cache
-from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from annotated_types import Ge, Gt, Le, Lt
-from pydantic import Field, TypeAdapter
+from pydantic import TypeAdapter
 from pydantic.fields import FieldInfo
 from typing_extensions import TypedDict
 
@@ -20,18 +20,12 @@ from .errors import SettingsError
 from .limits import MAX_GEN_LENGTH, SEED_MAX
 from .policies import registry
 from .trace import declare_settings_check
-from .values import FLAG, WORD, integer, number, optional, read
+from .values import FLAG, WORD, about, integer, number, optional, read
 
 TraceLevel = Literal["off", "summary", "full"]
 TRACE_LEVELS = get_args(TraceLevel)
 Length = integer(1, MAX_GEN_LENGTH)
 Params = optional(dict[str, Any])  # a policy's parameters, read through its spec (null: none given)
-
-
-def about(kind: Any, label: str, help_: str, top: float | None = None) -> Any:
-    """``kind`` with the label and help text its knob shows on the command line and the page, and
-    ``top``: where the page's slider ends when the bound is past what a slider shows well."""
-    return Annotated[kind, Field(title=label, description=help_, json_schema_extra={"top": top})]
 
 
 @dataclass(frozen=True)

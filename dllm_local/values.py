@@ -71,6 +71,12 @@ Flag = StrictBool
 Text = Annotated[str, Strict(), Field(max_length=MAX_TEXT)]
 
 
+def about(kind: Any, label: str, help_: str, top: float | None = None) -> Any:
+    """``kind`` with the label and help text its knob shows on the command line and the page, and
+    ``top``: where the page's slider ends when the bound is past what a slider shows well."""
+    return Annotated[kind, Field(title=label, description=help_, json_schema_extra={"top": top})]
+
+
 def one_of(choices: tuple) -> Any:
     return Literal[choices]
 

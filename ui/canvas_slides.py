@@ -5,8 +5,8 @@ started yet as empty grey chips."""
 from __future__ import annotations
 
 from .canvas_parts import canvas_state_at
-from .canvas_views import entropy_rgb
-from .grid_ends import STEP_STOPS, css, interp, text_colour, token_label
+from .canvas_views import box_colour
+from .grid_ends import css, text_colour, token_label
 from .trace_parts import Trace
 
 KEPT, RENOISED, MOVED = "#111111", "#888888", "#e4572e"
@@ -22,8 +22,7 @@ def canvas_chips(trace: Trace, step: int, color_by: str) -> tuple[list[dict], in
         if token is None:
             chips.append({"label": "·", "pos": str(p), "fill": "#f0f0f0", "ink": "#999"})
             continue
-        rgb = (entropy_rgb(state.entropy[p]) if color_by == "confidence"
-               else interp(STEP_STOPS, 0.1 + 0.9 * state.since[p] / last))
+        rgb = box_colour(color_by, state, p, last)
         chip = {"label": token_label(trace, token), "pos": str(p), "fill": css(rgb), "ink": text_colour(rgb)}
         if state.canvas_of[p] == state.current:
             kept = p in state.accepted

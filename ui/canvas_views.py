@@ -29,7 +29,8 @@ def entropy_rgb(entropy: float) -> tuple[int, int, int]:
     return interp(CONF_STOPS, math.exp(-max(0.0, entropy)))
 
 
-def _box_colour(color_by: str, state: CanvasState, p: int, last: int) -> tuple[int, int, int]:
+def box_colour(color_by: str, state: CanvasState, p: int, last: int) -> tuple[int, int, int]:
+    """A drafted position's colour: by entropy, or by the step since which its draft stands."""
     if color_by == "confidence":
         return entropy_rgb(state.entropy[p])
     return interp(STEP_STOPS, 0.1 + 0.9 * state.since[p] / max(1, last))
@@ -67,7 +68,7 @@ def _pending_box(trace: Trace, p: int, canvas: int, started: set[int]) -> str:
 def _token_box(trace: Trace, state: CanvasState, p: int, color_by: str, last: int, answer_end: int | None) -> str:
     token, canvas = state.ids[p], state.canvas_of[p]
     label = token_label(trace, token)
-    rgb = _box_colour(color_by, state, p, last)
+    rgb = box_colour(color_by, state, p, last)
     classes, style, words = _decision(state, trace, p)
     classes = ["dl-tok", "dl-canvas" if canvas == state.current else "dl-canvas-done", *classes]
     style = f"{BOX}background:{css(rgb)};color:{text_colour(rgb)};{style}"
