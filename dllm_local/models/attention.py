@@ -36,6 +36,10 @@ class ForwardObserver:
         """The request's queries ``[1, heads, n, head_dim]`` (rotated) and every key it may attend
         (``[1, kv_heads, seq_len, head_dim]``, with ``key_mask``)."""
 
+    def on_route(self, layer: int, experts: torch.Tensor) -> None:
+        """A mixture-of-experts layer's choice: the experts each computed position was routed to
+        (``[n, k]`` expert indices, in the order of the forward's positions)."""
+
 
 class AttentionLayout(Protocol):
     """Which keys each query may attend, beyond the cache's validity: a model family's own rule
@@ -56,6 +60,28 @@ class Bidirectional:
 
 
 BIDIRECTIONAL = Bidirectional()
+
+
+class BlockCausal:
+    """Block diffusion (SDAR, LLaDA2, Fast-dLLM v2): blocks of ``block_size`` at absolute positions,
+    each attending itself and every block before it, never a later one; a finished block's K/V
+    therefore never change, and an autoregressive-style cache of them is exact."""
+
+    def __init__(self, block_size: int) -> None:
+        if block_size < 1:
+            raise ValueError(f"block size {block_size} must be at least 1")
+        self.block_size = block_size
+
+    def key_mask(self, live: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor | None:
+        B = self.block_size
+        allowed = (keys // B)[None, None, :] <= (queries // B)[:, :, None]  # [rows, n, keys]
+        return (allowed & live[:, None, :])[:, None]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, BlockCausal) and other.block_size == self.block_size
+
+    def __repr__(self) -> str:
+        return f"BlockCausal({self.block_size})"
 
 
 @dataclass
@@ -163,6 +189,19 @@ class Attention:
             self._per_device[device] = tuple(t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) else t
                                              for t in first)
         return self._per_device[device]
+
+    def routed(self, layer: int, experts: torch.Tensor) -> None:
+        """A mixture-of-experts ``layer`` routed the forward's positions to ``experts`` (``[n, k]``,
+        the forward's positions in order): each request's observers see its own rows."""
+        if not self.segments:
+            return
+        if len(self.segments) == 1:
+            for observer in self.segments[0].observers:
+                observer.on_route(layer, experts)
+            return
+        for s, (begin, count) in zip(self.segments, self._spans):
+            for observer in s.observers:
+                observer.on_route(layer, experts[begin : begin + count])
 
     # ---------------------------------------------------------------- each layer
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

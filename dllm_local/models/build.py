@@ -8,7 +8,7 @@ import torch
 from huggingface_hub.errors import StrictDataclassError
 
 from ..errors import ModelLoadError
-from . import FAMILIES
+from . import FAMILIES, FAMILY_MODULES
 from .protocol import DiffusionLM, FamilyConfig
 
 if TYPE_CHECKING:
@@ -29,6 +29,9 @@ def _native_tokenizer(family: str) -> type[PreTrainedTokenizerBase]:
     class (Dream's does), which AutoTokenizer refuses without trust_remote_code."""
     from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
 
+    classes = {"PreTrainedTokenizerFast": PreTrainedTokenizerFast, "Qwen2Tokenizer": Qwen2Tokenizer}
+    if family in FAMILY_MODULES:
+        return classes[FAMILY_MODULES[family].TOKENIZER]
     return {"llada": PreTrainedTokenizerFast, "Dream": Qwen2Tokenizer, "diffusion_gemma": PreTrainedTokenizerFast}[family]
 
 

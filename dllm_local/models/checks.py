@@ -17,7 +17,7 @@ import torch
 
 from ..errors import ModelLoadError
 from ..hub import OPENED_SUFFIXES
-from . import FAMILIES
+from . import FAMILIES, FAMILY_MODULES
 from .protocol import FamilyConfig
 from .quantize import BYTES_PER_VALUE, FULL_PRECISION
 
@@ -130,6 +130,7 @@ _LAYOUT = {
     "diffusion_gemma": ("model.decoder.embed_tokens.weight", re.compile(r"model\.decoder\.layers\.(\d+)\."),
                         lambda c: ([c.text_config.vocab_size, c.text_config.hidden_size],
                                    c.text_config.num_hidden_layers)),
+    **{family: module.WEIGHTS for family, module in FAMILY_MODULES.items()},
 }
 FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
 
@@ -208,13 +209,21 @@ def check_guider_type(raw: dict, name: str, config_file: Path) -> None:
                              f"transformers{_remote_code_note(raw)}; use a causal LM such as Llama or Qwen2")
 
 
-def check_mask_id(raw: dict, config: FamilyConfig, config_file: Path) -> int:
-    """The mask token id from config.json, checked against the vocabulary. The config classes'
-    default is the 8B model's id: a config without the key would load and fail every run."""
-    if "mask_token_id" not in raw:
+def check_mask_id(raw: dict, config: FamilyConfig, config_file: Path, tokenizer: PreTrainedTokenizerBase,
+                  mask_token: str | None = None) -> int:
+    """The mask token id from config.json, checked against the vocabulary; for a family whose
+    config names none (SDAR, Fast-dLLM v2), ``mask_token``'s id in the tokenizer. The config
+    classes' default is the 8B model's id: a config without the key would load and fail every run."""
+    if "mask_token_id" not in raw and mask_token is not None:
+        mask_id = tokenizer.convert_tokens_to_ids(mask_token)
+        if mask_id is None or mask_id == tokenizer.unk_token_id:
+            raise ModelLoadError(f"the tokenizer in {config_file.parent} has no {mask_token!r}, this family's mask "
+                                 f"token, and {config_file} names no mask_token_id; check the tokenizer files")
+    elif "mask_token_id" not in raw:
         raise ModelLoadError(f"{config_file} has no mask_token_id: a diffusion LM needs the id of its mask token; "
                              f"add it to config.json (LLaDA: 126336, Dream: 151666)")
-    mask_id = raw["mask_token_id"]
+    else:
+        mask_id = raw["mask_token_id"]
     if type(mask_id) is not int or not 0 <= mask_id < config.vocab_size:
         raise ModelLoadError(f"mask_token_id {mask_id!r} in {config_file} is not a token id of this model "
                              f"(vocab_size {config.vocab_size})")

@@ -118,6 +118,8 @@ class DreamModel(PreTrainedModel):
     _no_split_modules = ["DreamDecoderLayer"]
     packs_requests = False  # its shifted logits read each position's predecessor: one request a forward
     layout = BIDIRECTIONAL
+    block_size = None  # bidirectional: no block of its own
+    experts = None  # dense
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     _supports_sdpa = True
 

@@ -130,6 +130,8 @@ class LLaDAModelLM(PreTrainedModel):
     # position. (Dream is not: its shifted logits read each position's predecessor.)
     packs_requests = True
     layout = BIDIRECTIONAL
+    block_size = None  # bidirectional: no block of its own
+    experts = None  # dense
 
     def __init__(self, config: LLaDAConfig) -> None:
         super().__init__(config)

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ..errors import ModelLoadError, SettingsError
-from . import KINDS, diffusion_gemma
+from . import FAMILY_MODULES, KINDS, diffusion_gemma
 from .build import build_model, family_config, load_tokenizer
 from .checks import (check_chat_template, check_family, check_folder, check_guider_type, check_mask_id, check_memory,
                      check_tensors, check_weights, needed_bytes, read_json_object)
@@ -58,6 +58,8 @@ class ModelHandle:
     experts: tuple[int, int] | None = None  # a mixture of experts': (per layer, routed per token)
     canvas_length: int | None = None  # a canvas model's tokens per canvas
     canvas_defaults: dict | None = None  # its knobs' values when a run leaves them unset
+    # A block-diffusion model's block (its blocks sit at absolute positions, causal between them).
+    block_size: int | None = None
 
     def require_masked(self, what: str) -> None:
         """Refuse ``what`` (a masked-diffusion tool: policies compared, requests packed) before it
@@ -93,6 +95,7 @@ class ModelHandle:
             "max_length": self.max_length, "trained_length": self.trained_length, "mask_id": self.mask_id, "stop_ids": list(self.stop_ids),
             "layers": self.model.config.get_text_config().num_hidden_layers, "kind": self.kind,
             **({"experts": self.experts[0], "active_experts": self.experts[1]} if self.experts else {}),
+            **({"block_size": self.block_size} if self.block_size else {}),
             **({"canvas_length": self.canvas_length, "canvas_defaults": self.canvas_defaults}
                if self.canvas_length else {}),
             **self._quantization_summary(),
@@ -156,10 +159,11 @@ def load(
     family = check_family(raw, config_file)
     config = family_config(raw, family, config_file)
     canvas = KINDS[family] == "canvas"
-    mask_id = None if canvas else check_mask_id(raw, config, config_file)
     tensors = check_weights(path)
     check_tensors(family, config, tensors, path)
     tokenizer = load_tokenizer(path, family)
+    mask_token = FAMILY_MODULES[family].MASK_TOKEN if family in FAMILY_MODULES else None
+    mask_id = None if canvas else check_mask_id(raw, config, config_file, tokenizer, mask_token)
     check_chat_template(tokenizer, path)
     dev = pick_device(device)
     dtype = pick_dtype(dtype, dev, quantization)
@@ -181,6 +185,7 @@ def load(
         num_parameters=logical_parameters(model),  # a 4-bit weight's numel counts packed pairs
         memory_bytes=model.get_memory_footprint(), max_length=config.max_positions,
         trained_length=_trained_length(raw), weight_read_bytes=weight_read_bytes(model),
+        kind=KINDS[family], experts=model.experts, block_size=model.block_size,
     )
 
 

@@ -51,6 +51,9 @@ class DiffusionLM(Protocol):
     # read another position's hidden state (Dream's shifted head), so one request a forward.
     packs_requests: bool
     layout: AttentionLayout  # which keys each query may attend (attention.py)
+    # A block-diffusion model's trained block (``layout`` is ``BlockCausal`` of it); None: bidirectional.
+    block_size: int | None
+    experts: tuple[int, int] | None  # a mixture of experts': (experts per layer, routed per token)
 
     def new_cache(self, slots: int = 1, max_len: int | None = None) -> KVCache:
         """A KV cache of ``slots`` requests, each up to ``max_len`` positions (default: the model's)."""
@@ -66,8 +69,11 @@ class DiffusionLM(Protocol):
         cache: CacheView | CacheFork | None = None,
         observers: Sequence[ForwardObserver] = (),
         segments: list[Segment] | None = None,
+        layout: AttentionLayout | None = None,
         **extra: Any,
     ) -> ForwardOutput:
         """Logits for the given tokens at absolute ``positions``; with a cache, only they are
         recomputed (their K/V written, ``observers`` watching); ``segments``: several requests
-        packed in one row, each over its own cache."""
+        packed in one row, each over its own cache; ``layout``: this forward's, when not the
+        model's own (a block-diffusion run's block size). A mixture-of-experts layer reports its
+        routing through the forward's ``Attention.routed``."""
