@@ -1,20 +1,287 @@
-"""SKELETON: being written (issue 43). Replace whole."""
+"""LLaDA2.x (inclusionAI/LLaDA2.0-mini, LLaDA2.1-mini, -flash): a block-diffusion mixture of experts.
+
+The Bailing-MoE-v2 layout under a block-causal mask: a fused query/key/value projection with a
+per-head RMSNorm on queries and keys, rotary embeddings on the first half of each head only,
+``first_k_dense_replace`` dense layers, then layers whose MLP is a shared expert plus ``k`` of
+``num_experts`` routed ones, chosen by sigmoid scores plus a load-balancing bias within the best
+``topk_group`` of ``n_group`` expert groups. Parameter names follow the released checkpoints
+(``model.word_embeddings``, ``model.layers.N.attention.query_key_value``, ``mlp.gate.expert_bias``).
+"""
+from __future__ import annotations
+
 import re
 
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
 from transformers import PretrainedConfig, PreTrainedModel
+
+from .attention import Attention, BlockCausal, ForwardObserver, Segment, begin
+from .cache import CacheFork, CacheView, KVCache
+from .layers import RMSNorm, apply_rope, check_positions, layer_devices, rope_cos_sin
+from .llada import DiffusionLMOutput
+
+# The block LLaDA2 was trained with and its released generate decodes by (block_length=32); the
+# released config.json names none.
+TRAINED_BLOCK = 32
+
 
 class LLaDA2MoeConfig(PretrainedConfig):
     model_type = "llada2_moe"
 
+    def __init__(
+        self,
+        vocab_size: int = 157184,
+        hidden_size: int = 2048,
+        intermediate_size: int = 5120,
+        num_hidden_layers: int = 20,
+        num_attention_heads: int = 16,
+        num_key_value_heads: int = 4,
+        head_dim: int | None = 128,
+        hidden_act: str = "silu",
+        use_qkv_bias: bool = False,
+        use_qk_norm: bool = True,
+        use_bias: bool = False,
+        rms_norm_eps: float = 1e-6,
+        max_position_embeddings: int = 32768,
+        rope_theta: float = 600000.0,
+        partial_rotary_factor: float = 0.5,
+        num_experts: int | None = 256,
+        num_shared_experts: int | None = 1,
+        num_experts_per_tok: int = 8,
+        n_group: int = 8,
+        topk_group: int = 4,
+        routed_scaling_factor: float = 2.5,
+        moe_intermediate_size: int = 512,
+        first_k_dense_replace: int = 1,
+        tie_word_embeddings: bool = False,
+        pad_token_id: int = 156892,
+        **kwargs,
+    ) -> None:
+        if hidden_act != "silu":
+            raise ValueError(f"hidden_act {hidden_act!r}: LLaDA2's released checkpoints use silu")
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads
+        self.head_dim = head_dim or hidden_size // num_attention_heads
+        self.hidden_act = hidden_act
+        self.use_qkv_bias = use_qkv_bias
+        self.use_qk_norm = use_qk_norm
+        self.use_bias = use_bias
+        self.rms_norm_eps = rms_norm_eps
+        self.max_position_embeddings = max_position_embeddings
+        self.rope_theta = rope_theta
+        self.partial_rotary_factor = partial_rotary_factor
+        self.num_experts = num_experts
+        self.num_shared_experts = num_shared_experts
+        self.num_experts_per_tok = num_experts_per_tok
+        self.n_group = n_group
+        self.topk_group = topk_group
+        self.routed_scaling_factor = routed_scaling_factor
+        self.moe_intermediate_size = moe_intermediate_size
+        self.first_k_dense_replace = first_k_dense_replace
+        if kwargs.get("rope_scaling", 0) is None:
+            kwargs.pop("rope_scaling")  # the release carries a null one; transformers warns on it
+        super().__init__(pad_token_id=pad_token_id, tie_word_embeddings=tie_word_embeddings, **kwargs)
+
+    @property
+    def rope_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def max_positions(self) -> int:
+        return self.max_position_embeddings
+
+    def is_moe(self, layer: int) -> bool:
+        return self.num_experts is not None and layer >= self.first_k_dense_replace
+
+
+class LLaDA2MoeMLP(nn.Module):
+    def __init__(self, config: LLaDA2MoeConfig, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LLaDA2MoeGate(nn.Module):
+    """Sigmoid router: the bias steers the choice only; the weights are the unbiased scores of
+    the chosen experts, normalised to sum 1, times ``routed_scaling_factor`` (all in float32)."""
+
+    def __init__(self, config: LLaDA2MoeConfig) -> None:
+        super().__init__()
+        self.top_k, self.n_group, self.topk_group = config.num_experts_per_tok, config.n_group, config.topk_group
+        self.scale = config.routed_scaling_factor
+        self.weight = nn.Parameter(torch.empty(config.num_experts, config.hidden_size))
+        self.register_buffer("expert_bias", torch.zeros(config.num_experts))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x`` ``[N, hidden]`` -> expert ids ``[N, k]`` and their float32 weights ``[N, k]``."""
+        scores = torch.sigmoid(F.linear(x.float(), self.weight.float()))
+        biased = scores + self.expert_bias.float()
+        n = biased.shape[0]
+        groups = biased.view(n, self.n_group, -1).topk(2, dim=-1)[0].sum(-1)  # a group's best two
+        chosen = torch.topk(groups, self.topk_group, dim=-1, sorted=False)[1]
+        in_group = torch.zeros_like(groups).scatter_(1, chosen, 1).bool()
+        allowed = in_group[:, :, None].expand(n, self.n_group, biased.shape[1] // self.n_group).reshape(n, -1)
+        ids = torch.topk(biased.masked_fill(~allowed, float("-inf")), self.top_k, dim=-1)[1]
+        weights = scores.gather(1, ids)
+        if self.top_k > 1:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        return ids, weights * self.scale
+
+
+class LLaDA2MoeSparseMoeBlock(nn.Module):
+    def __init__(self, config: LLaDA2MoeConfig) -> None:
+        super().__init__()
+        self.gate = LLaDA2MoeGate(config)
+        self.experts = nn.ModuleList(LLaDA2MoeMLP(config, config.moe_intermediate_size)
+                                     for _ in range(config.num_experts))
+        self.shared_experts = (None if config.num_shared_experts is None else
+                               LLaDA2MoeMLP(config, config.moe_intermediate_size * config.num_shared_experts))
+
+    def forward(self, x: torch.Tensor, layer: int, attention: Attention) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        ids, weights = self.gate(flat)
+        attention.routed(layer, ids.view(shape[0], shape[1], -1)[0])  # batch rows share positions
+        out = flat.new_zeros(*ids.shape, shape[-1])
+        # Each expert runs once, on exactly the tokens routed to it (a host read per layer, as the
+        # reference's does).
+        for e in torch.unique(ids).tolist():
+            rows, slots = (ids == e).nonzero(as_tuple=True)
+            out[rows, slots] = self.experts[e](flat[rows]).to(out.dtype)
+        y = (out.float() * weights[..., None]).sum(1).to(x.dtype)
+        if self.shared_experts is not None:
+            y = y + self.shared_experts(flat)
+        return y.view(shape)
+
+
+class LLaDA2MoeAttention(nn.Module):
+    def __init__(self, config: LLaDA2MoeConfig, index: int) -> None:
+        super().__init__()
+        self.index = index
+        self.n_heads, self.n_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        self.rope_dim = config.rope_dim
+        self.query_key_value = nn.Linear(config.hidden_size, (self.n_heads + 2 * self.n_kv_heads) * self.head_dim,
+                                         bias=config.use_qkv_bias)
+        if config.use_qk_norm:
+            self.query_layernorm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.key_layernorm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.use_qk_norm = config.use_qk_norm
+        self.dense = nn.Linear(self.n_heads * self.head_dim, config.hidden_size, bias=config.use_bias)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotary on the first ``rope_dim`` of each head; the rest passes unrotated."""
+        d = self.rope_dim
+        return torch.cat([apply_rope(x[..., :d], cos, sin), x[..., d:]], dim=-1)
+
+    def forward(self, h: torch.Tensor, rope, attention: Attention) -> torch.Tensor:
+        b, n, _ = h.shape
+        qkv = self.query_key_value(h).view(b, n, self.n_heads + 2 * self.n_kv_heads, self.head_dim)
+        q, k, v = (t.transpose(1, 2) for t in qkv.split([self.n_heads, self.n_kv_heads, self.n_kv_heads], dim=2))
+        if self.use_qk_norm:
+            q, k = self.query_layernorm(q), self.key_layernorm(k)
+        cos, sin = rope
+        return self.dense(attention(self.index, self._rotate(q, cos, sin), self._rotate(k, cos, sin), v))
+
+
+class LLaDA2MoeDecoderLayer(nn.Module):
+    def __init__(self, config: LLaDA2MoeConfig, index: int) -> None:
+        super().__init__()
+        self.index = index
+        self.attention = LLaDA2MoeAttention(config, index)
+        self.mlp = (LLaDA2MoeSparseMoeBlock(config) if config.is_moe(index)
+                    else LLaDA2MoeMLP(config, config.intermediate_size))
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, rope, attention: Attention) -> torch.Tensor:
+        x = x + self.attention(self.input_layernorm(x), rope, attention)
+        h = self.post_attention_layernorm(x)
+        if isinstance(self.mlp, LLaDA2MoeSparseMoeBlock):
+            return x + self.mlp(h, self.index, attention)
+        return x + self.mlp(h)
+
+
+class LLaDA2MoeModel(nn.Module):
+    def __init__(self, config: LLaDA2MoeConfig) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LLaDA2MoeDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
 class LLaDA2MoeModelLM(PreTrainedModel):
     config_class = LLaDA2MoeConfig
-    packs_requests = True
-    block_size = None
-    experts = None
+    base_model_prefix = "model"
+    _no_split_modules = ["LLaDA2MoeDecoderLayer"]
+    _supports_sdpa = True
+    packs_requests = True  # every layer but attention is per position
+    block_size = TRAINED_BLOCK
 
-    def __init__(self, config):
-        raise NotImplementedError("being written")
+    def __init__(self, config: LLaDA2MoeConfig) -> None:
+        super().__init__(config)
+        self.layout = BlockCausal(TRAINED_BLOCK)
+        self.experts = None if config.num_experts is None else (config.num_experts, config.num_experts_per_tok)
+        self.model = LLaDA2MoeModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
 
-WEIGHTS = ("model.embed_tokens.weight", re.compile(r"model\.layers\.(\d+)\."), lambda c: ([c.vocab_size, c.hidden_size], c.num_hidden_layers))
-TOKENIZER = "Qwen2Tokenizer"
-MASK_TOKEN = None
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, LLaDA2MoeGate):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            nn.init.zeros_(module.expert_bias)
+        elif isinstance(module, RMSNorm):
+            nn.init.ones_(module.weight)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.word_embeddings
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def new_cache(self, slots: int = 1, max_len: int | None = None) -> KVCache:
+        c = self.config
+        return KVCache(c.num_hidden_layers, slots, c.num_key_value_heads, max_len or c.max_position_embeddings,
+                       c.head_dim, self.model.word_embeddings.weight.dtype, layer_devices(self.model.layers))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        cache: CacheView | CacheFork | None = None,
+        observers: tuple[ForwardObserver, ...] = (),
+        segments: list[Segment] | None = None,
+        layout: BlockCausal | None = None,
+        **unused,
+    ) -> DiffusionLMOutput:
+        """Float32 logits ``[batch, n, vocab]`` (the reference's ``.float()``) for the ``n`` given
+        tokens at absolute ``positions``, under ``layout`` (default: blocks of the trained size).
+        With a cache, only these positions are computed, their K/V written; without, a full forward."""
+        if positions is None:
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        bounds = check_positions(positions, self.config.max_positions)
+        attention = begin(positions, bounds, cache, observers, segments, layout or self.layout)
+        rope = rope_cos_sin(positions, self.config.rope_dim, self.config.rope_theta)
+        x = self.model.word_embeddings(input_ids)
+        for layer in self.model.layers:
+            x = layer(x, rope, attention)
+        return DiffusionLMOutput(logits=self.lm_head(self.model.norm(x)).float())
+
+
+WEIGHTS = ("model.word_embeddings.weight", re.compile(r"model\.layers\.(\d+)\."),
+           lambda c: ([c.vocab_size, c.hidden_size], c.num_hidden_layers))
+TOKENIZER = "PreTrainedTokenizerFast"
+MASK_TOKEN = "<|mask|>"  # id 156895 in the release; config.json names no mask_token_id
