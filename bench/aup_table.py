@@ -62,7 +62,7 @@ def main() -> None:
     if missing:
         sys.exit(f"no parallelism knob listed for {', '.join(sorted(missing))}: add it to KNOBS")
     points, settings = [], []
-    for cache in registry.CACHE:
+    for cache in registry.for_model("masked", registry.CACHE):
         for unmask, knobs in KNOBS.items():
             for knob in knobs if decodes(cache, unmask) else ():
                 points.append({"cache": cache, "unmask": unmask, **knob})
@@ -79,7 +79,7 @@ def main() -> None:
           f"{time.perf_counter() - start:.0f} s{' on Ray ' + args.ray if args.ray else ''}")
     print("| cache \\ unmasking | " + " | ".join(KNOBS) + " |")
     print("|---|" + "---|" * len(KNOBS))
-    for cache in registry.CACHE:
+    for cache in registry.for_model("masked", registry.CACHE):
         cells = []
         for unmask in KNOBS:
             if not decodes(cache, unmask):

@@ -361,7 +361,7 @@ def section_a(ctx: Context) -> tuple[str, str, dict]:
     ref = dllm_local.load("tiny", device="cpu", dtype="float32")
     main_guider = dllm_local.load_guider("tiny-guider", device=ctx.device, dtype=dtype)
     ref_guider = dllm_local.load_guider("tiny-guider", device="cpu", dtype="float32")
-    caches, unmasks = list(registry.CACHE), list(registry.UNMASK)
+    caches, unmasks = list(registry.for_model("masked", registry.CACHE)), list(registry.UNMASK)
     pairs = [(c, u) for c in caches for u in unmasks]
     if ctx.dry_run:  # every policy once, not every pair: on the CPU both runs are slow
         pairs = [(c, "threshold") for c in caches] + [("dual", u) for u in unmasks if u != "threshold"]

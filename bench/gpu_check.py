@@ -275,7 +275,7 @@ def policy_rows(handle: ModelHandle, label: str, lengths: list[int], prompt: int
     text = prompt_text(handle, prompt)
     rows = []
     for gen in lengths:
-        for policy in policies or tuple(registry.CACHE):
+        for policy in policies or tuple(registry.for_model("masked", registry.CACHE)):
             slides = registry.CACHE[policy].slides  # a sliding window takes no fixed schedule: tau 1, near one per step
             settings = Settings(gen_length=gen, block_size=block, cache=policy, trace="off",
                                 steps=None if slides else min(gen, (repeats + 1) * (gen // block)),

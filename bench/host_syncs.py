@@ -49,7 +49,7 @@ def main() -> None:
     handles = {n: dllm_local.load(str(build_llada(Path(tempfile.mkdtemp()), n_layers=n)), device="cpu") for n in depths}
     print(f"host syncs per step (gen 64, block 32, trace {args.trace}); per kind at {depths[-1]} layers")
     print(f"{'cache':>14} {'unmask':>12} " + " ".join(f"{n:>4}L" for n in depths) + "  kinds")
-    for cache in registry.CACHE:
+    for cache in registry.for_model("masked", registry.CACHE):
         for unmask in registry.UNMASK:
             counts = [step_syncs(handles[n], cache, unmask, args.trace) for n in depths]
             if counts[0] is None:

@@ -18,7 +18,8 @@ def run_calls(run: Any) -> StepCalls:
 
     def verify(rows: torch.Tensor, at: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         positions, cache = run.positions, run.cache.fork()
-        logits, seconds = timed(lambda: run.handle.model(rows[:, positions], positions, cache, sequence=rows).logits,
+        logits, seconds = timed(lambda: run.handle.model(rows[:, positions], positions, cache, sequence=rows,
+                                                                  layout=run.layout).logits,
                                 run.recorder.gpus)
         run.recorder.count_forward(seconds)  # this request's alone, in a batch too
         picked = logits[torch.arange(rows.shape[0], device=logits.device), torch.searchsorted(positions, at)]
@@ -26,7 +27,8 @@ def run_calls(run: Any) -> StepCalls:
 
     def read_cache(tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
         cache = run.cache.fork(visible)
-        logits, seconds = timed(lambda: run.handle.model(tokens[None], positions, cache, sequence=run.state.x).logits[0],
+        logits, seconds = timed(lambda: run.handle.model(tokens[None], positions, cache, sequence=run.state.x,
+                                                                  layout=run.layout).logits[0],
                                 run.recorder.gpus)
         run.recorder.count_forward(seconds)
         return run.allowed(logits)

@@ -15,10 +15,10 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .models.attention import ForwardObserver
+from .models.attention import AttentionLayout, ForwardObserver
 from .models.cache import CacheView
 from .models.loader import ModelHandle
-from .models.observers import DriftMeter, ForwardCounter, position_cosine
+from .models.observers import DriftMeter, ExpertsRouted, ForwardCounter, position_cosine
 from .policies.base import DecodeState
 from .policies.unmask import Candidates, Selection
 from .settings import Settings
@@ -67,14 +67,21 @@ class Step:
 
 class Recorder:
     def __init__(self, handle: ModelHandle, settings: Settings, prompt_ids: list[int], cache: CacheView,
-                 banned: torch.Tensor) -> None:
+                 banned: torch.Tensor, answer_length: int, layout: AttentionLayout | None = None,
+                 blocks_from: int | None = None) -> None:
+        """``answer_length``: the answer region's positions; ``layout``: the run's forwards' when
+        not the model's own (the exact diagnostic's full forward attends as they do);
+        ``blocks_from``: where block 0 starts when blocks sit at absolute positions."""
         self.handle, self.settings, self.level = handle, settings, settings.trace
+        self.answer_length, self.layout = answer_length, layout
         self.banned = banned  # ids no draft may be: the exact diagnostic renormalises as the drafts do
         self.gpus = model_gpus(handle.model)
         self.trace = Trace(settings=settings.to_dict(), model=handle.summary(), prompt_ids=list(prompt_ids),
-                           gen_length=settings.gen_length, mask_id=handle.mask_id)
+                           gen_length=answer_length, mask_id=handle.mask_id, blocks_from=blocks_from)
         layers = handle.model.config.num_hidden_layers
         self.counter = ForwardCounter()
+        self.experts = ExpertsRouted(handle.experts[0]) if handle.experts and self.level != "off" else None
+        self._stored: list[int] | None = None
         self.drift = DriftMeter(layers) if self.level != "off" else None
         self.shadow = None
         if settings.exact_drift:  # a second cache, fully recomputed each step: the truth to compare with
@@ -89,7 +96,7 @@ class Recorder:
     @property
     def observers(self) -> tuple[ForwardObserver, ...]:
         """What the recorder watches the run's forwards with: counts, and drift with a trace."""
-        return (self.counter,) if self.drift is None else (self.counter, self.drift)
+        return tuple(o for o in (self.counter, self.drift, self.experts) if o is not None)
 
     def in_batch(self, size: int) -> None:
         """The run decodes in a batch of ``size`` requests (the forwards' time is the batch's)."""
@@ -108,6 +115,18 @@ class Recorder:
         self._forwards += 1
         self.trace.stats.model_share_s += seconds * share
 
+    def count_store(self, positions: torch.Tensor, seconds: float) -> None:
+        """A forward that only wrote ``positions``' K/V (block diffusion's prefill, a finished
+        block's store) took ``seconds``: model time, counted apart from the denoising forwards;
+        the next step record names the span."""
+        st = self.trace.stats
+        st.store_forwards += 1
+        st.store_s += seconds
+        st.model_s += seconds
+        st.model_share_s += seconds
+        first, last = positions[[0, -1]].tolist()
+        self._stored = [first, last + 1]
+
     def count_guider_forward(self, seconds: float) -> None:
         """A forward of the guider took ``seconds``: in the step's model time, counted apart from
         the diffusion model's forwards (NFE)."""
@@ -124,8 +143,8 @@ class Recorder:
         t = time.perf_counter()
         self.trace.stats.exact_forwards += 1
         everything = torch.arange(x.shape[1], device=x.device)
-        logits = self.handle.model(x, everything, self.shadow, observers=(self.shadow_drift,)).logits[0]
-        shown = len(self.trace.prompt_ids) + self.settings.gen_length  # not a cache policy's padding
+        logits = self.handle.model(x, everything, self.shadow, observers=(self.shadow_drift,), layout=self.layout).logits[0]
+        shown = len(self.trace.prompt_ids) + self.answer_length  # not a cache policy's padding
         cache_error = {}
         for layer in range(len(cache.k)):
             ck = position_cosine(cache.k[layer][:, :, :shown], self.shadow.k[layer][:, :, :shown])
@@ -152,8 +171,9 @@ class Recorder:
             guider_forwards=self._guider_forwards,
             model_ms=round(self._model_s * 1e3, 4), other_ms=0.0, exact_ms=round(self._exact_s * 1e3, 4),
             exact=self._exact_record(cand) if self._exact is not None else None,
-            policy={**selection.info, **step.policy_info}, revoked=selection.revoked,
+            policy={**selection.info, **step.policy_info}, revoked=selection.revoked, stored=self._stored,
         )
+        self._stored = None
         if self.level != "off":
             record.masked_positions = step.masked_positions.tolist()
             # Confidence (max softmax probability) of every still-masked position this forward scored.
@@ -161,8 +181,9 @@ class Recorder:
             best = (logits.amax(-1) - logits.logsumexp(-1)).exp()  # the top softmax probability, one exp per row
             record.masked_confidence = (torch.round(best * 1e6) / 1e6).tolist()
             # A cache policy's end-of-text padding past the answer is computed too; the trace shows the sequence.
-            shown = self.counter.positions < len(self.trace.prompt_ids) + self.settings.gen_length
+            shown = self.counter.positions < len(self.trace.prompt_ids) + self.answer_length
             record.kv = self._kv_record(shown)
+            record.experts = self.experts.routed() if self.experts is not None else None
             if self.level == "full":
                 record.recomputed = self.counter.positions[shown].tolist()
                 record.top_candidates = _top_candidates(cand.positions, step.masked_positions, logits)
@@ -231,7 +252,7 @@ class Recorder:
         ids |= {token for s in trace.steps for _, top in s.top_candidates for token, _ in top}
         ids |= {token for s in trace.steps for _, token, _ in s.policy.get("rejected_at", [])}
         trace.vocab = {str(i): h.tokenizer.decode([i]) for i in sorted(ids)}
-        st.gen_length = self.settings.gen_length
+        st.gen_length = self.answer_length
         st.content_tokens = cut
         forwards = max(1, st.nfe)
         # Tokens the forwards committed (not EOS filled in by an early stop, nor masks left by Stop).

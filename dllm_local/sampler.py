@@ -24,6 +24,7 @@ from typing import Iterator
 import torch
 
 from .errors import DecodingError, SequenceTooLongError, SettingsError
+from .models.attention import BlockCausal
 from .models.cache import CacheView
 from .models.loader import GuiderHandle, ModelHandle
 from .policies.base import CacheAccess, DecodeState, StepSignals
@@ -55,11 +56,19 @@ class Run:
                 raise SettingsError(f"unmask policy {settings.unmask!r} needs a guider model")
             if guider.tokenizer.get_vocab() != handle.tokenizer.get_vocab():
                 raise SettingsError("the guider's tokenizer differs from the model's; guided decoding needs the same tokenizer")
+        self._check_kind(handle, settings)
         self.prompt_ids = encode_prompt(handle, prompt)
+        P, B = len(self.prompt_ids), settings.block_size
+        # Block diffusion: blocks at absolute positions, from the one holding the prompt's end to
+        # the one holding the answer's last position (the answer runs to its end), as released.
+        self.layout = BlockCausal(B) if handle.kind == "block" else None
+        self.blocks_from = P - P % B if self.layout else None
+        self._answer_length = -(-(P + settings.gen_length) // B) * B - P if self.layout else settings.gen_length
+        self.num_blocks = -(-(P + self._answer_length - self.blocks_from) // B) if self.layout else settings.num_blocks
         if branch is not None:
             self._check_branch(branch)
-        self.padding = self.cache_policy.padding(len(self.prompt_ids), settings.gen_length)
-        total = len(self.prompt_ids) + settings.gen_length + self.padding
+        self.padding = self.cache_policy.padding(len(self.prompt_ids), self._answer_length)
+        total = len(self.prompt_ids) + self._answer_length + self.padding
         if total > handle.max_length:
             padded = f" and {self.padding} end-of-text positions of the cache policy's span" if self.padding else ""
             raise SequenceTooLongError(
@@ -76,13 +85,14 @@ class Run:
 
     @property
     def answer_length(self) -> int:
-        """The answer region's positions (the trace's ``gen_length``)."""
-        return self.settings.gen_length
+        """The answer region's positions (the trace's ``gen_length``): ``gen_length``, run on to
+        the end of its last block on a block-diffusion model."""
+        return self._answer_length
 
     @property
     def state_length(self) -> int:
         """Prompt, answer and the cache policy's end-of-text padding: the positions this run attends over."""
-        return len(self.prompt_ids) + self.settings.gen_length + self.padding
+        return len(self.prompt_ids) + self._answer_length + self.padding
 
     def stop(self) -> None:
         self._stop.set()
@@ -118,7 +128,7 @@ class Run:
         elif s.early_stop and state.step and self._answer_complete():
             return self._finish()
         while state.window is None and not bool(state.masked[state.block_start : state.block_end].any()):
-            if state.block + 1 == s.num_blocks:
+            if state.block + 1 == self.num_blocks:
                 return self._finish()
             self.start_block(state.block + 1)
         if self._stop.is_set():
@@ -159,7 +169,7 @@ class Run:
         ``[n, vocab]``, watched by the recorder's and the cache policy's observers."""
         x = self.state.x
         logits, seconds = timed(lambda: self.handle.model(x[:, positions], positions, self.cache, observers=self.observers,
-                                                          sequence=x).logits[0], self.recorder.gpus)
+                                                          sequence=x, layout=self.layout).logits[0], self.recorder.gpus)
         self.recorder.count_forward(seconds)
         self.recorder.exact_forward(x, self.cache)
         return logits
@@ -192,13 +202,15 @@ class Run:
         """The run's whole state, set here and only here; ``cache``: its slot of a batch's cache."""
         s, h = self.settings, self.handle
         P, L = len(self.prompt_ids), self.state_length
+        G = self._answer_length
         x = torch.full((1, L), h.mask_id, dtype=torch.long, device=h.device)
         x[0, :P] = torch.tensor(self.prompt_ids, device=h.device)
-        x[0, P + s.gen_length :] = h.eos_id  # the cache policy's padding
-        steps_per_block = (s.steps // s.num_blocks) if s.steps else s.block_size
-        window = (SlidingWindow(L, P, P + s.gen_length, s.block_size, h.eos_id, h.device)
+        x[0, P + G :] = h.eos_id  # the cache policy's padding
+        steps_per_block = (s.steps // self.num_blocks) if s.steps else s.block_size
+        window = (SlidingWindow(L, P, P + G, s.block_size, h.eos_id, h.device)
                   if s.cache_spec.slides else None)
-        self.state = DecodeState(x, P, s.gen_length, s.block_size, h.mask_id, steps_per_block, window=window)
+        self.state = DecodeState(x, P, G, s.block_size, h.mask_id, steps_per_block, window=window,
+                                 blocks_from=self.blocks_from)
         self.cache = cache if cache is not None else h.model.new_cache(1, L).alloc(L)
         self._cache_access = CacheAccess(self.cache, L)
         self.cache_policy.reset(self.state, self._cache_access, h.model)
@@ -209,14 +221,26 @@ class Run:
         # padding rows of the embedding that the tokenizer has no token for.
         rows = h.model.get_input_embeddings().weight.shape[0]
         self._banned = torch.tensor([h.mask_id, *range(len(h.tokenizer), rows)], device=h.device)
-        self._max_forwards = s.gen_length + s.num_blocks
-        self.recorder = Recorder(h, s, self.prompt_ids, self.cache, self._banned)
+        self._max_forwards = G + self.num_blocks
+        self.recorder = Recorder(h, s, self.prompt_ids, self.cache, self._banned, G, self.layout, self.blocks_from)
         self.observers = (*self.recorder.observers, *self.cache_policy.observers())
+        self._store(self.cache_policy.settle(self.state))
         return self.state
 
     def start_block(self, block: int) -> None:
         self.state.block, self.state.step_in_block = block, 0
+        self._store(self.cache_policy.settle(self.state))
         self.unmask_policy.start_block(self.state)
+
+    def _store(self, positions: torch.Tensor | None) -> None:
+        """A forward that writes ``positions``' K/V and decodes nothing (block diffusion's prefill
+        of the prompt's blocks, and each finished block's store): counted apart from the steps."""
+        if positions is None or not positions.numel():
+            return
+        x = self.state.x
+        _, seconds = timed(lambda: self.handle.model(x[:, positions], positions, self.cache,
+                                                     sequence=x, layout=self.layout), self.recorder.gpus)
+        self.recorder.count_store(positions, seconds)
 
     def allowed(self, logits: torch.Tensor) -> torch.Tensor:
         """``logits`` with the ids a draft may never be at -inf."""
@@ -244,14 +268,27 @@ class Run:
             x[[r[0] for r in selection.revoked]] = self.handle.mask_id
             self._max_forwards += len(selection.revoked)  # each one a token to commit again, boundedly often
 
+    @staticmethod
+    def _check_kind(handle: ModelHandle, settings: Settings) -> None:
+        """A cache policy that makes no sense for the model's kind is refused before anything runs."""
+        if handle.kind in settings.cache_spec.model_kinds:
+            return
+        if handle.kind == "block":
+            raise SettingsError(f"cache policy {settings.cache!r} approximates a bidirectional model's K/V; {handle.name} "
+                                f"is a block-diffusion model ({handle.family}), whose finished blocks never change: use "
+                                f"the block cache (--cache block), exact, or none")
+        raise SettingsError(f"cache policy {settings.cache!r} keeps finished blocks as they were, which is exact only "
+                            f"under block-causal attention (SDAR, LLaDA2, Fast-dLLM v2); {handle.name} is bidirectional "
+                            f"({handle.family}): use prefix, dual or another cache policy")
+
     def _check_branch(self, branch: Branch) -> None:
         """What can be told of a branch before decoding: its cache, position and token."""
         s, P, vocab = self.settings, len(self.prompt_ids), len(self.handle.tokenizer)
         if s.cache_spec.slides:
             raise SettingsError(f"cache policy {s.cache!r} slides a window whose order a forced token would "
                                 f"break: branch a run that decodes block by block")
-        if not P <= branch.position < P + s.gen_length:
-            raise SettingsError(f"position {branch.position} is outside the answer ({P}..{P + s.gen_length - 1})")
+        if not P <= branch.position < P + self._answer_length:
+            raise SettingsError(f"position {branch.position} is outside the answer ({P}..{P + self._answer_length - 1})")
         if branch.token is not None and not 0 <= branch.token < vocab:
             raise SettingsError(f"token id {branch.token} is not in the tokenizer's vocabulary (0..{vocab - 1})")
 
@@ -260,7 +297,7 @@ class Run:
         token, or sent back to mask; a mask sent back before the current block would never decode."""
         state, p = self.state, branch.position
         if branch.token is None and p < state.block_start:
-            block = (p - state.prompt_len) // state.block_size
+            block = (p - state.block_start) // state.block_size + state.block
             raise SettingsError(f"answer position {p - state.prompt_len} is in block {block}, finished before step "
                                 f"{branch.after_step + 1}: re-mask a position of block {state.block} or later")
         branch.replaced = None if bool(state.masked[p]) else int(state.x[0, p])

@@ -157,6 +157,9 @@ def _keep_order(value: Any, handler) -> Any:
 InOrder = WrapValidator(_keep_order)
 
 
+_OMITTED_WHEN_NONE = ("canvas", "stored", "experts")  # a masked model's records read as before
+
+
 @dataclass
 class StepRecord:
     __pydantic_config__ = ConfigDict(extra="forbid")  # rebuilt as this class, which takes no other fields
@@ -184,6 +187,10 @@ class StepRecord:
     top_candidates: list[Candidates] = field(default_factory=list)
     guider_forwards: Count = 0  # the guider's forwards this step (apart from ``forwards``; 0 in older traces)
     canvas: Annotated[CanvasStep, InOrder] | None = None  # a canvas model's step (canvas_trace.py)
+    # Block diffusion: [start, end) of the K/V a store forward wrote before this step (the prompt's
+    # blocks, or the block just finished), exact from then on.
+    stored: list[SequencePosition] | None = None
+    experts: dict[Text, list[Count]] | None = None  # a mixture of experts': layer -> experts routed this step
 
     def token_ids(self) -> list[int]:
         """The tokens this record shows: its commits, or a canvas step's draft and kept tokens."""
@@ -194,7 +201,8 @@ class StepRecord:
         """The record as a dict sharing its lists: a record is never changed once emitted, and a
         deep copy per step (``dataclasses.asdict``) cost the engine thread a tenth of a run. A
         masked model's record has no ``canvas`` (its files stay as they were)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "canvas" or self.canvas is not None}
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in _OMITTED_WHEN_NONE or getattr(self, f.name) is not None}
 
 
 @dataclass
@@ -224,6 +232,10 @@ class Stats:
     batch_size: Count = 1  # requests decoded together (the forwards' time is the whole batch's)
     encoder_forwards: Count = 0  # a canvas model's encoder passes (apart from ``nfe``, its decoder's)
     encoder_s: Number = 0.0  # of model_s: those passes
+    # Block diffusion: forwards that only wrote K/V (the prompt's blocks, each finished block),
+    # apart from ``nfe``, and their time (of model_s).
+    store_forwards: Count = 0
+    store_s: Number = 0.0
 
 
 def _masked_lists_agree(step: StepRecord) -> StepRecord:
@@ -292,6 +304,8 @@ class Trace:
     text: Text = ""
     schema_version: Count = SCHEMA_VERSION
     branch: Branch | None = None  # set on a branch: where it left the run it was branched from
+    # Block diffusion: where block 0 starts (blocks at absolute positions); None: at the answer.
+    blocks_from: SequencePosition | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -299,7 +313,8 @@ class Trace:
 
     def to_dict(self) -> dict:
         """Plain dict of the trace; step records are shared, not copied (see ``StepRecord.to_dict``)."""
-        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "branch"}
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "branch"
+                and (f.name != "blocks_from" or self.blocks_from is not None)}
         branch = {"branch": asdict(self.branch)} if self.branch else {}  # a run's file stays as it was
         return {**data, "steps": [s.to_dict() for s in self.steps], "stats": asdict(self.stats),
                 "settings": dict(self.settings), "vocab": dict(self.vocab), **branch}

@@ -31,7 +31,7 @@ def pairs() -> list[tuple[str, str]]:
     """Every registered (cache, unmask) pair that decodes together, in registration order."""
     from dllm_local.policies import registry
 
-    return [(cache, unmask) for cache, c in registry.CACHE.items() for unmask, u in registry.UNMASK.items()
+    return [(cache, unmask) for cache, c in registry.for_model("masked", registry.CACHE).items() for unmask, u in registry.UNMASK.items()
             if registry.pair_problem(c, u) is None]
 
 

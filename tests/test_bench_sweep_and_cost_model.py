@@ -136,7 +136,7 @@ def test_gpu_check_script_runs_its_cpu_smoke_shape(tmp_path):
     assert gpu_check.main(["--tiny", "--device", "cpu", "--lengths", "64", "--prompt", "16", "--repeats", "1",
                            "--generate-budget", "5", "--quantized", "no", "--json", str(out)]) == 0
     rows = {r["policy"]: r for r in json.loads(out.read_text())["policies"]}
-    assert list(rows) == list(registry.CACHE)  # every cache policy, each through the real sampler
+    assert list(rows) == list(registry.for_model("masked", registry.CACHE))  # every cache policy, each through the real sampler
     total = rows["none"]["G_first"]
     assert rows["none"]["G"] == total == rows["dual"]["G_first"]  # a refresh recomputes everything
     assert rows["dual"]["G"] == 32 and rows["freecache"]["G_first"] < total

@@ -29,6 +29,10 @@ LAYERS = {
     "dllm_local.experiments": 3,       # bench, sweep, eval, cluster, cost model: built on batch and sampler
     "dllm_local.tiny.train": 3,        # a training script: builds LLaDA models
     "dllm_local.tiny.diffusion_gemma": 3,  # writes a random DiffusionGemma checkpoint with transformers' classes
+    "dllm_local.tiny.llada_moe": 3,    # writes a random LLaDA-MoE checkpoint in the released format
+    "dllm_local.tiny.sdar": 3,         # writes a random SDAR (dense or MoE) checkpoint in the released format
+    "dllm_local.tiny.llada2": 3,       # writes a random LLaDA2 MoE checkpoint in the released format
+    "dllm_local.tiny.fast_dllm_v2": 3, # writes a random Fast-dLLM v2 checkpoint in the released format
     "dllm_local.batch": 4,             # BatchRun: several Runs over one packed forward
     "dllm_local.sampler": 5,           # Run: the decoding loop
     "dllm_local.canvas": 5,            # CanvasRun: a canvas model's loop over transformers' step functions

@@ -313,7 +313,7 @@ def test_released_layout_loads_quantized_on_the_cpu_and_every_cache_policy_runs(
     assert type(handle.model.get_output_embeddings()) is torch.nn.Linear  # nor the output head
     assert handle.num_parameters == full.num_parameters  # packed 4-bit weights counted as weights
     assert handle.memory_bytes < 0.6 * full.memory_bytes and handle.summary()["quantization"] == bits
-    for cache, spec in registry.CACHE.items():
+    for cache, spec in registry.for_model("masked", registry.CACHE).items():
         unmask = "threshold" if spec.slides else "fixed"  # a sliding window decodes no fixed schedule
         result = dllm_local.generate(handle, "Hi", Settings(gen_length=16, block_size=8, cache=cache, unmask=unmask,
                                                             unmask_params={"threshold": 1.0} if spec.slides else {}))

@@ -6,7 +6,7 @@ import sys
 
 from ..errors import SettingsError
 from .common import guider_for, load_model, warn_past_trained_length
-from .settings_flags import add_settings_args, settings_from_args
+from .settings_flags import add_settings_args, model_defaults, settings_from_args
 
 NAME = "generate"
 SUMMARY = "decode one prompt and print the answer and stats"
@@ -15,7 +15,8 @@ EXAMPLES = """examples:
   python -m dllm_local generate --prompt "Tom has 3 apples. He gets 4 more. How many apples does he have?"
   python -m dllm_local generate --prompt "Give two numbers whose sum is 9." --cache dual --unmask threshold --threshold 0.9
   python -m dllm_local generate --prompt "..." --trace full --json > trace.json
-  python -m dllm_local generate --model tiny-diffusiongemma --prompt "..." --gen-length 100 --entropy-bound 0.5"""
+  python -m dllm_local generate --model tiny-diffusiongemma --prompt "..." --gen-length 100 --entropy-bound 0.5
+  python -m dllm_local generate --model FOLDER_OF_SDAR --prompt "..." --unmask threshold --threshold 0.85"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,8 +31,7 @@ def run(args: argparse.Namespace) -> None:
     if not args.prompt.strip():
         raise SettingsError("--prompt is empty: give the question or message to answer")
     handle = load_model(args)
-    if handle.kind == "canvas":  # whole canvases: a block size means nothing, so any length is accepted
-        args.block_size = args.gen_length
+    model_defaults(args, handle)
     settings = settings_from_args(args)
     warn_past_trained_length(settings, handle)
     result = generate(handle, args.prompt, settings, guider_for(args, handle, settings))

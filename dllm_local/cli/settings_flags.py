@@ -18,10 +18,11 @@ LONG_GEN_LENGTH = 256
 
 
 def add_settings_args(ap: argparse.ArgumentParser, long_answers: bool = False) -> None:
-    for name, kind in (("gen_length", int), ("block_size", int), ("steps", int), ("temperature", float),
-                       ("seed", int)):
+    for name, kind in (("gen_length", int), ("steps", int), ("temperature", float), ("seed", int)):
         _knob_flag(ap, name, type=kind)
-    _knob_flag(ap, "cache", more=_policy_help("cache"))
+    # Unset, these two are the model's to decide (``model_defaults``): their defaults are told, not set.
+    _knob_flag(ap, "block_size", more=f"a block-diffusion model's default: its own block", unset=True, type=int)
+    _knob_flag(ap, "cache", more=f"a block-diffusion model's default: block; {_policy_help('cache')}", unset=True)
     cache_params = knob("cache_params")
     ap.add_argument("--cache-param", action="append", default=[], metavar="KEY=VALUE",
                     help=_escaped(cache_params.help) + ", as KEY=VALUE, e.g. refresh_every=4, floor=0.5")
@@ -41,12 +42,24 @@ def add_settings_args(ap: argparse.ArgumentParser, long_answers: bool = False) -
         ap.set_defaults(gen_length=LONG_GEN_LENGTH)
 
 
-def _knob_flag(ap: argparse.ArgumentParser, name: str, more: str = "", **options) -> None:
-    """``--NAME`` for a knob: its default, choices, range and help as ``knob`` gives them."""
+def _knob_flag(ap: argparse.ArgumentParser, name: str, more: str = "", unset: bool = False, **options) -> None:
+    """``--NAME`` for a knob: its default, choices, range and help as ``knob`` gives them
+    (``unset``: the flag's value stays None when not given, its default said in the help)."""
     k = knob(name)
-    help_ = f"{_escaped(k.help)} ({_rule(k)}default: %(default)s)" + (f"; {more}" if more else "")
-    ap.add_argument(f"--{name.replace('_', '-')}", default=k.default, help=help_, **options,
+    help_ = f"{_escaped(k.help)} ({_rule(k)}default: {_escaped(str(k.default))})" + (f"; {_escaped(more)}" if more else "")
+    ap.add_argument(f"--{name.replace('_', '-')}", default=None if unset else k.default, help=help_, **options,
                     **({"choices": k.choices} if k.choices else {}))
+
+
+def model_defaults(args: argparse.Namespace, handle) -> None:
+    """The knobs left unset that the model's kind decides: a block-diffusion model decodes its own
+    block with its exact block cache; a canvas model decodes whole canvases, so any length is
+    accepted (its block is the answer)."""
+    if handle.kind == "block":
+        args.block_size = args.block_size or handle.block_size
+        args.cache = args.cache or "block"
+    elif handle.kind == "canvas":
+        args.block_size = args.gen_length
 
 
 def _rule(k: Knob) -> str:
@@ -147,18 +160,20 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     # A parameter named after its policy, given alone, chooses it: `--threshold 0.9` is threshold decoding.
     unmask = args.unmask or next((name for name in registry.UNMASK if name in given), knob("unmask").default)
     cache_params, unmask_params = parse_params(args.cache_param), parse_params(args.unmask_param)
-    chosen = ((registry.get("cache", args.cache), cache_params), (registry.get("unmask", unmask), unmask_params))
+    cache = args.cache or knob("cache").default
+    block_size = args.block_size or knob("block_size").default
+    chosen = ((registry.get("cache", cache), cache_params), (registry.get("unmask", unmask), unmask_params))
     for name, value in given.items():
         takers = [params for spec, params in chosen if name in spec.defaults]
         if not takers:
             owners = ", ".join(spec.name for spec, _ in policy_params()[name])
             raise SettingsError(f"--{name.replace('_', '-')} is a parameter of {owners}; the chosen policies "
-                                f"(cache {args.cache}, unmask {unmask}) do not take it")
+                                f"(cache {cache}, unmask {unmask}) do not take it")
         for params in takers:
             params[name] = value
     return Settings(
-        gen_length=args.gen_length, block_size=args.block_size, steps=args.steps, temperature=args.temperature,
-        seed=args.seed, cache=args.cache, cache_params=cache_params,
+        gen_length=args.gen_length, block_size=block_size, steps=args.steps, temperature=args.temperature,
+        seed=args.seed, cache=cache, cache_params=cache_params,
         unmask=unmask, unmask_params=unmask_params, trace=args.trace, exact_drift=args.exact_drift,
         early_stop=args.early_stop, canvas_params=canvas,
     )

@@ -62,14 +62,14 @@ def _unmask_rules() -> list[dict]:
 
 
 def _cache_x_unmask() -> list[Strategy]:
-    return [Strategy({"cache": cache, **rule}) for cache, spec in registry.CACHE.items() for rule in _unmask_rules()
+    return [Strategy({"cache": cache, **rule}) for cache, spec in registry.for_model("masked", registry.CACHE).items() for rule in _unmask_rules()
             if registry.pair_problem(spec, registry.get("unmask", rule["unmask"])) is None]
 
 
 def _headline() -> list[Strategy]:
     """The baseline, Fast-dLLM's row, then every other cache with its threshold rule and every
     other unmasking policy on its cache, and the trace's cost (Fast-dLLM's row, trace off)."""
-    caches = [Strategy({**FAST_DLLM, "cache": cache}) for cache in registry.CACHE if cache not in ("none", "dual")]
+    caches = [Strategy({**FAST_DLLM, "cache": cache}) for cache in registry.for_model("masked", registry.CACHE) if cache not in ("none", "dual")]
     rules = [Strategy({**FAST_DLLM, **rule}) for rule in _unmask_rules() if rule["unmask"] not in ("fixed", "threshold")]
     return [Strategy(BASELINE), Strategy(FAST_DLLM), *caches, *rules,
             Strategy({**FAST_DLLM, "trace": "off"}, note="trace off")]

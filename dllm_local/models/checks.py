@@ -190,6 +190,8 @@ def check_family(raw: dict, config_file: Path) -> str:
     """The config's model_type when it is one of ours; the released configs' auto_map (remote code
     for the same architecture) is ignored, since our own classes implement it."""
     family = raw.get("model_type")
+    if family == "llada" and "expert_intermediate_size" in raw:
+        return "lladamoe"  # LLaDA-MoE's released config says "llada", its expert sizes tell it apart
     if isinstance(family, str) and family in FAMILIES:
         return family
     raise ModelLoadError(f"unsupported model_type {family!r} in {config_file}{_remote_code_note(raw)}; "

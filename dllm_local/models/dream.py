@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from transformers import PretrainedConfig, PreTrainedModel
 
-from .attention import BIDIRECTIONAL, Attention, ForwardObserver, begin
+from .attention import BIDIRECTIONAL, Attention, AttentionLayout, ForwardObserver, begin
 from .cache import CacheFork, CacheView, KVCache
 from .layers import RMSNorm, attend, check_positions, layer_devices, rope_cos_sin
 from .llada import DiffusionLMOutput
@@ -158,6 +158,7 @@ class DreamModel(PreTrainedModel):
         cache: CacheView | CacheFork | None = None,
         observers: tuple[ForwardObserver, ...] = (),
         sequence: torch.Tensor | None = None,
+        layout: AttentionLayout | None = None,
         **unused,
     ) -> DiffusionLMOutput:
         """Logits ``[batch, n, vocab]``: the predictions for the ``n`` given positions.
@@ -181,7 +182,7 @@ class DreamModel(PreTrainedModel):
         order = torch.argsort(run_positions)
         run_positions, run_ids = run_positions[order], run_ids[:, order]
         bounds = check_positions(run_positions, self.config.max_positions)
-        attention = begin(run_positions, bounds, cache, observers, None, self.layout)
+        attention = begin(run_positions, bounds, cache, observers, None, layout or self.layout)
         rope = rope_cos_sin(run_positions, self.config.head_dim, self.config.rope_theta)
         x = self.model.embed_tokens(run_ids)
         for layer in self.model.layers:

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from .attention import BIDIRECTIONAL, Attention, ForwardObserver, Segment, begin
+from .attention import BIDIRECTIONAL, Attention, AttentionLayout, ForwardObserver, Segment, begin
 from .cache import CacheFork, CacheView, KVCache
 from .layers import RMSNorm, attend, check_positions, layer_devices, rope_cos_sin
 
@@ -165,6 +165,7 @@ class LLaDAModelLM(PreTrainedModel):
         cache: CacheView | CacheFork | None = None,
         observers: tuple[ForwardObserver, ...] = (),
         segments: list[Segment] | None = None,
+        layout: AttentionLayout | None = None,
         **unused,
     ) -> DiffusionLMOutput:
         """Logits ``[batch, n, vocab]`` for the ``n`` given tokens at absolute ``positions``.
@@ -177,7 +178,7 @@ class LLaDAModelLM(PreTrainedModel):
         if positions is None:
             positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         bounds = check_positions(positions, self.config.max_positions)
-        attention = begin(positions, bounds, cache, observers, segments, self.layout)
+        attention = begin(positions, bounds, cache, observers, segments, layout or self.layout)
         rope = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
         x = t.wte(input_ids)
         for block in t.blocks:

@@ -118,3 +118,24 @@ def position_cosine(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     dot = torch.linalg.vecdot(old, new).sum(-2)
     norms = torch.linalg.vecdot(old, old).sum(-2) * torch.linalg.vecdot(new, new).sum(-2)
     return (dot / norms.sqrt().clamp_min(1e-8)).mean(-2)
+
+
+class ExpertsRouted(ForwardObserver):
+    """A mixture of experts' choices in the last forward: per layer, the experts any computed
+    position was routed to (kept on the device until the step record reads them)."""
+
+    def __init__(self, n_experts: int) -> None:
+        self.n_experts = n_experts
+        self._used: dict[int, torch.Tensor] = {}
+
+    def on_begin(self, positions, was_valid, live):
+        self._used = {}
+
+    def on_route(self, layer, experts):
+        used = torch.zeros(self.n_experts, dtype=torch.bool, device=experts.device)
+        used[experts.flatten()] = True
+        self._used[layer] = used
+
+    def routed(self) -> dict[str, list[int]]:
+        """Layer (as text) -> the distinct experts routed to, ascending; dense layers absent."""
+        return {str(layer): used.nonzero().flatten().tolist() for layer, used in sorted(self._used.items())}

@@ -35,6 +35,9 @@ class DecodeState:
     step: int = 0  # forwards so far (0-based index of the step being planned)
     step_in_block: int = 0
     window: SlidingWindow | None = None  # decoding slides over the undecoded positions instead of fixed blocks
+    # Where block 0 starts: the answer's first position (masked diffusion), or for block diffusion
+    # the block holding it, blocks sitting at absolute positions (a prompt's tail decodes with it).
+    blocks_from: int | None = None
 
     @property
     def total_len(self) -> int:
@@ -42,7 +45,7 @@ class DecodeState:
 
     @property
     def block_start(self) -> int:
-        return self.prompt_len + self.block * self.block_size
+        return (self.prompt_len if self.blocks_from is None else self.blocks_from) + self.block * self.block_size
 
     @property
     def block_end(self) -> int:

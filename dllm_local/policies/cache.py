@@ -46,6 +46,11 @@ class CachePolicy(Policy):
     def plan(self, state: DecodeState, cache: CacheAccess) -> Plan:
         raise NotImplementedError
 
+    def settle(self, state: DecodeState) -> torch.Tensor | None:
+        """As a block starts (block 0: as the run starts), positions whose K/V a forward of their
+        own writes before the block's first step, decoding nothing; None: none."""
+        return None
+
     def observe(self, state: DecodeState, cache: CacheAccess, signals: StepSignals) -> None:
         """After the forward, which computed ``signals.positions``."""
 
@@ -79,6 +84,23 @@ class NoCache(CachePolicy):
 
     def plan(self, state, cache):
         return _full(state)
+
+
+class BlockCache(CachePolicy):
+    """Block diffusion's cache, kept as an autoregressive model keeps its past: the prompt's whole
+    blocks are written once before the first step, and each finished block once more, with its
+    final tokens, as the next block starts; every step recomputes only the current block.
+    Block-causal attention never lets a block read a later one, so a stored entry equals what a
+    full recompute would give for the rest of the run: exact by construction."""
+
+    def settle(self, state):
+        start = state.block_start
+        if state.block == 0:
+            return torch.arange(start, device=state.x.device) if start else None
+        return torch.arange(start - state.block_size, start, device=state.x.device)
+
+    def plan(self, state, cache):
+        return Plan(state.block_positions(), False)
 
 
 class PrefixCache(CachePolicy):

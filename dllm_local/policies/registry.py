@@ -90,6 +90,8 @@ class PolicySpec:
     # attention works position by position (``packs_requests``: LLaDA, not Dream's shifted head).
     position_wise_model: bool = False
     uses_steps: bool = False  # the settings' ``steps`` (LLaDA's schedule length) applies
+    # The model kinds the policy makes sense for: "masked" (bidirectional), "block" (block diffusion).
+    model_kinds: tuple[str, ...] = ("masked", "block")
     # A cross-parameter rule: a message when ``params`` break it, else None.
     check: Callable[[dict], str | None] | None = None
     # What the policy adds to each step record's ``policy``: name -> type (a trace field type),
@@ -149,6 +151,12 @@ def register(spec: PolicySpec) -> PolicySpec:
     declare_policy_fields(spec.trace_fields)
     _KINDS[spec.kind][spec.name] = spec
     return spec
+
+
+def for_model(kind: str, table: dict[str, PolicySpec]) -> dict[str, PolicySpec]:
+    """The policies of ``table`` (``CACHE`` or ``UNMASK``) that make sense for a model of ``kind``
+    ("masked" or "block"), in registration order."""
+    return {name: spec for name, spec in table.items() if kind in spec.model_kinds}
 
 
 def pair_problem(cache: PolicySpec, unmask: PolicySpec) -> str | None:
@@ -212,23 +220,31 @@ def _refresh_every(help_: str = "also refresh every N steps inside a block (0: o
 
 
 _CACHE_IMPL = "dllm_local.policies.cache"
+# Cache policies that approximate a bidirectional model's changing K/V: on a block-diffusion model,
+# whose finished blocks never change, the block cache is exact and these have nothing to add.
+_BIDIRECTIONAL = ("masked",)
 _UNMASK_IMPL = "dllm_local.policies.unmask"
 
 register(PolicySpec(
     "cache", "none", "No cache", "Recompute every position at every step: the plain full-recompute baseline.",
     f"{_CACHE_IMPL}:NoCache"))
 register(PolicySpec(
+    "cache", "block", "Block cache (block diffusion)",
+    "Write the prompt's blocks and each finished block's K/V once, then recompute only the current block: "
+    "exact, since block-causal attention never lets a block read a later one.",
+    f"{_CACHE_IMPL}:BlockCache", model_kinds=("block",)))
+register(PolicySpec(
     "cache", "prefix", "PrefixCache (Fast-dLLM)",
     "Refresh the whole cache at each block start; then recompute the block and everything after it.",
-    f"{_CACHE_IMPL}:PrefixCache", (_refresh_every(),)))
+    f"{_CACHE_IMPL}:PrefixCache", (_refresh_every(),), model_kinds=_BIDIRECTIONAL))
 register(PolicySpec(
     "cache", "dual", "DualCache (Fast-dLLM)",
     "Refresh the whole cache at each block start; then recompute only the current block.",
-    f"{_CACHE_IMPL}:DualCache", (_refresh_every(),)))
+    f"{_CACHE_IMPL}:DualCache", (_refresh_every(),), model_kinds=_BIDIRECTIONAL))
 register(PolicySpec(
     "cache", "freecache", "FreeCache (FlashDLM)",
     "One full forward, then finished blocks stay frozen: the active window shrinks, no refresh.",
-    f"{_CACHE_IMPL}:FreeCache"))
+    f"{_CACHE_IMPL}:FreeCache", model_kinds=_BIDIRECTIONAL))
 register(PolicySpec(
     "cache", "adaptive", "Adaptive I/O-aware cache (the write-up's Flash-Cache)",
     "As the write-up describes Flash-Cache: recompute where cache confidence (prediction certainty and age) is "
@@ -250,6 +266,7 @@ register(PolicySpec(
         Param("device_profile", str, "auto", "Device profile", "the I/O cost model's device: measured, or a named GPU",
               choices=("auto", *DEVICES)),
     ),
+    model_kinds=_BIDIRECTIONAL,
     trace_fields={"device": Text | None, "reuse_wins": Flag | None, "evicted": Count, "quota": Count}))
 
 _THRESHOLD = Param("threshold", float, 0.9, "Confidence threshold (tau)",
@@ -339,7 +356,7 @@ register(PolicySpec(
               high=MAX_GEN_LENGTH,
               slider=(1, 64, 1)),
     ),
-    trace_fields={"drift": Number | None, "refresh_next": Flag}))
+    model_kinds=_BIDIRECTIONAL, trace_fields={"drift": Number | None, "refresh_next": Flag}))
 register(PolicySpec(
     "cache", "flash", "Flash-Cache (Flash-dLLM as released)",
     "As VILA-Lab/Flash-dLLM's generator does it: a window sliding over the next block of undecoded positions; "
@@ -357,7 +374,7 @@ register(PolicySpec(
               "up to the next multiple of this, which counts against the model's length (0: no padding)",
               low=0, high=1024, slider=(0, 256, 16)),
     ),
-    slides=True,
+    slides=True, model_kinds=_BIDIRECTIONAL,
     trace_fields={"window": list[AnswerPosition], "tracked": list[SequencePosition], "length": Count}))
 register(PolicySpec(
     "unmask", "flash_verify", "Flash-Verify (Flash-dLLM as released)",
