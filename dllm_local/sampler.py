@@ -24,7 +24,6 @@ from typing import Iterator
 import torch
 
 from .errors import DecodingError, SequenceTooLongError, SettingsError
-from .models.attention import BlockCausal
 from .models.cache import CacheView
 from .models.loader import GuiderHandle, ModelHandle
 from .policies.base import CacheAccess, DecodeState, StepSignals
@@ -34,6 +33,7 @@ from .model_calls import run_calls
 from .prompts import Prompt, encode_prompt
 from .recorder import Recorder, Step, timed
 from .result import Result
+from .run_blocks import check_policies, run_blocks
 from .settings import Settings
 from .softmax import draft_probability, draft_tokens
 from .trace import Branch, StepRecord, Trace
@@ -47,24 +47,11 @@ class Run:
         self.handle, self.settings, self.guider, self.branch = handle, settings, guider, branch
         self.cache_policy = settings.cache_spec.build(settings.cache_params)
         self.unmask_policy = settings.unmask_spec.build(settings.unmask_params)
-        if settings.unmask_spec.position_wise_model and not handle.model.packs_requests:
-            raise SettingsError(f"unmask policy {settings.unmask!r} verifies with a query that repeats positions: it "
-                                f"needs a model whose logits at a position come from that position alone, as LLaDA's "
-                                f"(this model's head reads the position before)")
-        if settings.unmask_spec.needs_guider:
-            if guider is None:
-                raise SettingsError(f"unmask policy {settings.unmask!r} needs a guider model")
-            if guider.tokenizer.get_vocab() != handle.tokenizer.get_vocab():
-                raise SettingsError("the guider's tokenizer differs from the model's; guided decoding needs the same tokenizer")
-        self._check_kind(handle, settings)
+        check_policies(handle, settings, guider)
         self.prompt_ids = encode_prompt(handle, prompt)
-        P, B = len(self.prompt_ids), settings.block_size
-        # Block diffusion: blocks at absolute positions, from the one holding the prompt's end to
-        # the one holding the answer's last position (the answer runs to its end), as released.
-        self.layout = BlockCausal(B) if handle.kind == "block" else None
-        self.blocks_from = P - P % B if self.layout else None
-        self._answer_length = -(-(P + settings.gen_length) // B) * B - P if self.layout else settings.gen_length
-        self.num_blocks = -(-(P + self._answer_length - self.blocks_from) // B) if self.layout else settings.num_blocks
+        blocks = run_blocks(handle, settings, len(self.prompt_ids))
+        self.layout, self.blocks_from, self.num_blocks = blocks.layout, blocks.blocks_from, blocks.count
+        self._answer_length = blocks.answer_length
         if branch is not None:
             self._check_branch(branch)
         self.padding = self.cache_policy.padding(len(self.prompt_ids), self._answer_length)
@@ -233,8 +220,7 @@ class Run:
         self.unmask_policy.start_block(self.state)
 
     def _store(self, positions: torch.Tensor | None) -> None:
-        """A forward that writes ``positions``' K/V and decodes nothing (block diffusion's prefill
-        of the prompt's blocks, and each finished block's store): counted apart from the steps."""
+        """A forward that writes ``positions``' K/V and decodes nothing (block diffusion's prefill, a finished block's store)."""
         if positions is None or not positions.numel():
             return
         x = self.state.x
@@ -267,19 +253,6 @@ class Run:
         if selection.revoked:  # never with a sliding window: the policies that revoke decode block by block
             x[[r[0] for r in selection.revoked]] = self.handle.mask_id
             self._max_forwards += len(selection.revoked)  # each one a token to commit again, boundedly often
-
-    @staticmethod
-    def _check_kind(handle: ModelHandle, settings: Settings) -> None:
-        """A cache policy that makes no sense for the model's kind is refused before anything runs."""
-        if handle.kind in settings.cache_spec.model_kinds:
-            return
-        if handle.kind == "block":
-            raise SettingsError(f"cache policy {settings.cache!r} approximates a bidirectional model's K/V; {handle.name} "
-                                f"is a block-diffusion model ({handle.family}), whose finished blocks never change: use "
-                                f"the block cache (--cache block), exact, or none")
-        raise SettingsError(f"cache policy {settings.cache!r} keeps finished blocks as they were, which is exact only "
-                            f"under block-causal attention (SDAR, LLaDA2, Fast-dLLM v2); {handle.name} is bidirectional "
-                            f"({handle.family}): use prefix, dual or another cache policy")
 
     def _check_branch(self, branch: Branch) -> None:
         """What can be told of a branch before decoding: its cache, position and token."""
