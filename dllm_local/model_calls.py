@@ -33,11 +33,20 @@ def run_calls(run: Any) -> StepCalls:
         run.recorder.count_forward(seconds)
         return run.allowed(logits)
 
-    def current_probabilities(positions: torch.Tensor) -> torch.Tensor:
+    def this_forward(positions: torch.Tensor, what: str) -> torch.Tensor:
+        """The logits this step's forward gave at ``positions``."""
         index = torch.searchsorted(run.positions, positions)
         if not torch.equal(run.positions[index.clamp(max=len(run.positions) - 1)], positions):
-            raise ValueError("current_probabilities: a position outside this step's forward")
-        return draft_probability(run.allowed(run.logits[index]), run.state.x[0, positions])
+            raise ValueError(f"{what}: a position outside this step's forward")
+        return run.logits[index]
+
+    def current_probabilities(positions: torch.Tensor) -> torch.Tensor:
+        logits = this_forward(positions, "current_probabilities")
+        return draft_probability(run.allowed(logits), run.state.x[0, positions])
+
+    def current_drafts(positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        drafts = run.draft_at(positions, this_forward(positions, "current_drafts"))
+        return drafts.tokens, drafts.confidence
 
     def guider_forward(input_ids: torch.Tensor, past):
         from transformers import DynamicCache
@@ -49,4 +58,4 @@ def run_calls(run: Any) -> StepCalls:
         run.recorder.count_guider_forward(seconds)
         return out.logits[0].to(run.handle.device), out.cache
 
-    return StepCalls(run.rng, verify, current_probabilities, guider_forward, read_cache)
+    return StepCalls(run.rng, verify, current_probabilities, current_drafts, guider_forward, read_cache)

@@ -172,6 +172,7 @@ class Recorder:
             model_ms=round(self._model_s * 1e3, 4), other_ms=0.0, exact_ms=round(self._exact_s * 1e3, 4),
             exact=self._exact_record(cand) if self._exact is not None else None,
             policy={**selection.info, **step.policy_info}, revoked=selection.revoked, stored=self._stored,
+            edited=selection.edits or None,
         )
         self._stored = None
         if self.level != "off":

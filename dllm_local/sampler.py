@@ -112,9 +112,10 @@ class Run:
         if state.window is not None:
             if state.window.done():
                 return self._finish()
-        elif s.early_stop and state.step and self._answer_complete():
+        elif s.early_stop and state.step and (self.layout is None or self.unmask_policy.block_done(state)) \
+                and self._answer_complete():  # block diffusion, as released: at the end of a block
             return self._finish()
-        while state.window is None and not bool(state.masked[state.block_start : state.block_end].any()):
+        while state.window is None and self.unmask_policy.block_done(state):
             if state.block + 1 == self.num_blocks:
                 return self._finish()
             self.start_block(state.block + 1)
@@ -237,9 +238,13 @@ class Run:
         token and its probability, renormalised over the ids a draft may be (``allowed``: the others
         are at -inf in ``logits`` already)."""
         rows = self._decodable[positions].nonzero().flatten()
-        block_logits = logits[rows] if allowed else self.allowed(logits[rows])
-        tokens = draft_tokens(block_logits, self.settings.temperature, self.rng)
-        return Candidates(positions[rows], tokens, draft_probability(block_logits, tokens))
+        return self.draft_at(positions[rows], logits[rows], allowed)
+
+    def draft_at(self, positions: torch.Tensor, logits: torch.Tensor, allowed: bool = False) -> Candidates:
+        """``positions``' drafts from their ``logits``, drawn with the run's temperature and seed."""
+        logits = logits if allowed else self.allowed(logits)
+        tokens = draft_tokens(logits, self.settings.temperature, self.rng)
+        return Candidates(positions, tokens, draft_probability(logits, tokens))
 
     def commit(self, candidates: Candidates, selection: Selection) -> None:
         """6. commit."""
@@ -250,6 +255,9 @@ class Run:
             committed = ranked[torch.isin(ranked, selection.positions)]
             newest = committed.numel() if selection.newest is None else selection.newest
             window.commit(ranked, committed, x[committed], newest, self.cache_policy.ranking())
+        if selection.edits:  # rewritten in place; a forward after the block's last mask is one of finitely many
+            x[[e[0] for e in selection.edits]] = torch.tensor([e[1] for e in selection.edits], device=x.device)
+        self._max_forwards += not candidates.positions.numel()
         if selection.revoked:  # never with a sliding window: the policies that revoke decode block by block
             x[[r[0] for r in selection.revoked]] = self.handle.mask_id
             self._max_forwards += len(selection.revoked)  # each one a token to commit again, boundedly often

@@ -98,6 +98,7 @@ def _one_per_position(values: list, info: ValidationInfo) -> list:
 
 Committed = Annotated[list, _token_entry("confidence")]
 Revoked = Annotated[list, _token_entry("confidence then", "confidence now")]
+Edited = Annotated[list, _token_entry("probability", "old token")]
 Rejected = Annotated[list, _token_entry("score")]
 Candidates = Annotated[list, PlainValidator(_candidates)]
 # Per layer, named cosines: a list per position (null where the cache held nothing) or one number.
@@ -157,7 +158,7 @@ def _keep_order(value: Any, handler) -> Any:
 InOrder = WrapValidator(_keep_order)
 
 
-_OMITTED_WHEN_NONE = ("canvas", "stored", "experts")  # a masked model's records read as before
+_OMITTED_WHEN_NONE = ("canvas", "stored", "experts", "edited")  # a masked model's records read as before
 
 
 @dataclass
@@ -191,6 +192,7 @@ class StepRecord:
     # blocks, or the block just finished), exact from then on.
     stored: list[SequencePosition] | None = None
     experts: dict[Text, list[Count]] | None = None  # a mixture of experts': layer -> experts routed this step
+    edited: list[Edited] | None = None  # [position, new token, its probability, old token]: rewritten in place
 
     def token_ids(self) -> list[int]:
         """The tokens this record shows: its commits, or a canvas step's draft and kept tokens."""

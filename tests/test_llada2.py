@@ -146,3 +146,35 @@ def test_quantized_loads_on_the_cpu(folder, handle, quantization):
     assert ((0 <= tokens) & (tokens < q.model.config.vocab_size)).all()
     assert torch.nn.functional.cosine_similarity(ours, exact, dim=-1).min() > 0.9
     assert answer(tokens.tolist(), q.stop_ids, q.mask_id)
+
+
+@pytest.mark.parametrize("cache", ["block", "none"])
+def test_editing_equals_the_released_llada21_generate(handle, ref, cache):
+    """LLaDA 2.1's quality mode (threshold 0.7, edit threshold 0.5) as the ``edit`` unmasking
+    policy: the same tokens, denoising forwards and edits as its released generate."""
+    from dllm_local.sampler import generate
+    from dllm_local.settings import Settings
+
+    prompt = encode_prompt(handle, PROMPT)
+    expected = generate_v21(ref, prompt, handle.mask_id, handle.eos_id, 64, eos_early_stop=False, cache=cache == "block")
+    assert expected.edits > 0  # the tiny model's drafts change as the block fills: edits do happen
+    result = generate(handle, PROMPT, Settings(gen_length=64, block_size=BLOCK, unmask="edit", cache=cache))
+    edits = [e for s in result.trace.steps for e in s.edited or []]
+    assert list(result.token_ids) == expected.tokens
+    assert (result.stats.nfe, len(edits)) == (expected.nfe, expected.edits)
+    assert all(e[2] > 0.5 and e[1] != e[3] for e in edits)  # above the edit threshold, to another token
+
+
+def test_editing_stops_at_the_end_of_a_block_as_released(handle, ref):
+    """With early stop, the run ends after the block in which the answer's end-of-text is
+    committed with no mask before it, as the released generate's eos_early_stop does."""
+    from dllm_local.sampler import generate
+    from dllm_local.settings import Settings
+
+    prompt = encode_prompt(handle, PROMPT)
+    expected = generate_v21(ref, prompt, handle.mask_id, handle.eos_id, 96, cache=True)
+    result = generate(handle, PROMPT, Settings(gen_length=96, block_size=BLOCK, unmask="edit", cache="block",
+                                               early_stop=True))
+    assert answer(list(result.token_ids), (handle.eos_id,), handle.mask_id) == answer(expected.tokens, (handle.eos_id,),
+                                                                                       handle.mask_id)
+    assert result.stats.nfe == expected.nfe

@@ -342,6 +342,23 @@ register(PolicySpec(
     ),
     block_by_block=True, trace_fields={"revoked": Count}))
 register(PolicySpec(
+    "unmask", "edit", "Token-to-token editing (LLaDA 2.1)",
+    "Commit the block's masks by the threshold; in the same forward, rewrite any token this block committed "
+    "earlier whose draft is now another token above the edit threshold; a full block is re-read until a "
+    "forward edits nothing.",
+    "dllm_local.policies.edit:Edit",
+    (
+        Param("threshold", float, 0.7, "Confidence threshold (tau)", "commit every masked position above it, "
+              "always the most confident", low=0, high=1, low_open=True, slider=(0.05, 1.0, 0.05), headline=True),
+        Param("edit_threshold", float, 0.5, "Edit threshold", "rewrite a committed token whose draft is another "
+              "token with probability above it (0: whenever the draft differs)", low=0, high=1,
+              slider=(0.0, 1.0, 0.05), headline=True),
+        Param("max_post_steps", int, 16, "Forwards after the block fills", "at most this many more forwards "
+              "re-read a block with no mask, ending at the first that edits nothing", low=0, high=64,
+              slider=(0, 16, 1)),
+    ),
+    block_by_block=True, trace_fields={"edited": Count}))
+register(PolicySpec(
     "cache", "drift_refresh", "Drift-triggered refresh (Elastic-Cache)",
     "Reuse like DualCache; refresh the whole cache when the block's attention, at a probe layer over its "
     "most-attended positions, drifts from what it was at the last refresh.",

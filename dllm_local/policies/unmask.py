@@ -31,6 +31,8 @@ class StepCalls:
       position ``at[r]`` in row r (``[k]``, float64), from one forward that writes no cache.
     - ``current_probabilities(positions)``: the probability this step's forward gives the tokens
       now at ``positions`` (float64).
+    - ``current_drafts(positions)``: the draft this step's forward gives at ``positions`` (tokens
+      already decided there included) and its probability, drawn as the masks' drafts are.
     - ``guider_forward(input_ids, past)``: the guider's logits ``[n, vocab]`` for ``input_ids`` read
       after its KV cache ``past`` (None: a new one), and the cache grown by them.
     - ``read_cache(tokens, positions, visible)``: logits ``[n, vocab]`` (ids no draft may be at -inf)
@@ -41,6 +43,7 @@ class StepCalls:
     rng: torch.Generator
     verify: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     current_probabilities: Callable[[torch.Tensor], torch.Tensor]
+    current_drafts: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
     guider_forward: Callable[[torch.Tensor, Any], tuple[torch.Tensor, Any]]
     read_cache: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -54,6 +57,8 @@ class Selection:
     # How many of the commits, the lowest ranked, are the step's newest: a sliding window keeps them
     # last in its decoding order (None: all of them).
     newest: int | None = None
+    # Committed tokens rewritten in place: [position, new token, its probability, old token].
+    edits: list[list] = field(default_factory=list)
 
 
 class UnmaskPolicy(Policy):
@@ -62,6 +67,11 @@ class UnmaskPolicy(Policy):
 
     def select(self, state: DecodeState, cand: Candidates, calls: StepCalls) -> Selection:
         raise NotImplementedError
+
+    def block_done(self, state: DecodeState) -> bool:
+        """Whether the current block is finished: it has no mask left (an editing policy may
+        go on rewriting it)."""
+        return not bool(state.masked[state.block_start : state.block_end].any())
 
 
 def _top(cand: Candidates, k: int, key: torch.Tensor | None = None) -> torch.Tensor:

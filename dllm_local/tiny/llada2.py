@@ -75,6 +75,9 @@ def build_checkpoint(path: str | Path, init_seed: int = 0, logit_scale: float = 
     g = torch.Generator().manual_seed(init_seed)
     with torch.no_grad():
         model.lm_head.weight.mul_(logit_scale)
+        # A trained model never drafts its mask token; a random one would, now and then, and the
+        # released sampler would "commit" it (the engine never does), so its logit is held at 0.
+        model.lm_head.weight[tok.convert_tokens_to_ids("<|mask|>")] = 0
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
