@@ -23,7 +23,26 @@ HUB_MODELS = {
     "llada-1.5": ("GSAI-ML/LLaDA-1.5", 16.0),
     "dream-7b": ("Dream-org/Dream-v0-Instruct-7B", 15.2),
     "diffusiongemma-26b": ("google/diffusiongemma-26B-A4B-it", 51.6),  # a 26B mixture of experts, 4B active
+    # Block diffusion (bf16 sizes from their parameter counts).
+    "sdar-1.7b": ("JetLM/SDAR-1.7B-Chat", 4.1),
+    "sdar-4b": ("JetLM/SDAR-4B-Chat", 8.0),
+    "sdar-8b": ("JetLM/SDAR-8B-Chat", 16.4),
+    "sdar-30b-a3b": ("JetLM/SDAR-30B-A3B-Chat", 61.1),  # a mixture of experts, 3B active
+    "trado-4b": ("Gen-Verse/TraDo-4B-Instruct", 8.0),
+    "trado-8b": ("Gen-Verse/TraDo-8B-Instruct", 16.4),
+    "llada2-mini": ("inclusionAI/LLaDA2.0-mini", 32.5),  # 16B, 1.4B active
+    "llada2-flash": ("inclusionAI/LLaDA2.0-flash", 206.0),  # 100B, 6.1B active
+    "llada2.1-mini": ("inclusionAI/LLaDA2.1-mini", 32.5),
+    "llada2.1-flash": ("inclusionAI/LLaDA2.1-flash", 206.0),
+    "fast-dllm-v2-1.5b": ("Efficient-Large-Model/Fast_dLLM_v2_1.5B", 3.1),
+    "fast-dllm-v2-7b": ("Efficient-Large-Model/Fast_dLLM_v2_7B", 15.2),
+    # Bidirectional mixture of experts in the LLaDA format: 7B, 1.4B active.
+    "llada-moe-7b-base": ("inclusionAI/LLaDA-MoE-7B-A1B-Base", 14.7),
+    "llada-moe-7b-instruct": ("inclusionAI/LLaDA-MoE-7B-A1B-Instruct", 14.7),
 }
+# Random checkpoints of each block-diffusion family (and LLaDA-MoE) in its released format, in
+# assets/models, written by dllm_local/tiny/<family>.py: they show the mechanics, not good answers.
+TINY_FAMILIES = ("tiny-sdar", "tiny-sdar-moe", "tiny-llada2", "tiny-fast-dllm-v2", "tiny-llada-moe")
 # The files of a model folder the loader, the tokenizer or transformers may open: all a download
 # fetches (a repository's other weight formats are left on the hub).
 OPENED_SUFFIXES = (".json", ".safetensors", ".jinja", ".txt", ".model", ".tiktoken")

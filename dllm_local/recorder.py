@@ -82,6 +82,7 @@ class Recorder:
         self.counter = ForwardCounter()
         self.experts = ExpertsRouted(handle.experts[0]) if handle.experts and self.level != "off" else None
         self._stored: list[int] | None = None
+        self._handed: list[list] = []
         self.drift = DriftMeter(layers) if self.level != "off" else None
         self.shadow = None
         if settings.exact_drift:  # a second cache, fully recomputed each step: the truth to compare with
@@ -115,10 +116,11 @@ class Recorder:
         self._forwards += 1
         self.trace.stats.model_share_s += seconds * share
 
-    def count_store(self, positions: torch.Tensor, seconds: float) -> None:
-        """A forward that only wrote ``positions``' K/V (block diffusion's prefill, a finished
-        block's store) took ``seconds``: model time, counted apart from the denoising forwards;
-        the next step record names the span."""
+    def count_store(self, positions: torch.Tensor, seconds: float, committed: list | None = None) -> None:
+        """A forward that wrote ``positions``' K/V (block diffusion's prefill, a finished block's
+        store) took ``seconds``: model time, counted apart from the denoising forwards; the next
+        step record names the span, and lists first among its commits the one this forward made
+        (``committed``: a shifted head's next position), if any."""
         st = self.trace.stats
         st.store_forwards += 1
         st.store_s += seconds
@@ -126,6 +128,7 @@ class Recorder:
         st.model_share_s += seconds
         first, last = positions[[0, -1]].tolist()
         self._stored = [first, last + 1]
+        self._handed = [committed] if committed else []
 
     def count_guider_forward(self, seconds: float) -> None:
         """A forward of the guider took ``seconds``: in the step's model time, counted apart from
@@ -164,7 +167,7 @@ class Recorder:
         # The commits and the forward's reads, read back from the device at once (float64 holds the ids exactly).
         numbers = torch.cat([torch.stack([chosen.double(), cand.tokens[index].double(), cand.confidence[index].double()], 1)
                              .flatten(), torch.as_tensor(self.counter.reads, device=chosen.device).double()[None]]).tolist()
-        committed = [[int(p), int(t), round(c, 6)] for p, t, c in zip(*[iter(numbers[:-1])] * 3)]
+        committed = self._handed + [[int(p), int(t), round(c, 6)] for p, t, c in zip(*[iter(numbers[:-1])] * 3)]
         record = StepRecord(
             step=state.step, block=state.block, step_in_block=state.step_in_block, full_refresh=step.full_refresh,
             g=self.counter.recomputed, reads=int(numbers[-1]), committed=committed, forwards=self._forwards,
@@ -174,7 +177,7 @@ class Recorder:
             policy={**selection.info, **step.policy_info}, revoked=selection.revoked, stored=self._stored,
             edited=selection.edits or None,
         )
-        self._stored = None
+        self._stored, self._handed = None, []
         if self.level != "off":
             record.masked_positions = step.masked_positions.tolist()
             # Confidence (max softmax probability) of every still-masked position this forward scored.

@@ -112,8 +112,8 @@ class Run:
         if state.window is not None:
             if state.window.done():
                 return self._finish()
-        elif s.early_stop and state.step and (self.layout is None or self.unmask_policy.block_done(state)) \
-                and self._answer_complete():  # block diffusion, as released: at the end of a block
+        elif s.early_stop and state.step and self._answer_complete(self.layout is None or self.cache_policy.ends_mid_block()
+                                                                   or self.unmask_policy.block_done(state)):
             return self._finish()
         while state.window is None and self.unmask_policy.block_done(state):
             if state.block + 1 == self.num_blocks:
@@ -146,7 +146,7 @@ class Run:
             computed |= self._decodable
             self._decodable[state.window.length :] = False  # step 3 of window.py: scored, never committed
         else:
-            block = slice(state.block_start, state.block_end)
+            block = slice(*(self.cache_policy.decodable(state) or (state.block_start, state.block_end)))
             self._decodable[block] = state.masked[block]
             computed |= self._decodable
         self.positions = computed.nonzero().flatten()
@@ -224,10 +224,19 @@ class Run:
         """A forward that writes ``positions``' K/V and decodes nothing (block diffusion's prefill, a finished block's store)."""
         if positions is None or not positions.numel():
             return
-        x = self.state.x
-        _, seconds = timed(lambda: self.handle.model(x[:, positions], positions, self.cache,
-                                                     sequence=x, layout=self.layout), self.recorder.gpus)
-        self.recorder.count_store(positions, seconds)
+        x, end = self.state.x, int(positions[-1]) + 1
+        # A shifted head's last row predicts the next block's first position: as released, that
+        # token is committed from this forward (greedy, no denoising step), when it is a mask.
+        handoff = not self.handle.model.packs_requests and end < x.shape[1] and bool(x[0, end] == self.handle.mask_id)
+        positions = torch.cat([positions, positions.new_tensor([end])]) if handoff else positions
+        logits, seconds = timed(lambda: self.handle.model(x[:, positions], positions, self.cache, sequence=x,
+                                                          layout=self.layout).logits[0], self.recorder.gpus)
+        committed = None
+        if handoff:
+            draft = self.draft_at(positions[-1:], logits[-1:])
+            x[0, end] = draft.tokens[0]
+            committed = [end, int(draft.tokens[0]), round(float(draft.confidence[0]), 6)]
+        self.recorder.count_store(positions[:-1] if handoff else positions, seconds, committed)
 
     def allowed(self, logits: torch.Tensor) -> torch.Tensor:
         """``logits`` with the ids a draft may never be at -inf."""
@@ -285,8 +294,11 @@ class Run:
         state.x[0, p] = self.handle.mask_id if branch.token is None else branch.token
         self._max_forwards += branch.token is None
 
-    def _answer_complete(self) -> bool:
-        """Early stop: a stop token with no mask before it ends the answer; its masks become EOS."""
+    def _answer_complete(self, now: bool = True) -> bool:
+        """Early stop: a stop token with no mask before it ends the answer; its masks become EOS.
+        ``now``: at this step (block diffusion as SDAR and LLaDA2 release it: at a block's end)."""
+        if not now:
+            return False
         answer = self.state.x[0, self.state.prompt_len:]
         stops = torch.isin(answer, torch.tensor(self.handle.stop_ids, device=answer.device))
         if not bool(stops.any()):

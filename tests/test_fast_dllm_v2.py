@@ -149,7 +149,6 @@ def engine_has(subject: str) -> bool:
 PROMPTS = ["hi", "What is 12 + 30? Answer with the number only, then explain the steps in a few words."]
 
 
-@pytest.mark.skipif(not engine_has("engine: sub-blocks"), reason="the engine's sub-block decoding has not landed")
 @pytest.mark.parametrize("threshold", [0.9, 0.3])
 @pytest.mark.parametrize("sub_block_cache", [False, True])
 @pytest.mark.parametrize("prompt", PROMPTS)

@@ -396,8 +396,9 @@ LONG_FILES_ALLOWED = {
                                  "policy fields the specs declare into it; one module for one input boundary"),
     "dllm_local/policies/registry.py": (425, "the spec types and the built-in policies' Param tables "
                                              "(declarative data: one register call per policy)"),
-    "dllm_local/sampler.py": (320, "the decoding loop on one screen, its eight stages and a branch's one change "
-                                   "between two of them (split, the loop would be read across files)"),
+    "dllm_local/sampler.py": (345, "the decoding loop on one screen, its eight stages, a branch's one change "
+                                   "between two of them and block diffusion's store forward (split, the loop "
+                                   "would be read across files)"),
 }
 
 

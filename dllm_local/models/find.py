@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from ..errors import ModelLoadError
-from ..hub import DOWNLOADED, HUB_MODELS
+from ..hub import DOWNLOADED, HUB_MODELS, TINY_FAMILIES
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 TINY_MODEL = ASSETS / "models" / "tiny-llada"
@@ -19,6 +19,7 @@ TINY_DIFFUSION_GEMMA = ASSETS / "models" / "tiny-diffusiongemma"  # random weigh
 
 # Short names the page and the CLI accept.
 ALIASES = {"tiny": str(TINY_MODEL), "tiny-guider": str(TINY_GUIDER), "tiny-diffusiongemma": str(TINY_DIFFUSION_GEMMA),
+           **{name: str(ASSETS / "models" / name) for name in TINY_FAMILIES},
            **{name: repo for name, (repo, _) in HUB_MODELS.items()}}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 

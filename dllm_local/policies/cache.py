@@ -46,6 +46,14 @@ class CachePolicy(Policy):
     def plan(self, state: DecodeState, cache: CacheAccess) -> Plan:
         raise NotImplementedError
 
+    def decodable(self, state: DecodeState) -> tuple[int, int] | None:
+        """The span of the block whose masks this step may commit; None: the whole block."""
+        return None
+
+    def ends_mid_block(self) -> bool:
+        """Whether an early stop may end a block-diffusion run before its block is done."""
+        return False
+
     def settle(self, state: DecodeState) -> torch.Tensor | None:
         """As a block starts (block 0: as the run starts), positions whose K/V a forward of their
         own writes before the block's first step, decoding nothing; None: none."""
@@ -91,7 +99,14 @@ class BlockCache(CachePolicy):
     blocks are written once before the first step, and each finished block once more, with its
     final tokens, as the next block starts; every step recomputes only the current block.
     Block-causal attention never lets a block read a later one, so a stored entry equals what a
-    full recompute would give for the rest of the run: exact by construction."""
+    full recompute would give for the rest of the run: exact by construction.
+
+    With ``sub_block`` (Fast-dLLM v2: 8), the block is decoded in sub-blocks, left to right: each
+    step commits only in the first sub-block with a mask, and an early stop may end the block.
+    With ``sub_block_cache`` too, once a block has had a forward, a sub-block whose first position
+    is decided recomputes only itself, reading the rest of its block as that forward left it (an
+    approximation: those entries are not refreshed as the sub-block changes).
+    """
 
     def settle(self, state):
         start = state.block_start
@@ -99,7 +114,24 @@ class BlockCache(CachePolicy):
             return torch.arange(start, device=state.x.device) if start else None
         return torch.arange(start - state.block_size, start, device=state.x.device)
 
+    def reset(self, state, cache, model):
+        self._shifted = not model.packs_requests  # its forward recomputes a position's predecessor itself
+
+    def decodable(self, state):
+        if self.sub_block is None:
+            return None
+        masked = state.masked[state.block_start : state.block_end]
+        first = int(masked.int().argmax()) // self.sub_block * self.sub_block  # the first sub-block with a mask
+        return state.block_start + first, min(state.block_start + first + self.sub_block, state.block_end)
+
+    def ends_mid_block(self):
+        return self.sub_block is not None
+
     def plan(self, state, cache):
+        if self.sub_block is not None and self.sub_block_cache and state.step_in_block:
+            start, end = self.decodable(state)
+            if not bool(state.masked[start]):  # a shifted head recomputes ``start`` itself, for the next one
+                return Plan(torch.arange(start + self._shifted, end, device=state.x.device), False)
         return Plan(state.block_positions(), False)
 
 

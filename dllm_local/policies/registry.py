@@ -232,7 +232,16 @@ register(PolicySpec(
     "cache", "block", "Block cache (block diffusion)",
     "Write the prompt's blocks and each finished block's K/V once, then recompute only the current block: "
     "exact, since block-causal attention never lets a block read a later one.",
-    f"{_CACHE_IMPL}:BlockCache", model_kinds=("block",)))
+    f"{_CACHE_IMPL}:BlockCache",
+    (
+        Param("sub_block", int, None, "Sub-block size", "decode each block in sub-blocks of this many positions, "
+              "left to right, an early stop ending the block (Fast-dLLM v2: 8); None: the whole block at once",
+              low=1, high=MAX_GEN_LENGTH, optional=True, slider=(1, 32, 1)),
+        Param("sub_block_cache", bool, False, "Sub-block cache", "with sub-blocks: once its block has had a forward, "
+              "a sub-block whose first position is decided recomputes only itself (Fast-dLLM v2's sub-block cache, "
+              "an approximation)"),
+    ),
+    model_kinds=("block",)))
 register(PolicySpec(
     "cache", "prefix", "PrefixCache (Fast-dLLM)",
     "Refresh the whole cache at each block start; then recompute the block and everything after it.",

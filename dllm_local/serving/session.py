@@ -17,12 +17,12 @@ import time
 from typing import Callable, Iterator
 
 from ..errors import BusyError, EngineError
-from ..hub import HUB_MODELS
+from ..hub import HUB_MODELS, TINY_FAMILIES
 from ..policies import registry
 from ..settings import Settings
 from ..trace import fold
 
-MODEL_CHOICES = ["tiny", "tiny-diffusiongemma", *HUB_MODELS]
+MODEL_CHOICES = ["tiny", "tiny-diffusiongemma", *TINY_FAMILIES, *HUB_MODELS]
 _ENDS = {"end", "result", "error", "dead"}
 
 
