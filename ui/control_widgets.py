@@ -12,7 +12,9 @@ from dllm_local.settings import knob
 
 from .canvas_controls import REASON_NOTE, canvas_key, knob_placeholder
 from .canvas_parts import is_canvas_model
-from .controls import KINDS, Specs, knobs, masked_only, policy_choices, spec_named, visible_knobs
+from .block_parts import is_block_model
+from .controls import (KINDS, Specs, cache_choices, fit_to_model, knobs, masked_only, model_start, policy_choices,
+                       spec_named, visible_knobs)
 
 
 def knob_widget(param: dict, value: Any, visible: bool, elem_id: str) -> gr.Component:
@@ -75,16 +77,20 @@ def run_controls(specs: Specs, start: dict, model: dict) -> tuple[dict[str, gr.C
                                                                   gr.Markdown, gr.Markdown]:
     """The run's controls set to ``start`` (control values, see ``controls.controls_from_settings``),
     laid out where it is called (inside a Blocks), for the loaded ``model`` (its info): for a canvas
-    model its own knobs shown, the masked models' controls disabled; by control name; each policy's
+    model its own knobs shown, the masked models' controls disabled; for a block model its cache
+    choices, its block cache and trained block to start at; by control name; each policy's
     description box, by kind; the box for the generation length's notice; and the line saying why
     a canvas model's controls are disabled."""
+    # A block model starts at its block cache and trained block; a masked model where its preset says.
+    start = {**start, **model_start(model)} if is_block_model(model) else fit_to_model(start, specs, model)
     shown, canvas = visible_knobs(start["cache"], start["unmask"], specs), is_canvas_model(model)
     canvas_reason = gr.Markdown(REASON_NOTE, visible=canvas, elem_id="canvas-reason", elem_classes="policy-info")
     controls: dict[str, gr.Component] = {}
     policy_info: dict[str, gr.Markdown] = {}
     for kind in KINDS:
         with gr.Group():  # one box per policy: its choice, what it does, its knobs
-            controls[kind] = gr.Dropdown(policy_choices(specs, kind), value=start[kind], label=knob(kind).label,
+            choices = cache_choices(specs, model) if kind == "cache" else policy_choices(specs, kind)
+            controls[kind] = gr.Dropdown(choices, value=start[kind], label=knob(kind).label,
                                          info=knob(kind).help, elem_id=kind)
             policy_info[kind] = gr.Markdown(spec_named(specs, kind, start[kind])["description"],
                                             elem_id=f"{kind}-info", elem_classes="policy-info")

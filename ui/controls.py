@@ -12,6 +12,7 @@ from dllm_local.policies import registry
 from dllm_local.settings import Length, knob
 from dllm_local.values import read
 
+from .block_parts import is_block_model
 from .canvas_controls import canvas_notice, canvas_params, canvas_values
 from .canvas_parts import is_canvas_model
 
@@ -35,6 +36,44 @@ def spec_named(specs: Specs, kind: str, name: str) -> dict:
 def policy_choices(specs: Specs, kind: str) -> list[tuple[str, str]]:
     """(label, name) of every policy of ``kind``: a dropdown shows the label and gives the name."""
     return [(spec["label"], spec["name"]) for spec in specs[kind]]
+
+
+def cache_choices(specs: Specs, model: dict) -> list[tuple[str, str]]:
+    """(label, name) of the cache policies that make sense for ``model``'s kind (the registry's
+    ``for_model``): a block model's block cache or none, a masked model's all but the block cache.
+    A policy this process's registry does not know (an engine's plugin) is offered to both."""
+    allowed = registry.for_model("block" if is_block_model(model) else "masked", registry.CACHE)
+    return [(spec["label"], spec["name"]) for spec in specs["cache"]
+            if spec["name"] in allowed or spec["name"] not in registry.CACHE]
+
+
+def model_start(model: dict) -> dict:
+    """The cache and block size a run of ``model`` starts at: a block model's block cache and the
+    block it was trained with; a masked model's defaults."""
+    if is_block_model(model):
+        return {"cache": "block", "block_size": int(model.get("block_size") or knob("block_size").default)}
+    return {"cache": knob("cache").default, "block_size": knob("block_size").default}
+
+
+def fit_to_model(values: dict, specs: Specs, model: dict) -> dict:
+    """Control ``values`` (a preset's, a trace's) for ``model``: a cache policy its kind refuses
+    gives way, with the block size, to what ``model`` starts at."""
+    if values["cache"] in {name for _, name in cache_choices(specs, model)}:
+        return values
+    return {**values, **model_start(model)}
+
+
+def kind_values(specs: Specs, model: dict, previous: dict) -> dict[str, dict]:
+    """Updates (by control name) of the cache and block-size controls when ``model`` replaces
+    ``previous`` (the engine's info on each): the cache choices of its kind, and, where the kind or
+    a block model's block changes, the values it starts at."""
+    updates = {"cache": {"choices": cache_choices(specs, model)}}
+    changed = is_block_model(model) != is_block_model(previous) or (
+        is_block_model(model) and (model.get("name"), model.get("block_size")) != (previous.get("name"), previous.get("block_size")))
+    if changed:
+        for name, value in model_start(model).items():
+            updates.setdefault(name, {})["value"] = value
+    return updates
 
 
 def knob_key(kind: str, name: str) -> str:

@@ -2,8 +2,7 @@
 
 A verdict is "holds", "does not hold" or "not measurable in this run", with the numbers behind
 it, so no sentence on the page states a figure its own run does not have. Pure functions of the
-trace dict (``dllm_local.trace.Trace.to_dict()``), like ``replay``.
-"""
+trace dict (``dllm_local.trace.Trace.to_dict()``), like ``replay``."""
 from __future__ import annotations
 
 import html
@@ -13,6 +12,7 @@ from statistics import fmean
 from dllm_local.policies import registry
 from dllm_local.tiny.tasks import verdict as task_verdict
 
+from .block_parts import sequence_end
 from .canvas_lessons import canvas_told
 from .canvas_parts import is_canvas
 from .replay import MEAN_LAYERS, Trace, drafts, is_end_token, prompt_len, prompt_of, steps_upto, theorem1
@@ -108,8 +108,7 @@ def reused_kv_error(trace: Trace, step: int, layer: str, which: str) -> dict[str
     """The cache-vs-exact cosine of every K (or V) entry step ``step`` reused instead of
     recomputing, by position kind: the prompt, answer positions decoded before the step, and
     answer positions still masked when it began. ``layer`` is a layer number as text or "mean"
-    (the mean over layers, per position). None when the step has no exact-drift record or no
-    list of recomputed positions (a full trace with the diagnostic has both)."""
+    (the mean over layers, per position). None without an exact-drift record or recomputed positions."""
     return reused_kv_errors(trace, step, layer, which)[-1]
 
 
@@ -117,13 +116,14 @@ def reused_kv_errors(trace: Trace, upto_step: int | None, layer: str, which: str
     """``reused_kv_error`` of every step up to ``upto_step``, in one pass over the trace."""
     P, decoded, errors = prompt_len(trace), set(), []
     for record in steps_upto(trace, upto_step):
-        errors.append(_reused(record, P, decoded, layer, which))
+        errors.append(_reused(record, P, decoded, layer, which, sequence_end(trace, record)))
         decoded |= {int(p) for p, _, _ in record.get("committed") or []}
         decoded -= {int(p) for p, _, _, _ in record.get("revoked") or []}
     return errors
 
 
-def _reused(record: dict, P: int, decoded: set[int], layer: str, which: str) -> dict[str, list[float]] | None:
+def _reused(record: dict, P: int, decoded: set[int], layer: str, which: str,
+            end: int | None) -> dict[str, list[float]] | None:
     per_layer = (record.get("exact") or {}).get("cache_vs_exact") or {}
     recomputed = record.get("recomputed")
     rows = [per_layer[name][which] for name in (per_layer if layer == MEAN_LAYERS else [str(layer)])
@@ -134,7 +134,7 @@ def _reused(record: dict, P: int, decoded: set[int], layer: str, which: str) -> 
     by_kind: dict[str, list[float]] = {kind: [] for kind in KINDS}
     for position, column in enumerate(zip(*rows)):
         values = [c for c in column if c is not None]
-        if position in skip or not values:
+        if position in skip or not values or (end is not None and position >= end):  # past it: not in the sequence
             continue
         kind = "prompt" if position < P else "decoded" if position in decoded else "masked"
         by_kind[kind].append(fmean(values))

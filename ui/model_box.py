@@ -8,8 +8,9 @@ from . import run_figures
 from dllm_local.canvas_settings import CANVAS_KNOBS
 
 from .canvas_controls import CANVAS_CONTROLS, canvas_key, cost_target, knob_placeholder
+from .block_parts import is_block_model
 from .canvas_parts import is_canvas_model
-from .controls import masked_only
+from .controls import kind_values, masked_only
 from .downloads import DownloadBox
 from .engine_handler import engine_handler
 from .engine_queue import ENGINE, client_of, error_text
@@ -20,8 +21,10 @@ from .run_views import layer_choices
 
 def model_line(info: dict) -> str:
     """The header's line on the loaded model: name, family, kind (a canvas model's canvas length;
-    a mixture of experts' experts), size, device, dtype, quantization, memory."""
-    kind = [f"canvas diffusion, canvas length {info['canvas_length']}" if is_canvas_model(info) else "masked diffusion"]
+    a block model's trained block; a mixture of experts' experts), size, device, dtype,
+    quantization, memory."""
+    kind = [f"canvas diffusion, canvas length {info['canvas_length']}" if is_canvas_model(info) else
+            f"block diffusion, block {info['block_size']}" if is_block_model(info) else "masked diffusion"]
     if "experts" in info:  # the engine names experts only for a mixture of experts
         kind.append(f"{info['experts']} experts, {info['active_experts']} active per token")
     return (f"**Model:** {info['name']} · {info['family']} · {' · '.join(kind)} · "
@@ -47,6 +50,7 @@ class ModelBox:
                                   interactive=quant_ok.get("4bit", False))
             self.load_btn = gr.Button("Load model", elem_id="load-model-btn")
             self.downloads = DownloadBox(self.models, self.status)
+        self.built_for = self.session.info()  # the model the controls were laid out for
 
     def _masked_boxes(self) -> list[gr.Component]:
         """What means nothing for a canvas model: the masked models' controls, the what-if
@@ -59,17 +63,20 @@ class ModelBox:
         return [self.canvas_reason, self.grid_caption, self.cost_target, *self.captions.values(),
                 *self._masked_boxes(), *(self.controls[name] for name in CANVAS_CONTROLS)]
 
-    def kind_shown(self, info: dict) -> dict:
-        """The controls for the kind of model ``info`` describes: for a canvas model its own knobs,
-        and the masked boxes disabled, with the reason; for a masked model the other way round. The
-        figures' captions for that kind; the grid's caption is a masked model's (a canvas grid says
-        its own in its legend)."""
+    def kind_shown(self, info: dict, previous: dict) -> dict:
+        """The controls for the kind of model ``info`` describes, loaded after ``previous``: for a
+        canvas model its own knobs, and the masked boxes disabled, with the reason; for a masked
+        model the other way round; the cache choices of its kind, and a block model's block cache
+        and trained block (``controls.kind_values``). The figures' captions for that kind; the
+        grid's caption is a masked model's (a canvas grid says its own in its legend)."""
         canvas = is_canvas_model(info)
-        captions = run_figures.CANVAS_CAPTIONS if canvas else run_figures.CAPTIONS
+        captions = run_figures.captions_for(info)
+        values = kind_values(self.specs, info, previous)
         return {self.canvas_reason: gr.update(visible=canvas), self.grid_caption: gr.update(visible=not canvas),
                 self.cost_target: cost_target(info),
                 **{box: captions[name] for name, box in self.captions.items()},
                 **{box: gr.update(interactive=not canvas) for box in self._masked_boxes()},
+                **{self.controls[name]: gr.update(interactive=not canvas, **update) for name, update in values.items()},
                 **{self.controls[canvas_key(name)]: gr.update(visible=canvas, placeholder=knob_placeholder(info, name))
                    for name in CANVAS_KNOBS}}
 
@@ -77,7 +84,7 @@ class ModelBox:
         """The model line and the controls for the model loaded now: a page opened after another
         tab switched models shows that model, not the one it was built with."""
         info = self.session.info()
-        return {self.model_line: model_line(info), **self.kind_shown(info)}
+        return {self.model_line: model_line(info), **self.kind_shown(info, self.built_for)}
 
     def _wire_model_box(self) -> None:
         loaded = [self.model_line, self.status, self.layer, self.downloads.note, self.downloads.button,
@@ -92,6 +99,7 @@ class ModelBox:
         try:
             target = self.models.check(name)  # only the models the page was started to allow
             progress((0, None), desc=f"loading {name}", unit="s")
+            previous = self.session.info()
             # The model loads in the engine process; the page shows the seconds it has taken.
             info = self.session.switch_model(target, quantization, run_id=client,
                                              on_wait=lambda s: progress((int(s), None), desc=f"loading {name}", unit="s"))
@@ -101,7 +109,7 @@ class ModelBox:
             return {self.status: f"⚠ {error_text(exc)}"}
         return {self.model_line: model_line(info), self.status: f"Loaded {info['name']}.",
                 self.layer: gr.update(**layer_choices(info["layers"])), self.downloads.box: gr.update(visible=False),
-                **self.kind_shown(info)}
+                **self.kind_shown(info, previous)}
 
     @checked
     def load_downloaded(self, request: gr.Request, name: Choice, quantization: Quantization,

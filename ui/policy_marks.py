@@ -4,6 +4,7 @@ positions left masked after the end of text. Pure functions of the trace dict, H
 from __future__ import annotations
 
 from .replay import Trace, prompt_len
+from .trace_parts import block_span
 
 # The sliding window: a purple bar under each box it scored (a masked one also turns lavender),
 # drawn outside the box so that it shows under every step colour and beside the commit outline.
@@ -35,9 +36,8 @@ def guider_line(trace: Trace, record: dict, shown: int) -> str:
     if accepted is None:
         return ""
     committed = len(record.get("committed") or [])
-    block_size = int((trace.get("settings") or {}).get("block_size") or 0)
-    start = prompt_len(trace) + int(record.get("block") or 0) * block_size
-    drafted = sum(start <= int(p) < start + block_size for p in record.get("masked_positions") or [])
+    block = block_span(trace, int(record.get("block") or 0))
+    drafted = sum(int(p) in block for p in record.get("masked_positions") or [])
     of = f" of the {drafted} drafted" if drafted else ""
     told = (f"the guider agreed with the first {accepted}{of} token(s); {committed} committed"
             if accepted else "the guider rejected the first drafted token; it is committed anyway")

@@ -8,6 +8,7 @@ import html
 from statistics import fmean
 
 from . import policy_marks
+from .block_parts import EXACT_WORDS, exact_since, sequence_end
 from .canvas_parts import is_canvas
 from .canvas_views import canvas_position_panel_html
 from .grid import token_label
@@ -141,6 +142,11 @@ def _cache_lines(trace: Trace, shown: int, position: int) -> list[str]:
             lines.append(f"KV drift, cosine with what the cache held: {drift}")
         elif record.get("kv"):
             lines.append("KV drift: the cache held nothing here before this step")
+    elif where >= (sequence_end(trace, record) or where + 1):
+        lines.append(f"not in step {shown}'s sequence yet: a later block, which no earlier block reads "
+                     "(block-causal attention)")
+    elif (stored := exact_since(trace, shown).get(where)) is not None:
+        lines.append(f"read from the block cache at step {shown}, stored before step {stored}: {EXACT_WORDS}")
     else:
         last = next((i for i in range(shown - 1, -1, -1) if where in (steps[i].get("recomputed") or [])), None)
         since = f" (its K/V last recomputed at step {last})" if last is not None else ""

@@ -9,9 +9,10 @@ the same trace as it grows.
 """
 from __future__ import annotations
 
+from .block_parts import store_forwards
 from .canvas_parts import is_canvas, settled_tokens
-from .trace_parts import (Trace, answer_length, first_end, is_end_token, prompt_len, prompt_of, steps_upto, token_text,
-                          visible)
+from .trace_parts import (Trace, answer_length, block_span, first_end, is_end_token, prompt_len, prompt_of, steps_upto,
+                          token_text, visible)
 
 # The trace's parts, importable from here as before (the views and the tests read them so).
 __all__ = ["MEAN_LAYERS", "Trace", "answer_length", "drafts", "first_end", "is_end_token",
@@ -115,15 +116,15 @@ def what_if(trace: Trace, threshold: float) -> dict:
     settings = trace.get("settings") or {}
     if float(settings.get("temperature") or 0.0) > 0:
         return {"commits": [], "diverges_at": None, "reason": "what-if needs a greedy run (temperature 0)"}
-    P, block_size = prompt_len(trace), int(settings.get("block_size") or answer_length(trace) or 1)
+    P = prompt_len(trace)
     commits: list[list[int]] = []
     length = None  # where a sliding window's answer ends, as the engine said after the step before
     for i, record in enumerate(trace.get("steps") or []):
         policy = record.get("policy") or {}
-        start, window = P + int(record.get("block") or 0) * block_size, policy.get("window")
+        block, window = block_span(trace, int(record.get("block") or 0)), policy.get("window")
         scored = [(int(p), float(c)) for p, c in zip(record.get("masked_positions") or [],
                                                       record.get("masked_confidence") or [])
-                  if (start <= int(p) < start + block_size if window is None
+                  if (int(p) in block if window is None
                       else int(p) in window and (length is None or int(p) < length))]
         length = policy.get("length", length)
         if not scored:
@@ -149,6 +150,8 @@ def numbers(trace: Trace, upto_step: int | None = None) -> dict:
       nfe              diffusion-model forwards: the steps' main forwards plus any verification
                        forwards (sum of ``forwards``)
       guider_forwards  the guider's forwards (guided decoding), counted apart from ``nfe``
+      store_forwards   a block-diffusion run's forwards that wrote finished blocks' K/V (and the
+                       prompt's whole blocks), counted apart from ``nfe``
       committed        answer tokens committed so far (net of tokens taken back to mask); a canvas
                        model's: the tokens of the canvases ended so far, up to the first end of text
       revisions        committed tokens taken back to mask so far (policies that revise)
@@ -178,6 +181,7 @@ def numbers(trace: Trace, upto_step: int | None = None) -> dict:
         committed = len(settled_tokens(trace, len(steps) - 1))
     values = _final_numbers(stats) if finished else _running_numbers(steps, committed)
     values["guider_forwards"] = _guider_forwards(trace, steps, finished)
+    values["store_forwards"] = store_forwards(trace, upto_step)
     if not finished:
         ids = settled_tokens(trace, len(steps) - 1) if is_canvas(trace) else state_at(trace, len(steps) - 1)["ids"]
         before_end = ids[:first_end(trace, ids)]

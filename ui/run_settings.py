@@ -10,7 +10,7 @@ from dllm_local.settings import Length, length_notice
 from dllm_local.values import Text
 
 from . import grid
-from .controls import controls_from_settings, settings_from_controls, shown_for, spec_named
+from .controls import controls_from_settings, fit_to_model, settings_from_controls, shown_for, spec_named
 from .inputs import Choice, checked
 from .run_views import KV_VIEW_DEFAULTS, layer_choices
 from .status_line import off_task_line
@@ -21,8 +21,9 @@ class RunSettings:
     ``specs``, ``session``, ``controls``, ``policy_info`` and other components it reads."""
 
     def control_values(self, settings: dict) -> dict:
-        """The controls set to ``settings`` (a preset's, a trace's), by component."""
-        values = controls_from_settings(settings, self.specs)
+        """The controls set to ``settings`` (a preset's, a trace's), by component, with a cache policy
+        the loaded model's kind refuses given way to what it starts at (``controls.fit_to_model``)."""
+        values = fit_to_model(controls_from_settings(settings, self.specs), self.specs, self.session.info())
         return {box: values[name] for name, box in self.controls.items()}
 
     @checked

@@ -15,7 +15,6 @@ from dllm_local.trace import KV_VIEWS
 from . import grid, run_figures
 from .branching import Branching
 from .canvas_controls import cost_target
-from .canvas_parts import is_canvas_model
 from .control_widgets import run_controls
 from .controls import Specs, controls_from_settings, toggled_controls
 from .engine_queue import ENGINE, EngineQueue
@@ -119,7 +118,7 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, B
     def _panels(self) -> None:
         """The token's side panel and the three figures, each in a box that presenter view shows alone,
         captioned for the kind of model loaded."""
-        captions = run_figures.CANVAS_CAPTIONS if is_canvas_model(self.session.info()) else run_figures.CAPTIONS
+        captions = run_figures.captions_for(self.session.info())
         with gr.Column(elem_id="panel-token"):
             self._token_panel()
         # Each plot starts with its empty figure: the browser loads the plotting

@@ -1,6 +1,7 @@
-"""The views of a run at one step (token grid, numbers, the three figures and their verdicts, the
-cost model): ``draw`` makes them, and the Run tab's replay redraws them as the step slider or a
-view option moves, from the trace alone (no model, no queue)."""
+"""The views of a run at one step (token grid, numbers, the three figures and their verdicts, a
+mixture of experts' routed experts beside the KV view, the cost model): ``draw`` makes them, and
+the Run tab's replay redraws them as the step slider or a view option moves, from the trace alone
+(no model, no queue)."""
 from __future__ import annotations
 
 from typing import Any
@@ -11,6 +12,7 @@ from dllm_local.devices import DEVICES
 from dllm_local.experiments.costmodel import TARGET_MODELS, project
 
 from . import acceptance, grid, lessons, run_figures, tables
+from .block_lessons import stored_verdict
 from .canvas_parts import is_canvas
 from .figure_style import on_screen
 from .inputs import (Choice, ColorBy, DeviceName, FontScale, Fraction, KVView, PageState, StepIndex, TargetName, Theme,
@@ -39,7 +41,8 @@ def draw(trace: dict, step: int | None, color_by: str, layer: str, which: str, k
                      kv=on_screen(run_figures.kv_heatmap(trace, layer=layer, which=which, upto_step=upto, view=kv_view),
                                   scale, theme),
                      cache=on_screen(run_figures.cache_panel(trace, upto), scale, theme),
-                     kv_verdicts=lessons.verdicts_html(kv_told), cache_verdicts=lessons.verdicts_html(cache_told))
+                     kv_verdicts=lessons.verdicts_html(kv_told) + (run_figures.experts_html(trace, at) if steps else ""),
+                     cache_verdicts=lessons.verdicts_html(cache_told))
     return views
 
 
@@ -49,7 +52,8 @@ def _kv_and_cache_verdicts(trace: dict, at: int, layer: str, which: str) -> tupl
     if is_canvas(trace):
         encoder = [v for v in lessons.grid_verdicts(trace, at) if v.lesson == "encoder_cache"]
         return encoder, encoder
-    return [lessons.kv_reuse_verdict(trace, at, layer, which)], [lessons.cache_saves_verdict(trace, at)]
+    return ([lessons.kv_reuse_verdict(trace, at, layer, which), stored_verdict(trace, at, layer, which)],
+            [lessons.cache_saves_verdict(trace, at)])
 
 
 def grid_at(trace: dict, step: int, color_by: str, what_if: float) -> str:

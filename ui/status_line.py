@@ -51,7 +51,8 @@ def run_status(trace: dict, notice: str, first_paint: float | None, done: bool, 
 
 def work_line(trace: dict) -> str:
     """The steps and forwards of a finished run, counted as the NFE card counts them: "6 steps",
-    "6 steps, 10 forwards (6 main + 4 verifying)", "4 steps, 4 forwards + 4 guider forwards"."""
+    "6 steps, 10 forwards (6 main + 4 verifying)", "4 steps, 4 forwards + 4 guider forwards",
+    "19 steps + 5 K/V store forwards"."""
     steps = trace.get("steps", [])
     st = trace.get("stats", {})
     # A step is one record of the trace with one main forward; a policy that verifies runs more.
@@ -63,8 +64,10 @@ def work_line(trace: dict) -> str:
     elif steps and guider:
         work += f", {count(forwards, 'forward')}"
     encoder = int(st.get("encoder_forwards") or 0)  # a canvas model's encoder passes, apart from its decoder's
+    stores = int(st.get("store_forwards") or 0)  # a block-diffusion run's K/V writes, apart from NFE
     return work + (f" + {count(guider, 'guider forward')}" if guider else "") + (
-        f" + {count(encoder, 'encoder forward')}" if encoder else "")
+        f" + {count(encoder, 'encoder forward')}" if encoder else "") + (
+        f" + {count(stores, 'K/V store forward')}" if stores else "")
 
 
 def _verdict_text(trace: dict, answer: str) -> str:

@@ -24,10 +24,12 @@ def _verifying(nums: dict) -> int:
 
 
 def forwards_unit(nums: dict) -> str:
-    """What NFE counts, in words, with the verification forwards named apart when there are any:
-    "forwards", "forwards (6 main + 4 verifying)"."""
-    verifying = _verifying(nums)
-    return f"forwards ({nums['steps']} main + {verifying} verifying)" if verifying else "forwards"
+    """What NFE counts, in words, with the verification forwards named apart when there are any, and
+    a block-diffusion run's K/V store forwards beside it: "forwards", "forwards (6 main + 4
+    verifying)", "forwards + 5 K/V store forwards"."""
+    verifying, stores = _verifying(nums), int(nums.get("store_forwards") or 0)
+    unit = f"forwards ({nums['steps']} main + {verifying} verifying)" if verifying else "forwards"
+    return unit + (f" + {stores} K/V store forward{'' if stores == 1 else 's'}" if stores else "")
 
 
 def numbers_html(nums: dict, timing: dict[str, dict] | None = None) -> str:

@@ -1,5 +1,5 @@
 """A trace dict's parts as every view reads them: the steps up to a step, the prompt's and the
-answer's lengths, a token's text, the ends of text, and the prompt the run was asked.
+answer's lengths, where a block starts, a token's text, the ends of text, and the prompt the run was asked.
 
 A trace is the plain dict of ``dllm_local.trace.Trace.to_dict()`` (or its JSON). Pure functions of
 it, no plotting; the replay built on them is ``replay.py``.
@@ -25,6 +25,25 @@ def prompt_len(trace: Trace) -> int:
 
 def answer_length(trace: Trace) -> int:
     return int(trace.get("gen_length") or (trace.get("settings") or {}).get("gen_length") or 0)
+
+
+def block_size_of(trace: Trace) -> int:
+    """The run's block size (a trace without one: the whole answer is one block)."""
+    return int((trace.get("settings") or {}).get("block_size") or answer_length(trace) or 1)
+
+
+def block_start(trace: Trace, block: int) -> int:
+    """The absolute position where block ``block`` starts. A block-diffusion run's blocks sit at
+    absolute positions from ``blocks_from`` (block 0 may begin inside the prompt: those positions
+    stay prompt); a masked run's from the answer's first position."""
+    origin = trace.get("blocks_from")
+    return (prompt_len(trace) if origin is None else int(origin)) + int(block) * block_size_of(trace)
+
+
+def block_span(trace: Trace, block: int) -> range:
+    """The absolute positions of block ``block``, prompt positions included."""
+    start = block_start(trace, block)
+    return range(start, start + block_size_of(trace))
 
 
 def token_text(trace: Trace, token_id: int | None) -> str:

@@ -8,12 +8,14 @@ import plotly.graph_objects as go
 
 from dllm_local.trace import KV_VIEWS
 
+from ..block_parts import EXACT_WORDS, is_block_trace, sequence_end
 from ..canvas_parts import is_canvas
 from ..figure_style import message_figure, styled
 from ..replay import MEAN_LAYERS, Trace, answer_length, prompt_len, state_at, steps_upto
 from .axes import EMPTY_MESSAGE, NAN, cell_gaps, cell_range, mark_column, mark_size, num, position_axis, step_axis
 from .canvas_kv import canvas_kv_heatmap
 from .cosine_scale import COS_SCALE, colour_bar
+from .stored import exact_layer, stored_steps
 
 SUMMARY_MESSAGE = "per-position KV data needs trace level 'full'"
 CAPTION = ("Each cell compares one position's K or V with a reference, on one colour scale spent on cosines near 1, "
@@ -24,6 +26,10 @@ CAPTION = ("Each cell compares one position's K or V with a reference, on one co
            "masked; ▶ marks a full refresh. Reusing an entry is exact only where cache vs exact stays yellow: the "
            "verdict under the panel gives this run's mean and least cosine of the reused entries by kind (prompt, "
            "decoded, masked) and whether each kind is close to exact.")
+# A block-diffusion model's KV view says what its stored blocks are, beside the rest.
+BLOCK_CAPTION = CAPTION + (" Block diffusion: a finished block's K/V are written once, by a store forward counted apart "
+                           f"from NFE, and drawn from then on at cosine 1.0 ({EXACT_WORDS}), read from the run's "
+                           "stored spans.")
 
 def _layer_values(record: dict, view: str, layer: str, which: str) -> list | None:
     """One step's cosines for one layer (or the mean over every recorded layer)."""
@@ -49,9 +55,10 @@ def _kv_rows(trace: Trace, steps: list[dict], layer: str, which: str, view: str)
     cached = np.full((len(steps), n), NAN, dtype=np.float32)
     for i, record in enumerate(steps):
         cos = _layer_values(record, view, layer, which) or []
+        end = sequence_end(trace, record)  # a block step's later blocks are not in its sequence: nothing there
         if view == "drift":
             recomputed = record.get("recomputed") or []
-            cached[i] = 1.0  # reused, except where this step recomputed
+            cached[i, :n if end is None else max(0, end - P)] = 1.0  # reused, except where this step recomputed
             for j, position in enumerate(recomputed):
                 p = int(position) - P
                 if 0 <= p < n:
@@ -59,7 +66,7 @@ def _kv_rows(trace: Trace, steps: list[dict], layer: str, which: str, view: str)
                     values[i, p] = num(cos[j] if j < len(cos) else None)
                     cached[i, p] = NAN
         else:
-            for p, c in enumerate(cos[P:P + n]):
+            for p, c in enumerate(cos[P:P + n if end is None else min(P + n, end)]):
                 values[i, p] = num(c)
     return values, cached
 
@@ -154,8 +161,11 @@ def kv_heatmap(trace: Trace, layer: int | str = MEAN_LAYERS, which: str = "k", u
     values, cached = _kv_rows(trace, steps, layer, which, view)
     changes = {kind: np.where(cells & ~np.isnan(values), values, NAN).astype(np.float32)
                for kind, cells in input_change_cells(trace, steps, view).items()}
+    stored = stored_steps(trace, steps)  # exact by construction: drawn so, whatever was measured there
     for layer_values in changes.values():  # each cell in one layer only: hover names what it is
         values[~np.isnan(layer_values)] = NAN
+        layer_values[~np.isnan(stored)] = NAN
+    values[~np.isnan(stored)] = cached[~np.isnan(stored)] = NAN
     rows, columns = np.arange(len(steps)), np.arange(n)
     gaps = cell_gaps(n, len(steps))
     fig = go.Figure()
@@ -171,6 +181,8 @@ def kv_heatmap(trace: Trace, layer: int | str = MEAN_LAYERS, which: str = "k", u
         hoverongaps=False, **gaps,
         hovertemplate=f"pos %{{x}} · step %{{y}}<br>{label[view]} %{{z:.4f}}<extra></extra>",
     ))
+    if not np.isnan(stored).all():
+        fig.add_trace(exact_layer(stored, gaps))
     fig.add_trace(colour_bar())
     for kind, z in changes.items():
         if np.isnan(z).all():
@@ -186,7 +198,8 @@ def kv_heatmap(trace: Trace, layer: int | str = MEAN_LAYERS, which: str = "k", u
         x=line_x, y=line_y, mode="lines", name="committed below", line={"color": "#111", "width": 2.5},
         hoverinfo="skip",
     ))
-    _nothing_to_compare(fig, view, values, cached, *changes.values())
+    white = WHITE_CELLS[view] + (LATER_BLOCKS if is_block_trace(trace) else "")
+    _nothing_to_compare(fig, white, values, cached, stored, *changes.values())
     refresh = [i for i, s in enumerate(steps) if s.get("full_refresh")]
     fig.add_trace(go.Scatter(
         x=[0] * len(refresh), y=refresh, xaxis=mark_column(fig), mode="markers", name="refresh", cliponaxis=False,
@@ -204,7 +217,10 @@ WHITE_CELLS = {"drift": "white: nothing cached (first forward, evicted)", "true_
                "cache_error": "white: no exact K/V this step"}
 
 
-def _nothing_to_compare(fig: go.Figure, view: str, *layers: np.ndarray) -> None:
+LATER_BLOCKS = "; a later block: not in the sequence yet"  # said too on a block-diffusion run
+
+
+def _nothing_to_compare(fig: go.Figure, name: str, *layers: np.ndarray) -> None:
     """A legend entry for the cells left white, where there are any: a white square outlined, as
     the cells look, named with why they are white."""
     white = np.ones(layers[0].shape, dtype=bool)
@@ -212,7 +228,7 @@ def _nothing_to_compare(fig: go.Figure, view: str, *layers: np.ndarray) -> None:
         white &= np.isnan(layer_values)
     if white.any():
         fig.add_trace(go.Scatter(
-            x=[None], y=[None], mode="markers", name=WHITE_CELLS[view], hoverinfo="skip",
+            x=[None], y=[None], mode="markers", name=name, hoverinfo="skip",
             marker={"symbol": "square", "size": 12, "color": "#ffffff", "line": {"color": "#888", "width": 1}},
         ))
 
