@@ -149,9 +149,13 @@ class Recorder:
         logits = self.handle.model(x, everything, self.shadow, observers=(self.shadow_drift,), layout=self.layout).logits[0]
         shown = len(self.trace.prompt_ids) + self.answer_length  # not a cache policy's padding
         cache_error = {}
+        # Block diffusion: a later block's entry, which the cache has not held yet, has no error: null.
+        held = cache.valid[:shown] if self.layout is not None else torch.ones_like(cache.valid[:shown])
         for layer in range(len(cache.k)):
             ck = position_cosine(cache.k[layer][:, :, :shown], self.shadow.k[layer][:, :, :shown])
             cv = position_cosine(cache.v[layer][:, :, :shown], self.shadow.v[layer][:, :, :shown])
+            nothing = torch.tensor(float("nan"), device=ck.device)
+            ck, cv = (torch.where(held.to(c.device), c, nothing) for c in (ck, cv))
             cache_error[str(layer)] = {"k": _round(ck.tolist()), "v": _round(cv.tolist())}
         drift_k, drift_v = (cosines[:, :shown] for cosines in self.shadow_drift.cosines())
         true_drift = {str(layer): {"k": _round(k), "v": _round(v)}

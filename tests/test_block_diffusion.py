@@ -61,8 +61,9 @@ def test_the_block_cache_is_exact(sdar, unmask, params):
     for step in cached.trace.steps:
         assert step.exact["max_prob_error"] <= 1e-5
         for layer in step.exact["cache_vs_exact"].values():
-            stored = [c for c in layer["k"][: cached.trace.blocks_from + 4 * step.block] if c is not None]
-            assert stored and min(stored) >= 1 - 1e-5
+            held = layer["k"][: cached.trace.blocks_from + 4 * step.block]
+            assert held and None not in held and min(held) >= 1 - 1e-5  # every stored entry, exact
+            assert all(c is None for c in layer["k"][cached.trace.blocks_from + 4 * (step.block + 1):])  # not held yet
 
 
 @torch.inference_mode()

@@ -161,7 +161,10 @@ def test_the_controls_follow_the_loaded_models_kind():
     assert [n for _, n in cache_choices(specs, BLOCK_MODEL)] == list(registry.for_model("block", registry.CACHE))
     assert "block" not in [n for _, n in cache_choices(specs, MASKED_MODEL)]
     assert kind_values(specs, BLOCK_MODEL, MASKED_MODEL) == {
-        "cache": {"choices": cache_choices(specs, BLOCK_MODEL), "value": "block"}, "block_size": {"value": B}}
+        "cache": {"choices": cache_choices(specs, BLOCK_MODEL), "value": "block"}, "block_size": {"value": B},
+        "cache.sub_block": {"value": None}}  # the whole block at once
+    fast = {**BLOCK_MODEL, "name": "tiny-fast-dllm-v2", "sub_block": 8}  # its release decodes sub-blocks of 8
+    assert kind_values(specs, fast, MASKED_MODEL)["cache.sub_block"] == {"value": 8}
     back = kind_values(specs, MASKED_MODEL, BLOCK_MODEL)
     assert back["cache"]["value"] == "none" and "block" not in [n for _, n in back["cache"]["choices"]]
     assert "value" not in kind_values(specs, MASKED_MODEL, MASKED_MODEL)["cache"]  # the user's choice stays

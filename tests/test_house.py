@@ -344,7 +344,6 @@ def test_no_arrow_runs_up_the_layers():
 # is not a string literal is keyed by its source text. An entry nothing matches any more fails too.
 PROBES_ALLOWED = {
     ("dllm_local/experiments/problems.py", "strerror"): "an OSError's message; UnicodeDecodeError has none",
-    ("dllm_local/models/dream.py", "initializer_range"): "optional field of a transformers config",
     ("dllm_local/models/llada.py", "init_std"): "optional field of a transformers config",
     ("dllm_local/tiny/train.py", "trained_gen_length"): "our own optional key in a transformers config",
     ("dllm_local/models/layers.py", "_hf_hook"): "accelerate sets the hook only on dispatched modules",

@@ -40,8 +40,8 @@ def test_each_settings_flag_is_its_knob(name):
     k, action = knob(name), _actions("generate")[PARAMS_FLAGS.get(name, name)]
     if name in PARAMS_FLAGS:
         assert parse_params(action.default) == k.default
-    elif name == "unmask":  # no default of its own: a parameter flag may choose the policy
-        assert action.default is None and str(k.default) in action.help
+    elif name in ("unmask", "block_size", "cache"):  # unset: a parameter flag may choose the policy, the
+        assert action.default is None and str(k.default) in action.help  # model its block and cache
     else:
         assert action.default == k.default
     assert k.help.replace("%", "%%") in action.help

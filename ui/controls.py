@@ -51,7 +51,9 @@ def model_start(model: dict) -> dict:
     """The cache and block size a run of ``model`` starts at: a block model's block cache and the
     block it was trained with; a masked model's defaults."""
     if is_block_model(model):
-        return {"cache": "block", "block_size": int(model.get("block_size") or knob("block_size").default)}
+        start = {"cache": "block", "block_size": int(model.get("block_size") or knob("block_size").default)}
+        # Its release's sub-blocks (Fast-dLLM v2), else the whole block at once.
+        return {**start, knob_key("cache", "sub_block"): int(model["sub_block"]) if model.get("sub_block") else None}
     return {"cache": knob("cache").default, "block_size": knob("block_size").default}
 
 

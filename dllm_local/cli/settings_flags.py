@@ -57,6 +57,8 @@ def model_defaults(args: argparse.Namespace, handle) -> None:
     accepted (its block is the answer)."""
     if handle.kind == "block":
         args.block_size = args.block_size or handle.block_size
+        if args.cache is None and handle.model.sub_block:  # decoded as its release decodes it
+            args.cache_param = [f"sub_block={handle.model.sub_block}", *args.cache_param]
         args.cache = args.cache or "block"
     elif handle.kind == "canvas":
         args.block_size = args.gen_length

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
-from transformers import PretrainedConfig, PreTrainedModel
+from transformers import PretrainedConfig
 
 from .attention import BIDIRECTIONAL, Attention, AttentionLayout, ForwardObserver, begin
-from .cache import CacheFork, CacheView, KVCache
-from .layers import RMSNorm, attend, check_positions, layer_devices, rope_cos_sin
+from .cache import CacheFork, CacheView
+from .layers import RMSNorm, SwiGLU, attend, check_positions, rope_cos_sin
 from .llada import DiffusionLMOutput
+from .stack import LayerStackLM
 
 
 class DreamConfig(PretrainedConfig):
@@ -33,9 +33,11 @@ class DreamConfig(PretrainedConfig):
         rope_theta: float = 1000000.0,
         mask_token_id: int = 151666,
         tie_word_embeddings: bool = False,
+        initializer_range: float = 0.02,
         **kwargs,
     ) -> None:
         self.vocab_size = vocab_size
+        self.initializer_range = initializer_range
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
         self.num_hidden_layers = num_hidden_layers
@@ -80,22 +82,11 @@ class DreamAttention(nn.Module):
         return self.o_proj(attend(q, k, v, rope, self.index, attention))
 
 
-class DreamMLP(nn.Module):
-    def __init__(self, config: DreamConfig) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class DreamDecoderLayer(nn.Module):
     def __init__(self, config: DreamConfig, index: int) -> None:
         super().__init__()
         self.self_attn = DreamAttention(config, index)
-        self.mlp = DreamMLP(config)
+        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -112,44 +103,20 @@ class DreamBaseModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
-class DreamModel(PreTrainedModel):
+class DreamModel(LayerStackLM):
     config_class = DreamConfig
-    base_model_prefix = "model"
     _no_split_modules = ["DreamDecoderLayer"]
     packs_requests = False  # its shifted logits read each position's predecessor: one request a forward
     layout = BIDIRECTIONAL
     block_size = None  # bidirectional: no block of its own
     experts = None  # dense
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
-    _supports_sdpa = True
 
     def __init__(self, config: DreamConfig) -> None:
         super().__init__(config)
         self.model = DreamBaseModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
-
-    def _init_weights(self, module: nn.Module) -> None:
-        std = getattr(self.config, "initializer_range", 0.02)
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=std)
-            if isinstance(module, nn.Linear) and module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, RMSNorm):
-            nn.init.ones_(module.weight)
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.embed_tokens
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.lm_head
-
-    def new_cache(self, slots: int = 1, max_len: int | None = None) -> KVCache:
-        c = self.config
-        ref = self.model.embed_tokens.weight
-        max_len = max_len or c.max_position_embeddings
-        return KVCache(c.num_hidden_layers, slots, c.num_key_value_heads, max_len, c.head_dim, ref.dtype,
-                       layer_devices(self.model.layers))
 
     def forward(
         self,

@@ -41,6 +41,10 @@ class FastDLLMv2Config(DreamConfig):
                          use_sliding_window=use_sliding_window, layer_types=layer_types, bd_size=bd_size, **kwargs)
 
 
+# Its generate decodes each block in sub-blocks of 8 (``small_block_size``), as released.
+RELEASED_SUB_BLOCK = 8
+
+
 class FastDLLMv2ForCausalLM(DreamModel):
     """Dream's shifted-head Qwen2 model under ``BlockCausal(bd_size)``: a forward without cache is
     the released model's inference forward (its ``eval_block_diff_mask``) with the logits shifted
@@ -53,6 +57,7 @@ class FastDLLMv2ForCausalLM(DreamModel):
         super().__init__(config)
         self.layout = BlockCausal(config.bd_size)
         self.block_size = config.bd_size
+        self.sub_block = RELEASED_SUB_BLOCK
 
 
 WEIGHTS = ("model.embed_tokens.weight", re.compile(r"model\.layers\.(\d+)\."),

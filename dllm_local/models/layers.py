@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from ..errors import SequenceTooLongError
 from .attention import Attention
@@ -68,3 +69,27 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: tuple[torch.
     attend as this forward's ``attention`` lays out: ``[batch, n, heads * head_dim]``."""
     cos, sin = rope
     return attention(layer, apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)
+
+
+class SwiGLU(nn.Module):
+    """The gated MLP of Llama, Qwen and their kin, with their weight names."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def mix_experts(flat: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, experts: nn.ModuleList) -> torch.Tensor:
+    """``flat`` ``[N, hidden]`` through the experts each row was routed to (``chosen`` ``[N, k]``),
+    weighted (``weights`` ``[N, k]``, in ``flat``'s dtype) and summed: each expert runs once, on
+    exactly its rows, in ascending order of expert (as the references add them up)."""
+    out = torch.zeros_like(flat)
+    for expert in torch.unique(chosen).tolist():
+        row, slot = torch.where(chosen == expert)
+        out.index_add_(0, row, (experts[expert](flat[row]) * weights[row, slot, None]).to(out.dtype))
+    return out

@@ -132,6 +132,7 @@ class LLaDAModelLM(PreTrainedModel):
     layout = BIDIRECTIONAL
     block_size = None  # bidirectional: no block of its own
     experts = None  # dense
+    sub_block: int | None = None  # block diffusion decoded in sub-blocks, as released (Fast-dLLM v2)
 
     def __init__(self, config: LLaDAConfig) -> None:
         super().__init__(config)

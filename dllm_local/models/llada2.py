@@ -14,12 +14,12 @@ import re
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from transformers import PretrainedConfig, PreTrainedModel
+from transformers import PretrainedConfig
 
-from .attention import Attention, BlockCausal, ForwardObserver, Segment, begin
-from .cache import CacheFork, CacheView, KVCache
-from .layers import RMSNorm, apply_rope, check_positions, layer_devices, rope_cos_sin
+from .attention import Attention, BlockCausal
+from .layers import RMSNorm, SwiGLU, apply_rope
 from .llada import DiffusionLMOutput
+from .stack import LayerStackLM
 
 # The block LLaDA2 was trained with and its released generate decodes by (block_length=32); the
 # released config.json names none.
@@ -99,17 +99,6 @@ class LLaDA2MoeConfig(PretrainedConfig):
         return self.num_experts is not None and layer >= self.first_k_dense_replace
 
 
-class LLaDA2MoeMLP(nn.Module):
-    def __init__(self, config: LLaDA2MoeConfig, intermediate_size: int) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, config.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class LLaDA2MoeGate(nn.Module):
     """Sigmoid router: the bias steers the choice only; the weights are the unbiased scores of
     the chosen experts, normalised to sum 1, times ``routed_scaling_factor`` (all in float32)."""
@@ -141,10 +130,10 @@ class LLaDA2MoeSparseMoeBlock(nn.Module):
     def __init__(self, config: LLaDA2MoeConfig) -> None:
         super().__init__()
         self.gate = LLaDA2MoeGate(config)
-        self.experts = nn.ModuleList(LLaDA2MoeMLP(config, config.moe_intermediate_size)
+        self.experts = nn.ModuleList(SwiGLU(config.hidden_size, config.moe_intermediate_size)
                                      for _ in range(config.num_experts))
         self.shared_experts = (None if config.num_shared_experts is None else
-                               LLaDA2MoeMLP(config, config.moe_intermediate_size * config.num_shared_experts))
+                               SwiGLU(config.hidden_size, config.moe_intermediate_size * config.num_shared_experts))
 
     def forward(self, x: torch.Tensor, layer: int, attention: Attention) -> torch.Tensor:
         shape = x.shape
@@ -198,7 +187,7 @@ class LLaDA2MoeDecoderLayer(nn.Module):
         self.index = index
         self.attention = LLaDA2MoeAttention(config, index)
         self.mlp = (LLaDA2MoeSparseMoeBlock(config) if config.is_moe(index)
-                    else LLaDA2MoeMLP(config, config.intermediate_size))
+                    else SwiGLU(config.hidden_size, config.intermediate_size))
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -218,12 +207,9 @@ class LLaDA2MoeModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
-class LLaDA2MoeModelLM(PreTrainedModel):
+class LLaDA2MoeModelLM(LayerStackLM):
     config_class = LLaDA2MoeConfig
-    base_model_prefix = "model"
     _no_split_modules = ["LLaDA2MoeDecoderLayer"]
-    _supports_sdpa = True
-    packs_requests = True  # every layer but attention is per position
     block_size = TRAINED_BLOCK
 
     def __init__(self, config: LLaDA2MoeConfig) -> None:
@@ -235,51 +221,21 @@ class LLaDA2MoeModelLM(PreTrainedModel):
         self.post_init()
 
     def _init_weights(self, module: nn.Module) -> None:
-        std = self.config.initializer_range
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=std)
-            if isinstance(module, nn.Linear) and module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, LLaDA2MoeGate):
-            nn.init.normal_(module.weight, mean=0.0, std=std)
+        if isinstance(module, LLaDA2MoeGate):
+            nn.init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
             nn.init.zeros_(module.expert_bias)
-        elif isinstance(module, RMSNorm):
-            nn.init.ones_(module.weight)
+        else:
+            super()._init_weights(module)
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.word_embeddings
 
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.lm_head
+    def rope_dim(self) -> int:
+        return self.config.rope_dim
 
-    def new_cache(self, slots: int = 1, max_len: int | None = None) -> KVCache:
-        c = self.config
-        return KVCache(c.num_hidden_layers, slots, c.num_key_value_heads, max_len or c.max_position_embeddings,
-                       c.head_dim, self.model.word_embeddings.weight.dtype, layer_devices(self.model.layers))
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor | None = None,
-        cache: CacheView | CacheFork | None = None,
-        observers: tuple[ForwardObserver, ...] = (),
-        segments: list[Segment] | None = None,
-        layout: BlockCausal | None = None,
-        **unused,
-    ) -> DiffusionLMOutput:
-        """Float32 logits ``[batch, n, vocab]`` (the reference's ``.float()``) for the ``n`` given
-        tokens at absolute ``positions``, under ``layout`` (default: blocks of the trained size).
-        With a cache, only these positions are computed, their K/V written; without, a full forward."""
-        if positions is None:
-            positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-        bounds = check_positions(positions, self.config.max_positions)
-        attention = begin(positions, bounds, cache, observers, segments, layout or self.layout)
-        rope = rope_cos_sin(positions, self.config.rope_dim, self.config.rope_theta)
-        x = self.model.word_embeddings(input_ids)
-        for layer in self.model.layers:
-            x = layer(x, rope, attention)
-        return DiffusionLMOutput(logits=self.lm_head(self.model.norm(x)).float())
-
+    def forward(self, input_ids: torch.Tensor, *args, **kwargs) -> DiffusionLMOutput:
+        """As every layer stack's, in float32 (the reference's ``.float()``)."""
+        return DiffusionLMOutput(logits=super().forward(input_ids, *args, **kwargs).logits.float())
 
 WEIGHTS = ("model.word_embeddings.weight", re.compile(r"model\.layers\.(\d+)\."),
            lambda c: ([c.vocab_size, c.hidden_size], c.num_hidden_layers))

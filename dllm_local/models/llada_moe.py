@@ -17,12 +17,11 @@ import re
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from transformers import PretrainedConfig, PreTrainedModel
+from transformers import PretrainedConfig
 
-from .attention import BIDIRECTIONAL, Attention, AttentionLayout, ForwardObserver, Segment, begin
-from .cache import CacheFork, CacheView, KVCache
-from .layers import RMSNorm, apply_rope, check_positions, layer_devices, rope_cos_sin
-from .llada import DiffusionLMOutput
+from .attention import Attention
+from .layers import RMSNorm, SwiGLU, apply_rope, mix_experts
+from .stack import LayerStackLM
 
 
 class LLaDAMoEConfig(PretrainedConfig):
@@ -97,23 +96,12 @@ class LLaDAMoEConfig(PretrainedConfig):
         return self.max_position_embeddings
 
 
-class LLaDAMoEMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class LLaDAMoESparseMoeBlock(nn.Module):
     def __init__(self, config: LLaDAMoEConfig, index: int) -> None:
         super().__init__()
         self.index, self.top_k = index, config.num_experts_per_tok
         self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=False)
-        self.experts = nn.ModuleList(LLaDAMoEMLP(config.hidden_size, config.expert_intermediate_size)
+        self.experts = nn.ModuleList(SwiGLU(config.hidden_size, config.expert_intermediate_size)
                                      for _ in range(config.num_experts))
         bias = torch.zeros(config.num_experts) if config.moe_router_enable_expert_bias else None
         self.register_buffer("expert_bias", bias)  # saved with the weights where the config enables it
@@ -128,11 +116,7 @@ class LLaDAMoESparseMoeBlock(nn.Module):
         weights = weights.to(x.dtype)
         # One forward's rows are variants of the same positions: the first row's routing is shown.
         attention.routed(self.index, chosen.view(-1, x.shape[-2], self.top_k)[0])
-        out = torch.zeros_like(flat)
-        # Experts in ascending order, each adding into the rows routed to it, as the reference sums.
-        for expert in torch.unique(chosen).tolist():
-            row, slot = torch.where(chosen == expert)
-            out.index_add_(0, row, (self.experts[expert](flat[row]) * weights[row, slot, None]).to(out.dtype))
+        out = mix_experts(flat, chosen, weights, self.experts)
         return out.view_as(x)
 
 
@@ -177,9 +161,9 @@ class LLaDAMoEDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(d, eps)
         self.post_attention_layernorm = RMSNorm(d, eps)
         self.sparse = config.moe_layer_freq[index] != 0
-        self.mlp = LLaDAMoESparseMoeBlock(config, index) if self.sparse else LLaDAMoEMLP(d, config.dense_intermediate_size)
+        self.mlp = LLaDAMoESparseMoeBlock(config, index) if self.sparse else SwiGLU(d, config.dense_intermediate_size)
         shared = config.shared_expert_intermediate_size
-        self.shared_expert = LLaDAMoEMLP(d, shared) if self.sparse and shared is not None else None
+        self.shared_expert = SwiGLU(d, shared) if self.sparse and shared is not None else None
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attention: Attention) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rope, attention)
@@ -198,15 +182,10 @@ class LLaDAMoEModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
-class LLaDAMoEModelLM(PreTrainedModel):
+class LLaDAMoEModelLM(LayerStackLM):
     config_class = LLaDAMoEConfig
-    base_model_prefix = "model"
     _no_split_modules = ["LLaDAMoEDecoderLayer"]
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
-    _supports_sdpa = True
-    packs_requests = True  # every layer but attention is per position, the router included
-    layout = BIDIRECTIONAL
-    block_size = None  # bidirectional: no block of its own
 
     def __init__(self, config: LLaDAMoEConfig) -> None:
         super().__init__(config)
@@ -215,50 +194,8 @@ class LLaDAMoEModelLM(PreTrainedModel):
         self.experts = (config.num_experts, config.num_experts_per_tok)
         self.post_init()
 
-    def _init_weights(self, module: nn.Module) -> None:
-        std = self.config.initializer_range
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=std)
-            if isinstance(module, nn.Linear) and module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, RMSNorm):
-            nn.init.ones_(module.weight)
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.embed_tokens
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.lm_head
-
-    def new_cache(self, slots: int = 1, max_len: int | None = None) -> KVCache:
-        c = self.config
-        ref = self.model.embed_tokens.weight
-        dtype = ref.dtype if ref.is_floating_point() else torch.bfloat16
-        return KVCache(c.num_hidden_layers, slots, c.num_key_value_heads, max_len or c.max_positions, c.head_dim,
-                       dtype, layer_devices(self.model.layers))
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor | None = None,
-        cache: CacheView | CacheFork | None = None,
-        observers: tuple[ForwardObserver, ...] = (),
-        segments: list[Segment] | None = None,
-        layout: AttentionLayout | None = None,
-        **unused,
-    ) -> DiffusionLMOutput:
-        """Logits ``[batch, n, vocab]`` for the ``n`` given tokens at absolute ``positions``; with a
-        cache only they are recomputed (LLaDA's contract), and each MoE layer reports its routing."""
-        if positions is None:
-            positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-        bounds = check_positions(positions, self.config.max_positions)
-        attention = begin(positions, bounds, cache, observers, segments, layout or self.layout)
-        rope = rope_cos_sin(positions, self.config.rotary_dim, self.config.rope_theta)
-        x = self.model.embed_tokens(input_ids)
-        for layer in self.model.layers:
-            x = layer(x, rope, attention)
-        return DiffusionLMOutput(logits=self.lm_head(self.model.norm(x)))
-
+    def rope_dim(self) -> int:
+        return self.config.rotary_dim
 
 # The loader's facts: input embedding, a layer's tensors, the sizes the config gives them.
 WEIGHTS = ("model.embed_tokens.weight", re.compile(r"model\.layers\.(\d+)\."),

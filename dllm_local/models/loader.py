@@ -96,6 +96,7 @@ class ModelHandle:
             "layers": self.model.config.get_text_config().num_hidden_layers, "kind": self.kind,
             **({"experts": self.experts[0], "active_experts": self.experts[1]} if self.experts else {}),
             **({"block_size": self.block_size} if self.block_size else {}),
+            **({"sub_block": self.model.sub_block} if self.kind == "block" and self.model.sub_block else {}),
             **({"canvas_length": self.canvas_length, "canvas_defaults": self.canvas_defaults}
                if self.canvas_length else {}),
             **self._quantization_summary(),

@@ -54,6 +54,7 @@ class DiffusionLM(Protocol):
     # A block-diffusion model's trained block (``layout`` is ``BlockCausal`` of it); None: bidirectional.
     block_size: int | None
     experts: tuple[int, int] | None  # a mixture of experts': (experts per layer, routed per token)
+    sub_block: int | None  # the sub-block its released sampler decodes a block in (Fast-dLLM v2: 8)
 
     def new_cache(self, slots: int = 1, max_len: int | None = None) -> KVCache:
         """A KV cache of ``slots`` requests, each up to ``max_len`` positions (default: the model's)."""

@@ -14,12 +14,11 @@ import re
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from transformers import PretrainedConfig, PreTrainedModel
+from transformers import PretrainedConfig
 
-from .attention import Attention, AttentionLayout, BlockCausal, ForwardObserver, Segment, begin
-from .cache import CacheFork, CacheView, KVCache
-from .layers import RMSNorm, attend, check_positions, layer_devices, rope_cos_sin
-from .llada import DiffusionLMOutput
+from .attention import Attention, BlockCausal
+from .layers import RMSNorm, SwiGLU, attend, mix_experts
+from .stack import LayerStackLM
 
 
 class SDARConfig(PretrainedConfig):
@@ -129,17 +128,6 @@ class SDARAttention(nn.Module):
         return self.o_proj(attend(q, k, v, rope, self.index, attention))
 
 
-class SDARMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class SDARSparseMoeBlock(nn.Module):
     """Qwen3-MoE's experts: each position's top-k of a float32 softmax over the router's logits."""
 
@@ -147,7 +135,7 @@ class SDARSparseMoeBlock(nn.Module):
         super().__init__()
         self.index, self.top_k, self.norm_topk_prob = index, config.num_experts_per_tok, config.norm_topk_prob
         self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=False)
-        self.experts = nn.ModuleList(SDARMLP(config.hidden_size, config.moe_intermediate_size)
+        self.experts = nn.ModuleList(SwiGLU(config.hidden_size, config.moe_intermediate_size)
                                      for _ in range(config.num_experts))
 
     def forward(self, x: torch.Tensor, attention: Attention) -> torch.Tensor:
@@ -160,11 +148,7 @@ class SDARSparseMoeBlock(nn.Module):
         weights = weights.to(x.dtype)
         # The first row's choices: several rows of one forward are variants of the same positions.
         attention.routed(self.index, chosen.view(b, n, self.top_k)[0])
-        out = torch.zeros_like(flat)
-        for e in torch.unique(chosen).tolist():
-            token, slot = torch.where(chosen == e)
-            y = self.experts[e](flat[token]) * weights[token, slot, None]
-            out.index_add_(0, token, y.to(out.dtype))
+        out = mix_experts(flat, chosen, weights, self.experts)
         return out.view(b, n, d)
 
 
@@ -174,7 +158,7 @@ class SDARDecoderLayer(nn.Module):
         self.self_attn = SDARAttention(config, index)
         self.sparse = config.sparse_layer(index)
         self.mlp = (SDARSparseMoeBlock(config, index) if self.sparse
-                    else SDARMLP(config.hidden_size, config.intermediate_size))
+                    else SwiGLU(config.hidden_size, config.intermediate_size))
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -192,15 +176,10 @@ class SDARModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
-class SDARForCausalLM(PreTrainedModel):
+class SDARForCausalLM(LayerStackLM):
     config_class = SDARConfig
-    base_model_prefix = "model"
     _no_split_modules = ["SDARDecoderLayer"]
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}  # SDAR-1.7B ties them
-    _supports_sdpa = True
-    packs_requests = True  # every layer but attention is per position
-    block_size: int
-    experts: tuple[int, int] | None = None  # dense
 
     def __init__(self, config: SDARConfig) -> None:
         super().__init__(config)
@@ -210,51 +189,6 @@ class SDARForCausalLM(PreTrainedModel):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
-    def _init_weights(self, module: nn.Module) -> None:
-        std = self.config.initializer_range
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=std)
-            if isinstance(module, nn.Linear) and module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, RMSNorm):
-            nn.init.ones_(module.weight)
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.embed_tokens
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.lm_head
-
-    def new_cache(self, slots: int = 1, max_len: int | None = None) -> KVCache:
-        c = self.config
-        return KVCache(c.num_hidden_layers, slots, c.num_key_value_heads, max_len or c.max_position_embeddings,
-                       c.head_dim, self.model.embed_tokens.weight.dtype, layer_devices(self.model.layers))
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor | None = None,
-        cache: CacheView | CacheFork | None = None,
-        observers: tuple[ForwardObserver, ...] = (),
-        segments: list[Segment] | None = None,
-        layout: AttentionLayout | None = None,
-        **unused,
-    ) -> DiffusionLMOutput:
-        """Logits ``[batch, n, vocab]`` for the ``n`` given tokens at absolute ``positions``.
-
-        Without a cache, a full forward over them under the block-causal mask (``layout``, or the
-        trained block's); with one, their K/V are written and they attend every valid entry the
-        layout allows (``observers`` watching); ``segments``: several requests packed in one row.
-        """
-        if positions is None:
-            positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-        bounds = check_positions(positions, self.config.max_positions)
-        attention = begin(positions, bounds, cache, observers, segments, layout or self.layout)
-        rope = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
-        x = self.model.embed_tokens(input_ids)
-        for layer in self.model.layers:
-            x = layer(x, rope, attention)
-        return DiffusionLMOutput(logits=self.lm_head(self.model.norm(x)))
 
 
 class SDARMoeForCausalLM(SDARForCausalLM):

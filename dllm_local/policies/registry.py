@@ -138,7 +138,8 @@ class PolicySpec:
     def to_dict(self) -> dict:
         return {"kind": self.kind, "name": self.name, "label": self.label, "description": self.description,
                 "params": [p.to_dict() for p in self.params], "needs_guider": self.needs_guider,
-                "uses_steps": self.uses_steps, "slides": self.slides, "block_by_block": self.block_by_block}
+                "uses_steps": self.uses_steps, "slides": self.slides, "block_by_block": self.block_by_block,
+                "model_kinds": list(self.model_kinds)}
 
 
 CACHE: dict[str, PolicySpec] = {}

@@ -9,11 +9,11 @@ FOLDER`` writes it again).
 """
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 
 import torch
+
+from . import checkpoint_cli
 
 GEMMA_CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{{ '<start_of_turn>' + ('model' if message['role'] == 'assistant' "
@@ -80,12 +80,5 @@ def build_checkpoint(path: str | Path, init_seed: int = 0, canvas_length: int = 
     return path
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("folder")
-    args = parser.parse_args()
-    print(json.dumps({"written": str(build_checkpoint(args.folder))}))
-
-
 if __name__ == "__main__":
-    main()
+    checkpoint_cli(build_checkpoint, __doc__)

@@ -11,11 +11,12 @@ dllm_local.tiny.fast_dllm_v2 FOLDER`` writes one.
 """
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import torch
+
+from . import checkpoint_cli
 
 QWEN25_CHAT_TEMPLATE = (
     "{%- if tools %}\n    {{- '<|im_start|>system\\n' }}\n    {%- if messages[0]['role'] == 'system' %}\n"
@@ -141,13 +142,6 @@ def generation_json(raw: dict) -> dict:
             "temperature": 0.7, "top_k": 20, "top_p": 0.8, "transformers_version": "4.53.1"}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("folder")
-    parser.add_argument("--untied", action="store_true", help="the 7B's layout: its own head, sharded weights")
-    args = parser.parse_args()
-    print(json.dumps({"written": str(build_checkpoint(args.folder, tie_word_embeddings=not args.untied))}))
-
-
 if __name__ == "__main__":
-    main()
+    checkpoint_cli(build_checkpoint, __doc__, {"untied": ("the 7B's layout: its own head, sharded weights",
+                                                          "tie_word_embeddings", False)})

@@ -11,11 +11,12 @@ FOLDER`` writes one.
 """
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import torch
+
+from . import checkpoint_cli
 
 MASK, ROLE_END = "<|mask|>", "<|role_end|>"
 # The Ling/LLaDA2 chat layout: a system turn that always says "detailed thinking off", then
@@ -94,12 +95,5 @@ def build_checkpoint(path: str | Path, init_seed: int = 0, logit_scale: float = 
     return path
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("folder")
-    args = parser.parse_args()
-    print(json.dumps({"written": str(build_checkpoint(args.folder))}))
-
-
 if __name__ == "__main__":
-    main()
+    checkpoint_cli(build_checkpoint, __doc__)

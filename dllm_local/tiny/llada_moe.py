@@ -9,11 +9,12 @@ template. Never trained: it shows the mechanics (routing, caches, unmasking), no
 """
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import torch
+
+from . import checkpoint_cli
 
 # The Instruct checkpoint's turns: <role>HUMAN</role>...<|role_end|><role>ASSISTANT</role>.
 CHAT_TEMPLATE = (
@@ -111,12 +112,5 @@ def build_checkpoint(path: str | Path, init_seed: int = 0, logit_scale: float = 
     return path
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("folder")
-    args = parser.parse_args()
-    print(json.dumps({"written": str(build_checkpoint(args.folder))}))
-
-
 if __name__ == "__main__":
-    main()
+    checkpoint_cli(build_checkpoint, __doc__)

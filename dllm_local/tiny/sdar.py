@@ -14,12 +14,13 @@ It has never been trained: it shows the mechanics of block diffusion, not good a
 """
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+
+from . import checkpoint_cli
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -231,13 +232,5 @@ def build_checkpoint(path: str | Path, init_seed: int = 0, moe: bool = False, lo
     return path
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("folder")
-    parser.add_argument("--moe", action="store_true", help="SDAR MoE (sdar_moe) instead of dense SDAR")
-    args = parser.parse_args()
-    print(json.dumps({"written": str(build_checkpoint(args.folder, moe=args.moe))}))
-
-
 if __name__ == "__main__":
-    main()
+    checkpoint_cli(build_checkpoint, __doc__, {"moe": ("SDAR MoE (sdar_moe) instead of dense SDAR", "moe", True)})
