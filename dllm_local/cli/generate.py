@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> None:
     st = result.stats
     print(result.text)
     print(
-        f"\nNFE {st.nfe} | tokens/forward {st.tokens_per_forward:.2f} (content {st.content_tokens_per_forward:.2f}) | "
+        f"\nNFE {st.nfe}{f' (+ {st.store_forwards} K/V store forwards)' if st.store_forwards else ''} | tokens/forward {st.tokens_per_forward:.2f} (content {st.content_tokens_per_forward:.2f}) | "
         f"G {st.mean_g:.1f} | cache hits {st.cache_hit_rate:.0%} | {st.content_tokens_per_s:.1f} content tok/s "
         f"({st.tokens_per_s:.1f} all) from model time {st.model_s:.3f}s | wall {st.wall_s:.3f}s",
         file=sys.stderr,
