@@ -3,6 +3,7 @@ concurrent requests (--concurrency)."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ..devices import DEVICES
 from ..errors import SettingsError
@@ -10,7 +11,7 @@ from ..experiments.bench import STRATEGY_SETS
 from ..experiments.problems import SCORERS
 from ..tiny.tasks import TASKS
 from .common import BATCH_HELP, at_least_one, check_out, guider_for, load_model, write_out
-from .settings_flags import add_settings_args, settings_from_args
+from .settings_flags import add_settings_args, model_defaults, settings_from_args
 
 NAME = "bench"
 SUMMARY = "strategies side by side on an evaluation set: one table"
@@ -44,7 +45,8 @@ def _repeats(text: str) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--set", default="headline", choices=list(STRATEGY_SETS), help="strategy set")
+    p.add_argument("--set", default="headline", choices=list(STRATEGY_SETS),
+                   help="strategy set (a block-diffusion model's: block)")
     p.add_argument("--task", default="arithmetic", choices=TASKS)
     p.add_argument("--jsonl", default=None, help="a file of {prompt, answer} lines instead of a tiny task")
     p.add_argument("--scorer", default="exact_number", choices=list(SCORERS), help="for --jsonl")
@@ -69,7 +71,6 @@ def run(args: argparse.Namespace) -> None:
     from ..experiments.bench import format_concurrency, format_table, run_bench, run_concurrency
     from ..experiments.problems import jsonl_problems, task_problems
 
-    base = settings_from_args(args)
     check_out(args.out)
     if args.concurrency and (args.batch_size != 1 or args.set != "headline"):
         raise SettingsError("--concurrency decodes each level as one batch of its own size, with the settings "
@@ -80,6 +81,12 @@ def run(args: argparse.Namespace) -> None:
         problems = task_problems(args.task, args.n, args.seed_data)
     handle = load_model(args, args.quiet, batched=args.batch_size > 1 or bool(args.concurrency))
     handle.require_masked("bench")
+    model_defaults(args, handle)  # a block-diffusion model: its own block and its exact cache
+    base = settings_from_args(args)
+    if handle.kind == "block":  # and the policies that apply to it
+        if args.set != "block":
+            print(f"{handle.name} is a block-diffusion model: the block set, not {args.set}", file=sys.stderr)
+            args.set = "block"
     if args.concurrency:
         guider = guider_for(args, handle, needed=True)
         report = run_concurrency(handle, guider, problems, args.concurrency, base, args.gpu, progress=not args.quiet,

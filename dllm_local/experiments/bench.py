@@ -75,7 +75,15 @@ def _headline() -> list[Strategy]:
             Strategy({**FAST_DLLM, "trace": "off"}, note="trace off")]
 
 
-STRATEGY_SETS: dict[str, Callable[[], list[Strategy]]] = {"cache-x-unmask": _cache_x_unmask, "headline": _headline}
+def _block() -> list[Strategy]:
+    """A block-diffusion model's set: full recompute under the block-causal mask, then its exact
+    block cache with every unmasking policy (at the settings' block and cache parameters)."""
+    return [Strategy({"cache": "none", **rule}) for rule in _unmask_rules()[:1]] + [
+        Strategy({"cache": "block", **rule}) for rule in _unmask_rules()]
+
+
+STRATEGY_SETS: dict[str, Callable[[], list[Strategy]]] = {"cache-x-unmask": _cache_x_unmask, "headline": _headline,
+                                                          "block": _block}
 
 
 # Repeats of one row whose times spread wider than this (max - min over the median) are flagged:
