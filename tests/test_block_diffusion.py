@@ -124,3 +124,13 @@ def test_every_family_decodes_on_the_cli_with_json(capsys, name):
         assert trace["stats"]["store_forwards"] >= 1
     assert ("experts" in info) == (name in ("tiny-sdar-moe", "tiny-llada2", "tiny-llada-moe"))
     assert trace["final_ids"] and trace["stats"]["nfe"] >= 1
+
+
+def test_bench_on_a_block_model_runs_the_block_set_at_its_own_block(capsys):
+    """`bench` on a block-diffusion model: its exact block cache with each unmasking policy (and the
+    full recompute it is read against), whatever set was asked for, each row a real run."""
+    assert cli_main(["bench", "--model", "tiny-sdar", "--n", "1", "--repeats", "1", "--gen-length", "8", "--quiet"]) == 0
+    out, err = capsys.readouterr()
+    assert "block-diffusion model: the block set" in err
+    rows = [line.split("  ")[0] for line in out.splitlines() if line.startswith(("none +", "block +"))]
+    assert rows[0].startswith("none + fixed") and "block + edit 0.7 0.5" in rows and len(rows) >= 6
