@@ -71,8 +71,13 @@ def test_each_control_opens_on_its_knobs_default(page, name):
 
 
 def test_the_policy_menus_offer_the_knobs_choices(page):
-    for kind in ("cache", "unmask"):
-        assert {value for _, value in _control(page, kind).choices} == set(knob(kind).choices)
+    """Every unmasking policy; every cache policy the loaded model's kind takes (the tiny model
+    is bidirectional: the block cache is a block-diffusion model's)."""
+    from dllm_local.policies import registry
+
+    assert {value for _, value in _control(page, "unmask").choices} == set(knob("unmask").choices)
+    masked = set(registry.for_model("masked", registry.CACHE))
+    assert {value for _, value in _control(page, "cache").choices} == masked == set(knob("cache").choices) - {"block"}
 
 
 def test_untouched_controls_make_the_default_settings(page):
