@@ -28,6 +28,7 @@ LAYERS = {
     "dllm_local": 3,                   # the root __init__: the public API, re-exporting batch, sampler, loader
     "dllm_local.experiments": 3,       # bench, sweep, eval, cluster, cost model: built on batch and sampler
     "dllm_local.tiny.train": 3,        # a training script: builds LLaDA models
+    "dllm_local.tiny.block": 3,        # carries the tiny LLaDA into LLaDA2's format and fine-tunes it block by block
     "dllm_local.tiny.diffusion_gemma": 3,  # writes a random DiffusionGemma checkpoint with transformers' classes
     "dllm_local.tiny.llada_moe": 3,    # writes a random LLaDA-MoE checkpoint in the released format
     "dllm_local.tiny.sdar": 3,         # writes a random SDAR (dense or MoE) checkpoint in the released format

@@ -18,6 +18,7 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -167,36 +168,47 @@ def _save(model, tokenizer, target: Path) -> None:
     tokenizer.save_pretrained(target)
 
 
-def _loop(model, kind: str, target: Path, tokenizer, steps: int, seed: int, lr: float, warmup: int,
-          token_budget: int, save_every: int, log, stage: Stage | None = None, quiet: bool = False) -> None:
+def train_loop(model, name: str, target: Path, tokenizer, steps: int, seed: int, lr: float, warmup: int,
+          batch_loss: Callable[[int, random.Random, torch.Generator], torch.Tensor], save_every: int, log,
+          quiet: bool = False) -> None:
+    """AdamW on a cosine schedule; ``batch_loss(step, rng, gen)`` draws a batch and returns its loss."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
     start = time.time()
-    bar = tqdm(range(steps), desc=kind if stage is None else f"{kind} ({stage.name})", mininterval=5, disable=quiet)
+    bar = tqdm(range(steps), desc=name, mininterval=5, disable=quiet)
     for step in bar:
         for g in opt.param_groups:
             g["lr"] = _lr(step, steps, lr, warmup)
-        if stage is not None:
-            ids, answer = diffusion_batch(tokenizer, rng, seed, step, token_budget, stage)
-            loss = diffusion_loss(model, ids, answer, tokenizer.mask_token_id, gen, stage.block_suffix_share)
-        else:
-            ids, labels = guider_batch(tokenizer, seed, step, 96, rng)
-            logits = model(input_ids=ids).logits
-            loss = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+        loss = batch_loss(step, rng, gen)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         bar.set_postfix(loss=f"{loss.item():.3f}")
-        log.write(json.dumps({"stage": stage.name if stage else kind, "step": step, "loss": round(loss.item(), 5),
+        log.write(json.dumps({"stage": name, "step": step, "loss": round(loss.item(), 5),
                               "lr": opt.param_groups[0]["lr"], "elapsed_s": round(time.time() - start, 1)}) + "\n")
         log.flush()
         if save_every and (step + 1) % save_every == 0 and step + 1 < steps:
             _save(model, tokenizer, target)
     _save(model, tokenizer, target)
     print(f"saved {target} after {(time.time() - start) / 60:.1f} min")
+
+
+def _stage_loss(model, tokenizer, seed: int, token_budget: int, stage: Stage):
+    def batch_loss(step: int, rng: random.Random, gen: torch.Generator) -> torch.Tensor:
+        ids, answer = diffusion_batch(tokenizer, rng, seed, step, token_budget, stage)
+        return diffusion_loss(model, ids, answer, tokenizer.mask_token_id, gen, stage.block_suffix_share)
+    return batch_loss
+
+
+def _guider_loss(model, tokenizer, seed: int):
+    def batch_loss(step: int, rng: random.Random, gen: torch.Generator) -> torch.Tensor:
+        ids, labels = guider_batch(tokenizer, seed, step, 96, rng)
+        logits = model(input_ids=ids).logits
+        return F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+    return batch_loss
 
 
 def train(kind: str, out: Path, seed: int, token_budget: int, tokenizer, save_every: int = 0,
@@ -224,12 +236,13 @@ def train(kind: str, out: Path, seed: int, token_budget: int, tokenizer, save_ev
             for index, stage in enumerate(stages):
                 print(f"training {kind}, stage {stage.name}: {params / 1e6:.2f}M parameters, {stage.steps} steps "
                       f"-> {target}")
-                _loop(model, kind, target, tokenizer, stage.steps, seed + index, stage.lr,
-                      stage.warmup, token_budget, save_every, log, stage, quiet)
+                train_loop(model, stage.name, target, tokenizer, stage.steps, seed + index, stage.lr,
+                      stage.warmup, _stage_loss(model, tokenizer, seed + index, token_budget, stage), save_every,
+                      log, quiet)
         else:
             print(f"training {kind}: {params / 1e6:.2f}M parameters, {guider_steps} steps -> {target}")
-            _loop(model, kind, target, tokenizer, guider_steps, seed, guider_lr, 200, token_budget,
-                  save_every, log, quiet=quiet)
+            train_loop(model, kind, target, tokenizer, guider_steps, seed, guider_lr, 200,
+                  _guider_loss(model, tokenizer, seed), save_every, log, quiet)
     return target
 
 
