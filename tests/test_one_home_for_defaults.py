@@ -84,6 +84,7 @@ HOMES = {"dllm_local/settings.py", "dllm_local/limits.py"}
 SAME_VALUE_ALLOWED = {
     ("dllm_local/experiments/bench.py", "cache"): "the baseline row names LLaDA's plain decoding, whatever the default",
     ("dllm_local/experiments/bench.py", "unmask"): "the baseline row names LLaDA's plain decoding, whatever the default",
+    ("dllm_local/tiny/block.py", "seed"): "the fine-tuning seed, not the sampler's",
     ("dllm_local/tiny/tokenizer.py", "seed"): "the tokenizer's training seed, not the sampler's",
     ("dllm_local/tiny/train.py", "seed"): "the training seed, not the sampler's",
 }
