@@ -11,6 +11,7 @@ from dllm_local.limits import MAX_GEN_LENGTH
 from dllm_local.values import integer
 
 from . import acceptance, lessons
+from .edit_lessons import edit_verdict
 from .engine_handler import engine_handler
 from .engine_queue import ENGINE, client_of, error_text
 from .grid import token_label
@@ -53,7 +54,8 @@ def branch_views(trace: dict, step: int, color_by: str) -> tuple[str, str]:
     if not steps:
         return "", ""
     at = min(int(step), steps - 1)
-    verdicts = lessons.verdicts_html([*lessons.grid_verdicts(trace, at), acceptance.acceptance_verdict(trace, at)])
+    verdicts = lessons.verdicts_html([*lessons.grid_verdicts(trace, at), acceptance.acceptance_verdict(trace, at),
+                                         edit_verdict(trace, at)])
     return branch_title(trace) + grid_at(trace, at, color_by, 0.0), verdicts
 
 

@@ -60,6 +60,15 @@ def _history(trace: Trace, history: list[list]) -> tuple[str, str]:
     return struck, f" · history: {told}"
 
 
+def _edits(trace: Trace, edits: list[list]) -> tuple[str, str]:
+    """A position's rewritten tokens (an editing policy): struck through in blue under the box, told in the hover."""
+    struck = "".join(f'<s class="dl-edit-old" data-step="{at}" style="font-size:14px;color:#2166ac;">'
+                     f"{html.escape(token_label(trace, old))}</s>" for old, _, at, _ in edits)
+    told = "".join(f" · edited at step {at}: '{token_label(trace, old)}' -> '{token_label(trace, new)}' "
+                   f"(probability {q:.2f})" for old, new, at, q in edits)
+    return struck, told
+
+
 def _what_if_line(replay: dict | None, threshold: float | None, shown: int) -> str:
     if replay is None or shown < 0:
         return ""
@@ -185,7 +194,7 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
             if p in accepted:
                 title += f" · accepted by the verify forward (P(draft | masked) {accepted[p]:.2f})"
                 classes.append("dl-accepted")
-        if p in would or past:  # an event of its own: kept out of any folded run of ends
+        if p in would or past or state["edits"][p]:  # an event of its own: kept out of any folded run of ends
             eventful.add(p)
         if is_end_token(trace, token):
             ends[vis] = ends.get(vis, 0) + 1
@@ -203,6 +212,10 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
             classes.append("dl-whatif-box")
         if past:
             classes.append("dl-revised")
+        if state["edits"][p]:
+            struck, told = _edits(trace, state["edits"][p])
+            past, title = past + struck, title + told
+            classes.append("dl-edited")
         if window and p in window:
             style += policy_marks.window_bar(_WHAT_IF_SHADOW if p in would else "")
             classes.append("dl-window")
@@ -234,6 +247,8 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
         marks += ' · <s style="color:#d73027;">red struck</s> under a box: a draft self-verify sent back'
     if window is not None:
         marks += policy_marks.window_legend(window, accepted, swatch)
+    if any(state["edits"]):
+        marks += ' · <s style="color:#2166ac;">blue struck</s> under a box: the token an edit rewrote'
     if stray:
         marks += f' · <span style="{swatch}border:2px dashed #b00020;"></span>committed after the end of text'
     ends_legend = (f" · faded italic {', '.join(html.escape(label) for label in ends)}: end of text" if ends else "")

@@ -35,7 +35,7 @@ def _names(trace: Trace, tokens: set[int]) -> dict[int, str]:
 
 def _events(trace: Trace, shown: int, position: int) -> list[dict]:
     """What happened at the position up to step ``shown``, in order: commits (with what they
-    replaced), take-backs, drafts sent back, the verify forward's and the guider's acceptance."""
+    replaced), take-backs, in-place edits, drafts sent back, the verify forward's and the guider's acceptance."""
     where, events, taken_back = prompt_len(trace) + position, [], None
     for index, record in enumerate((trace.get("steps") or [])[: shown + 1]):
         policy = record.get("policy") or {}
@@ -57,6 +57,10 @@ def _events(trace: Trace, shown: int, position: int) -> list[dict]:
                 events.append({"kind": "taken back", "step": index, "token": int(token), "then": float(then),
                                "now": float(now)})
                 taken_back = int(token)
+        for p, token, probability, old in record.get("edited") or []:
+            if int(p) == where:
+                events.append({"kind": "edited", "step": index, "token": int(token), "old": int(old),
+                               "probability": float(probability)})
     return events
 
 
@@ -65,6 +69,9 @@ def _event_text(event: dict, names: dict[int, str]) -> str:
     if event["kind"] == "sent back":
         return (f"step {event['step']}: self-verify sent draft {name} back to mask "
                 f"(conflict score {event['score']:.3f})")
+    if event["kind"] == "edited":
+        return (f"step {event['step']}: edited in place, '{names[event['old']]}' -> {name} "
+                f"(probability {event['probability']:.2f})")
     if event["kind"] == "taken back":
         return (f"step {event['step']}: {name} taken back to mask (confidence at commit {event['then']:.2f}, "
                 f"probability then {event['now']:.2f})")
@@ -223,14 +230,16 @@ def position_panel_html(trace: Trace, step: int, position: int) -> str:
     shown, token, at, conf = state["step"], *(state[k][position] for k in ("ids", "commit_step", "confidence"))
     events = _events(trace, shown, position)
     candidates = candidates_at(trace, shown, position, at)
-    tokens = {e["token"] for e in events} | {e["replaces"] for e in events if e.get("replaces") is not None}
+    tokens = {e["token"] for e in events} | {e[k] for e in events for k in ("replaces", "old") if e.get(k) is not None}
     tokens |= {int(t) for _, pairs in candidates for t, _ in pairs} | ({token} if token is not None else set())
     names = _names(trace, tokens)
     when = "before any step" if shown < 0 else f"after step {shown}"
     head = f"Position {position} · {when}"
     if token is not None:
+        how = ("written by an edit" if any(step == at for _, _, step, _ in state["edits"][position])
+               else "committed")
         now = f"{_CHIP.format(html.escape(names[token]))} since step {at}, " + (
-            f"committed with confidence {conf:.2f}" if conf is not None else "forced there by the branch")
+            f"{how} with confidence {conf:.2f}" if conf is not None else "forced there by the branch")
     else:
         back = [e for e in events if e["kind"] in ("taken back", "sent back")]
         now = _CHIP.format("▢") + (f" masked again since step {back[-1]['step']} ({back[-1]['kind']})"

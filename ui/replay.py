@@ -31,7 +31,9 @@ def state_at(trace: Trace, step: int) -> dict:
     Returns ``ids`` (token id or None while masked), ``commit_step`` (step that committed each
     position, or None), ``confidence`` (confidence at commit, or None), ``history`` (per position,
     the tokens a revising policy took back: [token, step committed, step taken back, confidence
-    then, probability when taken back]), ``step`` (the step shown, clamped to the recorded range)
+    then, probability when taken back]), ``edits`` (per position, the rewrites of an editing policy:
+    [old token, new token, step, the new token's probability]; the new token stands from that step,
+    with that probability as its confidence), ``step`` (the step shown, clamped to the recorded range)
     and ``masked`` (count of still-masked positions). On a branch (``trace["branch"]``) the forced
     token stands from the step it follows, with no confidence: no forward chose it.
     """
@@ -42,6 +44,7 @@ def state_at(trace: Trace, step: int) -> dict:
     commit_step: list[int | None] = [None] * n
     confidence: list[float | None] = [None] * n
     history: list[list] = [[] for _ in range(n)]
+    edits: list[list] = [[] for _ in range(n)]
     branch = trace.get("branch")
     for index, record in enumerate(steps[: step + 1]):
         for position, token, conf in record.get("committed") or []:
@@ -54,11 +57,17 @@ def state_at(trace: Trace, step: int) -> dict:
             if 0 <= p < n:
                 history[p].append([int(token), commit_step[p], index, float(then), float(now)])
                 ids[p] = commit_step[p] = confidence[p] = None
+        for position, token, probability, old in record.get("edited") or []:  # tokens committed on earlier steps
+            p = int(position) - P
+            if 0 <= p < n:
+                edits[p].append([int(old), int(token), index, float(probability)])
+                ids[p], commit_step[p], confidence[p] = int(token), index, float(probability)
         if branch and index == branch["after_step"]:  # the branch's one change, after the step it follows
             p = int(branch["position"]) - P
             ids[p], confidence[p] = branch["token"], None
             commit_step[p] = None if branch["token"] is None else index
-    return {"ids": ids, "commit_step": commit_step, "confidence": confidence, "history": history, "step": step,
+    return {"ids": ids, "commit_step": commit_step, "confidence": confidence, "history": history, "edits": edits,
+            "step": step,
             "masked": sum(t is None for t in ids)}
 
 
@@ -133,7 +142,7 @@ def what_if(trace: Trace, threshold: float) -> dict:
         chosen = chosen or [max(scored, key=lambda pc: pc[1])[0]]
         commits.append(sorted(p - P for p in chosen))
         actual = sorted(int(p) - P for p, _, _ in record.get("committed") or [])
-        if commits[-1] != actual or record.get("revoked"):
+        if commits[-1] != actual or record.get("revoked") or record.get("edited"):
             return {"commits": commits, "diverges_at": i, "reason": ""}
     return {"commits": commits, "diverges_at": None, "reason": ""}
 

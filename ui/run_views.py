@@ -13,6 +13,7 @@ from dllm_local.experiments.costmodel import TARGET_MODELS, project
 
 from . import acceptance, grid, lessons, run_figures, tables
 from .block_lessons import stored_verdict
+from .edit_lessons import edit_verdict
 from .canvas_parts import is_canvas
 from .figure_style import on_screen
 from .inputs import (Choice, ColorBy, DeviceName, FontScale, Fraction, KVView, PageState, StepIndex, TargetName, Theme,
@@ -33,7 +34,8 @@ def draw(trace: dict, step: int | None, color_by: str, layer: str, which: str, k
     views = {"grid": grid_at(trace, at, color_by, what_if),
              "numbers": tables.numbers_html(numbers(trace, upto)),
              "grid_verdicts": lessons.verdicts_html(
-                 [*lessons.grid_verdicts(trace, at), acceptance.acceptance_verdict(trace, at)] if steps else [])}
+                 [*lessons.grid_verdicts(trace, at), acceptance.acceptance_verdict(trace, at), edit_verdict(trace, at)]
+                 if steps else [])}
     if with_plots:
         scale = FONT_SCALES.get(font_scale, 1.0)
         kv_told, cache_told = _kv_and_cache_verdicts(trace, at, layer, which) if steps else ([], [])

@@ -16,6 +16,7 @@ from xml.etree import ElementTree
 from xml.sax.saxutils import escape
 
 from .acceptance import acceptance_verdict
+from .edit_lessons import edit_verdict
 from .grid import chip_rgb, css, text_colour, token_label
 from .grid_ends import end_runs
 from .lessons import MARKS, grid_verdicts
@@ -144,7 +145,7 @@ def grid_svg(trace: Trace, step: int, color_by: str = "step") -> str:
         y += height + GAP
     y += 8
     steps = trace.get("steps") or []
-    verdicts = [*grid_verdicts(trace, shown), acceptance_verdict(trace, shown)] if steps else []
+    verdicts = [*grid_verdicts(trace, shown), acceptance_verdict(trace, shown), edit_verdict(trace, shown)] if steps else []
     for verdict in (v for v in verdicts if v is not None):
         colour = STATUS_COLOUR.get(verdict.status, "#555")
         text = f"{MARKS[verdict.status]} {verdict.claim}: {verdict.status} — {verdict.detail}"
