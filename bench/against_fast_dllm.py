@@ -29,7 +29,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import dllm_local  # noqa: E402
 from dllm_local import Settings  # noqa: E402
-from dllm_local.experiments.costmodel import machine_name  # noqa: E402
+from dllm_local.devices import machine_name  # noqa: E402
 from dllm_local.prompts import encode_prompt  # noqa: E402
 from dllm_local.tiny.tasks import make_problems  # noqa: E402
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dllm_local.experiments.costmodel import machine_name  # noqa: E402
+from dllm_local.devices import machine_name  # noqa: E402
 from dllm_local.experiments.frontier import policy_curves  # noqa: E402
 from dllm_local.experiments.sweep import point_row  # noqa: E402
 from dllm_local.experiments.cluster import Cluster, ClusterRunner  # noqa: E402

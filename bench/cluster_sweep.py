@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dllm_local.experiments.cluster import Cluster, ClusterRunner, connect  # noqa: E402
-from dllm_local.experiments.costmodel import machine_name  # noqa: E402
+from dllm_local.devices import machine_name  # noqa: E402
 from dllm_local.experiments.sweep import run_sweep, sweep_job  # noqa: E402
 from dllm_local.experiments.units import LocalRunner, Results, Worker  # noqa: E402
 from dllm_local.models.loader import apply_threads, load  # noqa: E402

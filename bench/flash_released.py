@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dllm_local.experiments.bench import BASELINE, FAST_DLLM, Strategy  # noqa: E402
-from dllm_local.experiments.costmodel import machine_name  # noqa: E402
+from dllm_local.devices import machine_name  # noqa: E402
 from dllm_local.experiments.frontier import policy_curves, policy_of  # noqa: E402
 from dllm_local.settings import Settings  # noqa: E402
 from dllm_local.tiny.tasks import TASKS  # noqa: E402

@@ -45,6 +45,11 @@ kept, and the experts are 3-D parameters), the memory beside ``footprint.loaded_
 projected to 30 layers, and a canvas run's decoder passes against the roofline floor
 (TargetModel.floor_s: the dense weights, every expert a canvas routes, and the routed arithmetic).
 
+Block diffusion (``--block-shapes``, CUDA only; bench/gpu_block.py): an SDAR-8B-shaped dense model
+(block 4) and a LLaDA2.0-mini-shaped mixture of experts (256 experts, 8 routed, block 32), each with
+``--block-layers`` layers, decoded with the exact block cache; their forwards over one block beside
+the roofline floor, and the experts routed per layer beside the uniform-routing estimate.
+
 As a library (bench/cuda_smoke.py): ``check(parse_args([...]), probe)`` returns every row, with
 the random model's build time and peak memory, and ``probe``'s measurement of each model loaded.
 """
@@ -64,17 +69,19 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its block-diffusion shapes beside it, however it is loaded
 import dllm_local  # noqa: E402
 from dllm_local import Settings  # noqa: E402
-from dllm_local.devices import DEVICES, DeviceProfile, measure_device  # noqa: E402
+from dllm_local.devices import DEVICES, DeviceProfile, machine_name, measure_device  # noqa: E402
 from dllm_local.experiments.costmodel import (  # noqa: E402
-    DIFFUSIONGEMMA_26B_A4B_TEXT, Experts, TargetModel, machine_name, step_floor_s)
+    DIFFUSIONGEMMA_26B_A4B_TEXT, Experts, TargetModel, step_floor_s)
 from dllm_local.models.footprint import (  # noqa: E402
     loaded_bytes, logical_parameters, stored_bytes, weight_read_bytes)
 from dllm_local.models import LLaDAConfig, LLaDAModelLM  # noqa: E402
 from dllm_local.models.loader import ASSETS, TINY_MODEL, ModelHandle, free_device_memory, load_tokenizer  # noqa: E402
 from dllm_local.policies import registry  # noqa: E402
 from dllm_local.prompts import encode_prompt  # noqa: E402
+from gpu_block import BLOCK_COLUMNS, block_rows  # noqa: E402
 
 REFERENCE = ASSETS / "reference" / "llada-8b-instruct" / "config.json"
 REAL_LAYERS = 32  # LLaDA-8B's depth, what the shallow checkpoints are projected onto
@@ -507,6 +514,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "(its layers are 26B-wide)")
     ap.add_argument("--dg-layers", type=int, default=6, help="layers of the DiffusionGemma-shaped model (of 30)")
     ap.add_argument("--dg-steps", type=int, default=4, help="decoder passes timed per DiffusionGemma load")
+    ap.add_argument("--block-shapes", choices=("auto", "no"), default="auto",
+                    help="the block-diffusion shapes (SDAR-8B, LLaDA2.0-mini; bench/gpu_block.py): auto runs them on CUDA")
+    ap.add_argument("--block-layers", type=int, default=4, help="layers of each block-diffusion shape")
+    ap.add_argument("--block-gen", type=int, default=128, help="answer tokens of each block-diffusion run")
     ap.add_argument("--json", default=None, help="also write the rows here")
     return ap.parse_args(argv)
 
@@ -556,6 +567,8 @@ def check(args: argparse.Namespace, probe: Probe | None = None) -> dict:
         quantized = check_quantized(args, device, lengths, profile, rows, batches, swept, probes, probe)
 
     canvas = diffusiongemma_rows(args, device, profile)
+    blocks = (block_rows(args.block_layers, args.block_gen, PROMPT_SENTENCE, device, profile)
+              if args.block_shapes == "auto" and device.type == "cuda" else [])
 
     print_policy_rows(rows)
     print()
@@ -580,8 +593,15 @@ def check(args: argparse.Namespace, probe: Probe | None = None) -> dict:
     if canvas:
         print()
         print_diffusiongemma_rows(canvas)
+    if blocks:
+        print()
+        _print_table(BLOCK_COLUMNS, blocks)
+        print("block rows: the block cache + threshold 0.9 (random weights: one token a step); step_ms the median "
+              "forward over one block (denoising and K/V stores alike), floor_ms the roofline of the same shallow "
+              "model (dense weights, the experts G tokens choose), experts_read the distinct experts a step's tokens "
+              "routed per layer; step_ms_real projects linearly to the release's depth, beside its floor")
     out = {"build": build, "policies": rows, "generate": generated, "quantized": quantized, "batches": swept,
-           "released": released, "probes": probes, "diffusiongemma": canvas}
+           "released": released, "probes": probes, "diffusiongemma": canvas, "block": blocks}
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
     return out

@@ -106,7 +106,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=1, help="page runs per length (the row shows the median run)")
     args = ap.parse_args()
     import dllm_local
-    from dllm_local.experiments.costmodel import machine_name
+    from dllm_local.devices import machine_name
     from dllm_local.serving.engine import engine_threads
     from dllm_local.settings import Settings
     from playwright.sync_api import sync_playwright

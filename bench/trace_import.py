@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dllm_local  # noqa: E402
 from dllm_local import Settings  # noqa: E402
-from dllm_local.experiments.costmodel import machine_name  # noqa: E402
+from dllm_local.devices import machine_name  # noqa: E402
 from dllm_local.trace import load_trace_file  # noqa: E402
 
 

@@ -19,7 +19,7 @@ import torch  # noqa: E402
 
 import dllm_local  # noqa: E402
 from dllm_local import Settings  # noqa: E402
-from dllm_local.experiments.costmodel import machine_name  # noqa: E402
+from dllm_local.devices import machine_name  # noqa: E402
 from dllm_local.tiny.tasks import make_problems  # noqa: E402
 
 LEVELS = ("off", "summary", "full")

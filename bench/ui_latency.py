@@ -84,7 +84,7 @@ def main() -> int:
     ap.add_argument("--preset", default=None, help="preset name (default: the page's default preset)")
     args = ap.parse_args()
     import dllm_local
-    from dllm_local.experiments.costmodel import machine_name
+    from dllm_local.devices import machine_name
     from dllm_local.serving.engine import engine_threads
     from dllm_local.settings import Settings
     from playwright.sync_api import sync_playwright

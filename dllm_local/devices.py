@@ -7,9 +7,11 @@ can list the devices.
 """
 from __future__ import annotations
 
+import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -116,3 +118,20 @@ def _sync(device: torch.device) -> None:
 def reuse_beats_recompute(kv_bytes_per_position: float, params: float, device: DeviceProfile) -> bool:
     """Reading a position's K/V (all layers) is cheaper than recomputing the position."""
     return kv_bytes_per_position / device.bandwidth < 2 * params / device.flops
+
+
+def machine_name() -> str:
+    """CPU model, torch threads and GPU, for benchmark tables (absolute times need the machine)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import torch
+
+    gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
+    threads = torch.get_num_threads()
+    return f"{cpu}, {threads} torch thread{'s' if threads != 1 else ''}{gpu}"

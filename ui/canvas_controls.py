@@ -14,10 +14,18 @@ REASON = ("DiffusionGemma refines whole canvases with its own sampler: block siz
 REASON_NOTE = f"ℹ {REASON} Its own knobs are below (empty: the checkpoint's value)."
 
 
+# The released checkpoint a block-diffusion or mixture-of-experts family's runs project onto (its
+# tiny test checkpoints' too): the cost model's target of that family's size.
+FAMILY_TARGETS = {"sdar": "SDAR-8B-Chat", "sdar_moe": "SDAR-30B-A3B-Chat", "llada2_moe": "LLaDA2.0-mini",
+                  "lladamoe": "LLaDA-MoE-7B-A1B", "Fast_dLLM_Qwen": "Fast-dLLM-v2-7B"}
+
+
 def cost_target(model: dict) -> str:
-    """The real model the cost panel projects a run of ``model`` onto, by its kind: a canvas
-    model's released checkpoint, else LLaDA-8B."""
-    return "DiffusionGemma-26B-A4B" if is_canvas_model(model) else "LLaDA-8B-Instruct"
+    """The real model the cost panel projects a run of ``model`` onto: a canvas model's released
+    checkpoint, a block-diffusion or MoE family's (``FAMILY_TARGETS``), else LLaDA-8B."""
+    if is_canvas_model(model):
+        return "DiffusionGemma-26B-A4B"
+    return FAMILY_TARGETS.get(model.get("family"), "LLaDA-8B-Instruct")
 
 
 def canvas_key(name: str) -> str:

@@ -84,13 +84,14 @@ def cost_table_html(rows: list[dict], model: str, device: str, trace: Trace) -> 
     """The projection of :func:`dllm_local.experiments.costmodel.project` as a table, with its
     formula written out for this run, and this machine's measured step apart. A mixture of experts
     shows the experts each row's forward reads per layer and their share of the read; a canvas run,
-    its encoder's passes over finished canvases per decoder pass."""
+    its encoder's passes over finished canvases per decoder pass; a block run, its K/V stores."""
     run = rows[0]
     moe = run.get("experts_total") is not None  # a dense target's rows, or rows made before experts, have none
     encoder = (run.get("encoder_ms") or 0) > 0
+    stores = encoder and not (trace.get("stats") or {}).get("encoder_forwards")  # a block run's K/V stores
     head = ("<tr><th>strategy</th><th>G (positions / forward)</th><th>τ (answer tokens / forward)</th>"
             + ("<th>experts read / layer</th><th>expert read</th>" if moe else "")
-            + "<th>step floor</th>" + ("<th>encoder (per forward)</th>" if encoder else "")
+            + "<th>step floor</th>" + (f"<th>{'K/V stores' if stores else 'encoder'} (per forward)</th>" if encoder else "")
             + "<th>bound</th><th>answer tokens / s</th><th>speedup vs AR</th></tr>")
     body = "".join(
         f"<tr><td>{html.escape(r['strategy'])}</td><td>{r['g']:.0f}</td><td>{r['tau']:.2f}</td>"
@@ -107,8 +108,11 @@ def cost_table_html(rows: list[dict], model: str, device: str, trace: Trace) -> 
     read = (f"weight read = dense weights + each layer's expected distinct experts, E × (1 − (1 − k/E)^G) "
             f"({run['experts_read']:.1f} of {run['experts_total']} here, {run['expert_read_ms']:.2f} ms of the read); "
             f"the arithmetic counts the k routed experts. " if moe else "")
-    canvas = (f" Plus the encoder: {run['encoder_forwards']} pass(es) writing finished canvases into its cache, "
-              f"{run['encoder_ms']:.2f} ms per decoder pass; tokens/s = τ / (floor + encoder)." if encoder else "")
+    canvas = "" if not encoder else (
+        f" Plus the K/V stores: {run['encoder_forwards']} forward(s) writing finished blocks into the cache, "
+        f"{run['encoder_ms']:.2f} ms per denoising forward; tokens/s = τ / (floor + stores)." if stores else
+        f" Plus the encoder: {run['encoder_forwards']} pass(es) writing finished canvases into its cache, "
+        f"{run['encoder_ms']:.2f} ms per decoder pass; tokens/s = τ / (floor + encoder).")
     formula = (f"{read}step floor = max(weight read / bandwidth, G × 2 × params / FLOP rate) = "
                f"max({run['read_ms']:.2f} ms, {run['g']:.0f} × 2 × params / FLOP rate = {run['compute_ms']:.2f} ms) "
                f"= {run['floor_ms']:.2f} ms; tokens/s = τ / floor; speedup = this over the autoregressive row "

@@ -17,14 +17,13 @@ from tqdm import tqdm
 from ..errors import DllmError
 from ..policies import registry
 from ..settings import Settings
-from ..devices import DEVICES
+from ..devices import DEVICES, machine_name
 from ..values import integer, read
 from .problems import Problem
 from .costmodel import (
     TARGET_MODELS,
     TEACHING_EXAMPLE,
     concurrency_crossovers,
-    machine_name,
 )
 
 # The model side is imported where a bench runs: the CLI builds its parser from this module's

@@ -10,10 +10,8 @@ the functions that measure this machine.
 from __future__ import annotations
 
 import math
-import platform
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..devices import DeviceProfile
 
@@ -81,6 +79,16 @@ def _root(low: float, high: float, before: Callable[[float], bool]) -> float:
     return (low + high) / 2
 
 
+def _released(name: str, total: int, embedding: int, experts: tuple[int, int, int, int] | None) -> TargetModel:
+    """A release's target from its parameters, its untied input embedding and its experts (per layer,
+    routed per token, expert layers, parameters each), or None for a dense model."""
+    if experts is None:
+        return TargetModel(name, total - embedding, 2 * (total - embedding))
+    per_layer, routed, layers, each = experts
+    active = total - embedding - (per_layer - routed) * layers * each  # the dense weights and the routed experts
+    return TargetModel(name, active, 2 * (total - embedding), Experts(per_layer, routed, layers, 2 * each))
+
+
 # The real models a run is projected onto. LLaDA-8B's weight index says 16,031,162,368 bytes of
 # bf16 (8.016 B parameters), of which the 126,464 x 4,096 input embedding is 0.518 B; Dream-v0-7B
 # is Qwen2.5-7B's 7.616 B parameters, with a 152,064 x 3,584 embedding (0.545 B).
@@ -90,11 +98,20 @@ def _root(low: float, high: float, before: Callable[[float], bool]) -> float:
 # experts and 2,413,001,472 dense (attention, the dense MLP beside the experts, routers, norms,
 # the self-conditioning MLP and the 262,144 x 2,816 embedding, which the tied head reads whole).
 # Encoder and decoder share these weights; the vision tower, which text never runs, is left out.
+# The block-diffusion families: their model classes here, built on the meta device from each
+# release's config.json sizes, count them (tests/test_costmodel_moe.py builds them again); SDAR-8B
+# is Qwen3-8B's shape, SDAR-30B-A3B Qwen3-30B-A3B's, Fast-dLLM v2 7B Qwen2.5-7B's.
 TARGET_MODELS = {
     "LLaDA-8B-Instruct": TargetModel("LLaDA-8B-Instruct", 8.016e9 - 0.518e9, 2 * (8.016e9 - 0.518e9)),
     "Dream-v0-Instruct-7B": TargetModel("Dream-v0-Instruct-7B", 7.616e9 - 0.545e9, 2 * (7.616e9 - 0.545e9)),
     "DiffusionGemma-26B-A4B": TargetModel("DiffusionGemma-26B-A4B", 2_413_001_472 + 30 * 8 * 5_947_392,
                                           2 * (2_413_001_472 + 30 * 128 * 5_947_392), Experts(128, 8, 30, 2 * 5_947_392)),
+    **{name: _released(name, *counts) for name, *counts in (
+        ("SDAR-8B-Chat", 8_190_735_360, 622_329_856, None),
+        ("SDAR-30B-A3B-Chat", 30_532_122_624, 311_164_928, (128, 8, 48, 3 * 2048 * 768)),
+        ("LLaDA2.0-mini", 16_255_638_528, 321_912_832, (256, 8, 19, 3 * 2048 * 512)),
+        ("LLaDA-MoE-7B-A1B", 7_356_880_896, 321_912_832, (64, 8, 16, 3 * 2048 * 1024)),
+        ("Fast-dLLM-v2-7B", 7_615_616_512, 544_997_376, None))},
 }
 # gemma-4-26B-A4B's text config (public copies of its config.json, e.g. ollama's Gemma 4 tests; the
 # released diffusiongemma-26B-A4B config.json was not read here), as DiffusionGemmaTextConfig takes it.
@@ -114,23 +131,6 @@ def crossover_positions(weight_bytes: float, params: float, device: DeviceProfil
     return weight_bytes / device.bandwidth * device.flops / (2 * params)
 
 
-def machine_name() -> str:
-    """CPU model, torch threads and GPU, for benchmark tables (absolute times need the machine)."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import torch
-
-    gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
-    threads = torch.get_num_threads()
-    return f"{cpu}, {threads} torch thread{'s' if threads != 1 else ''}{gpu}"
-
-
 def project(stats: dict, prompt_len: int, gen_length: int, model: TargetModel, device: DeviceProfile) -> list[dict]:
     """A run's measured G and tau projected onto ``model`` on ``device`` at batch 1.
 
@@ -144,12 +144,12 @@ def project(stats: dict, prompt_len: int, gen_length: int, model: TargetModel, d
     expected distinct experts (:meth:`Experts.distinct`): ``experts_read`` of ``experts_total``
     per layer, ``expert_read_ms`` of the read; the arithmetic counts the routed experts alone.
     A canvas run (stats with ``encoder_forwards``; G the canvas length, tau answer tokens per
-    decoder pass) writes each finished canvas into the encoder's cache, a forward of G positions:
-    their floors over the decoder passes are ``encoder_ms``. Its first pass, the prompt's, is the
-    prefill, which no row counts."""
+    decoder pass) writes each finished canvas into the encoder's cache, a forward of G positions,
+    as a block run (``store_forwards``) writes each finished block's K/V: their floors over the
+    denoising forwards are ``encoder_ms``. The first, the prompt's, is the prefill: no row counts it."""
     content = float(stats.get("content_tokens") or 0)
     g_run = float(stats["mean_g"])
-    canvas_passes = max(0, int(stats.get("encoder_forwards") or 0) - 1)  # the first one read the prompt
+    canvas_passes = max(0, int(stats.get("encoder_forwards") or stats.get("store_forwards") or 0) - 1)
     encoder_ms = canvas_passes * model.floor_s(g_run, device) * 1e3 / max(1, int(stats.get("nfe") or 0))
     strategies = [
         ("this run", g_run, float(stats["content_tokens_per_forward"]), encoder_ms),

@@ -22,7 +22,7 @@ from ..errors import DllmError
 from ..models.loader import GuiderHandle, ModelHandle
 from ..sampler import generate
 from ..settings import Settings
-from .costmodel import machine_name
+from ..devices import machine_name
 
 try:
     from lm_eval import simple_evaluate

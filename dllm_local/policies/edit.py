@@ -10,8 +10,6 @@ mode is threshold 0.7, edit threshold 0.5; its speed mode threshold 0.5, edit th
 """
 from __future__ import annotations
 
-import torch
-
 from .unmask import Selection, UnmaskPolicy, _threshold_mask, _top
 
 
