@@ -66,15 +66,20 @@ def random_handle(shape: BlockShape, layers: int, device: torch.device, folder: 
     config_cls, model_cls = FAMILIES[tiny.family]
     with torch.device(device):
         model = model_cls(config_cls.from_dict(raw)).to(torch.bfloat16).eval()
-    gen = torch.Generator(device=device).manual_seed(0)
+    draw_weights(model, device)
+    return dataclasses.replace(tiny, model=model, experts=model.experts, num_parameters=logical_parameters(model),
+                               memory_bytes=model.get_memory_footprint(), weight_read_bytes=weight_read_bytes(model))
+
+
+def draw_weights(model: torch.nn.Module, device: torch.device | str, seed: int = 0) -> None:
+    """Random weights drawn in place on the device: norms of one, every other weight N(0, 0.02)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.fill_(1.0)
             else:
                 p.normal_(0.0, 0.02, generator=gen)
-    return dataclasses.replace(tiny, model=model, experts=model.experts, num_parameters=logical_parameters(model),
-                               memory_bytes=model.get_memory_footprint(), weight_read_bytes=weight_read_bytes(model))
 
 
 def shallow_target(model: torch.nn.Module, name: str) -> TargetModel:

@@ -81,7 +81,7 @@ from dllm_local.models import LLaDAConfig, LLaDAModelLM  # noqa: E402
 from dllm_local.models.loader import ASSETS, TINY_MODEL, ModelHandle, free_device_memory, load_tokenizer  # noqa: E402
 from dllm_local.policies import registry  # noqa: E402
 from dllm_local.prompts import encode_prompt  # noqa: E402
-from gpu_block import BLOCK_COLUMNS, block_rows  # noqa: E402
+from gpu_block import BLOCK_COLUMNS, block_rows, draw_weights  # noqa: E402
 
 REFERENCE = ASSETS / "reference" / "llada-8b-instruct" / "config.json"
 REAL_LAYERS = 32  # LLaDA-8B's depth, what the shallow checkpoints are projected onto
@@ -111,13 +111,7 @@ def build_random(config: LLaDAConfig, device: torch.device | str, dtype: torch.d
     with torch.device("meta"):
         model = LLaDAModelLM(config)
     model = model.to(dtype).to_empty(device=device)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.fill_(1.0)
-            else:
-                p.normal_(0.0, 0.02, generator=gen)
+    draw_weights(model, device, seed)
     return model.eval()
 
 
