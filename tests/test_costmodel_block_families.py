@@ -110,3 +110,19 @@ def test_gpu_checks_block_shapes_run_on_the_cpu_at_small_widths():
                 16 * (1 - (1 - 4 / 16) ** shape.block))
         else:
             assert row["experts_read"] is None
+
+
+def test_the_performance_docs_give_the_cost_models_own_figures():
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "performance.md").read_text()
+    h100 = DEVICES["H100"]
+    for name, g in (("SDAR-8B-Chat", 4), ("SDAR-30B-A3B-Chat", 4), ("LLaDA2.0-mini", 32), ("LLaDA-MoE-7B-A1B", 32),
+                    ("Fast-dLLM-v2-7B", 32)):
+        target = TARGET_MODELS[name]
+        at_g, ar = target.floor_s(g, h100) * 1e3, target.floor_s(1, h100) * 1e3
+        experts = f"{target.experts.distinct(g):.1f} of {target.experts.per_layer}" if target.experts else "-"
+        need = at_g / ar
+        row = f"| {g} | {experts} | {at_g:.2f} ms | {ar:.2f} ms | {need:.2g} |" if need > 1.001 else \
+            f"| {g} | {experts} | {at_g:.2f} ms | {ar:.2f} ms | 1 |"
+        assert row in docs, row
