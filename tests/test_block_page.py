@@ -42,6 +42,7 @@ def test_a_block_model_runs_on_the_page_and_its_kv_view_shows_the_stored_blocks_
     pg.wait_for_function("() => document.querySelector('#model-line').innerText.includes('block diffusion, block 4')")
     assert pg.input_value("#cache input") == registry.CACHE["block"].label
     assert pg.input_value("#block-size input[type=number]") == "4"
+    assert "gives way to the block cache, block 4" in pg.inner_text("#preset")  # the presets are masked models'
     pg.fill("#prompt textarea", PROMPT)
     pg.locator("#gen-length input[type=range]").fill("8")
     pg.wait_for_function("() => document.querySelector('#gen-length input[type=number]').value === '8'")
@@ -60,6 +61,7 @@ def test_a_block_model_runs_on_the_page_and_its_kv_view_shows_the_stored_blocks_
     pg.wait_for_function("() => document.querySelector('#status').innerText.includes('Loaded tiny.')", timeout=120_000)
     pg.wait_for_function("() => document.querySelector('#model-line').innerText.includes('masked diffusion')")
     assert pg.input_value("#cache input") == registry.CACHE["none"].label
+    assert "gives way" not in pg.inner_text("#preset")
     pg.click("#cache input")
     options = pg.get_by_role("option").all_inner_texts()
     assert registry.CACHE["dual"].label in options and registry.CACHE["block"].label not in options

@@ -57,6 +57,14 @@ def model_start(model: dict) -> dict:
     return {"cache": knob("cache").default, "block_size": knob("block_size").default}
 
 
+def preset_label(model: dict) -> str:
+    """The preset box's label: the presets are masked models' settings, so on a block model it says
+    that their cache and block size give way to the model's own."""
+    if not is_block_model(model):
+        return "Preset"
+    return f"Preset (masked models' settings: here their cache gives way to the block cache, block {model['block_size']})"
+
+
 def fit_to_model(values: dict, specs: Specs, model: dict) -> dict:
     """Control ``values`` (a preset's, a trace's) for ``model``: a cache policy its kind refuses
     gives way, with the block size, to what ``model`` starts at."""

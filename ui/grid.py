@@ -60,10 +60,14 @@ def _history(trace: Trace, history: list[list]) -> tuple[str, str]:
     return struck, f" · history: {told}"
 
 
-def _edits(trace: Trace, edits: list[list]) -> tuple[str, str]:
-    """A position's rewritten tokens (an editing policy): struck through in blue under the box, told in the hover."""
-    struck = "".join(f'<s class="dl-edit-old" data-step="{at}" style="font-size:14px;color:#2166ac;">'
-                     f"{html.escape(token_label(trace, old))}</s>" for old, _, at, _ in edits)
+def _edits(trace: Trace, edits: list[list], colour: str) -> tuple[str, str]:
+    """A position's rewritten tokens (an editing policy): the last one replaced, struck through under
+    the box in its text colour with a count of the earlier ones (a box stays one line taller, however
+    many edits); every edit told in the hover."""
+    old, _, at, _ = edits[-1]
+    more = f'<span class="dl-edit-count" style="font-size:12px;color:inherit;"> +{len(edits) - 1}</span>' if len(edits) > 1 else ""
+    struck = (f'<span class="dl-edit-old" data-step="{at}" style="display:block;font-size:14px;color:{colour};">'
+              f"✎<s style=\"color:inherit;\">{html.escape(token_label(trace, old))}</s>{more}</span>")
     told = "".join(f" · edited at step {at}: '{token_label(trace, old)}' -> '{token_label(trace, new)}' "
                    f"(probability {q:.2f})" for old, new, at, q in edits)
     return struck, told
@@ -213,7 +217,7 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
         if past:
             classes.append("dl-revised")
         if state["edits"][p]:
-            struck, told = _edits(trace, state["edits"][p])
+            struck, told = _edits(trace, state["edits"][p], text_colour(rgb))
             past, title = past + struck, title + told
             classes.append("dl-edited")
         if window and p in window:
@@ -248,7 +252,7 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
     if window is not None:
         marks += policy_marks.window_legend(window, accepted, swatch)
     if any(state["edits"]):
-        marks += ' · <s style="color:#2166ac;">blue struck</s> under a box: the token an edit rewrote'
+        marks += ' · ✎<s>struck</s> under a box: the token an edit rewrote (+N: earlier edits there)'
     if stray:
         marks += f' · <span style="{swatch}border:2px dashed #b00020;"></span>committed after the end of text'
     ends_legend = (f" · faded italic {', '.join(html.escape(label) for label in ends)}: end of text" if ends else "")

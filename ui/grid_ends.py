@@ -105,5 +105,5 @@ def text_colour(rgb: tuple[int, int, int]) -> str:
 # Every box is a button for the side panel: data-pos names its answer position.
 BOX = ("display:inline-flex;flex-direction:column;align-items:center;margin:2px;padding:1px 5px;border-radius:4px;"
        "font-family:ui-monospace,monospace;font-size:18px;white-space:pre;min-width:1.6em;vertical-align:top;cursor:pointer;")
-POS = '<span class="dl-pos" style="font-size:14px;opacity:0.85;line-height:1.1;">{}</span>'
+POS = '<span class="dl-pos" style="font-size:14px;opacity:0.85;line-height:1.1;color:inherit;">{}</span>'
 SWATCH = "display:inline-block;width:1.1em;height:0.9em;border-radius:3px;vertical-align:middle;margin:0 3px;"

@@ -10,7 +10,7 @@ from dllm_local.canvas_settings import CANVAS_KNOBS
 from .canvas_controls import CANVAS_CONTROLS, canvas_key, cost_target, knob_placeholder
 from .block_parts import is_block_model
 from .canvas_parts import is_canvas_model
-from .controls import kind_values, masked_only
+from .controls import kind_values, masked_only, preset_label
 from .downloads import DownloadBox
 from .engine_handler import engine_handler
 from .engine_queue import ENGINE, client_of, error_text
@@ -60,7 +60,7 @@ class ModelBox:
 
     def kind_boxes(self) -> list[gr.Component]:
         """What a model's kind changes (``kind_shown``)."""
-        return [self.canvas_reason, self.grid_caption, self.cost_target, *self.captions.values(),
+        return [self.canvas_reason, self.grid_caption, self.cost_target, self.preset, *self.captions.values(),
                 *self._masked_boxes(), *(self.controls[name] for name in CANVAS_CONTROLS)]
 
     def kind_shown(self, info: dict, previous: dict) -> dict:
@@ -73,7 +73,7 @@ class ModelBox:
         captions = run_figures.captions_for(info)
         values = kind_values(self.specs, info, previous)
         return {self.canvas_reason: gr.update(visible=canvas), self.grid_caption: gr.update(visible=not canvas),
-                self.cost_target: cost_target(info),
+                self.cost_target: cost_target(info), self.preset: gr.update(label=preset_label(info)),
                 **{box: captions[name] for name, box in self.captions.items()},
                 **{box: gr.update(interactive=not canvas) for box in self._masked_boxes()},
                 **{self.controls[name]: gr.update(interactive=not canvas, **update) for name, update in values.items()},

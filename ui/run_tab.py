@@ -16,7 +16,7 @@ from . import grid, run_figures
 from .branching import Branching
 from .canvas_controls import cost_target
 from .control_widgets import run_controls
-from .controls import Specs, controls_from_settings, toggled_controls
+from .controls import Specs, controls_from_settings, preset_label, toggled_controls
 from .engine_queue import ENGINE, EngineQueue
 from .exports import ExportFolder
 from .live_run import LiveRun, LiveView
@@ -78,7 +78,8 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, B
         self.stop_note = gr.Markdown("", elem_id="stop-note")
         self.status = gr.Markdown("", elem_id="status")
         with gr.Column(elem_classes="dl-knobs"):
-            self.preset = gr.Dropdown(list(self.presets), value=preset.get("name"), label="Preset", elem_id="preset")
+            self.preset = gr.Dropdown(list(self.presets), value=preset.get("name"), label=preset_label(self.session.info()),
+                                      elem_id="preset")
             self.preset_info = gr.Markdown(preset.get("description", ""), elem_id="preset-info")
             with gr.Column(elem_id="examples"):
                 gr.Examples([[e] for e in TINY_EXAMPLES], inputs=[self.prompt], label="Examples for the tiny model")
