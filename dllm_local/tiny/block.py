@@ -11,6 +11,10 @@
    t ~ U(eps, 1], and the loss is their cross-entropy weighted 1/t. The block cannot see later
    positions, so the row is cut after it. Rows are the tiny model's "finish" stage mix.
 3. **Save** in bf16 with the release's config keys and a generation config.
+
+Its one run (1,200 steps, 29 minutes on 2 cores) scored 86.5% on arithmetic against the tiny
+model's 93.0% side by side, outside the 5 points it had to be within, so no such model ships;
+docs/tiny-models.md gives the figures and the command.
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ from ..models.llada2 import TRAINED_BLOCK, LLaDA2MoeConfig, LLaDA2MoeModelLM
 from . import llada2
 from .train import STAGES, train_loop, diffusion_batch
 
-DEFAULT_OUT = Path(__file__).resolve().parents[2] / "assets" / "models" / "tiny-block"
+DEFAULT_OUT = Path("tiny-block")  # not an asset: the result missed the bar to ship (docs/tiny-models.md)
 FINE_TUNE = replace(STAGES[-1], name="block", steps=900, lr=3e-4, warmup=30, block_suffix_share=0.0)
 
 
