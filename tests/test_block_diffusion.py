@@ -134,3 +134,24 @@ def test_bench_on_a_block_model_runs_the_block_set_at_its_own_block(capsys):
     assert "block-diffusion model: the block set" in err
     rows = [line.split("  ")[0] for line in out.splitlines() if line.startswith(("none +", "block +"))]
     assert rows[0].startswith("none + fixed") and "block + edit 0.7 0.5" in rows and len(rows) >= 6
+
+
+@pytest.mark.parametrize("command, extra", [("eval", ["--n", "1", "--json"]),
+                                            ("sweep", ["--n", "1", "--thresholds", "0.9"])])
+def test_eval_and_sweep_take_a_block_models_block_and_cache_before_it_loads(capsys, command, extra):
+    """eval and sweep make their settings before the model loads: from its config alone they take a
+    block model's own block and its exact cache when the flags leave them unset."""
+    assert cli_main([command, "--model", "tiny-sdar", "--gen-length", "8", "--quiet", *extra]) == 0
+    out = capsys.readouterr().out
+    if command == "eval":
+        settings = json.loads(out)["settings"]
+        assert (settings["block_size"], settings["cache"]) == (4, "block")
+    else:
+        rows = [line.split() for line in out.splitlines() if line.strip().startswith("0.9")]
+        assert [row[1] for row in rows] == ["4"] and "block + threshold" in out  # its block alone, its cache
+        assert cli_main(["sweep", "--model", "tiny", "--gen-length", "32", "--block-sizes", "32", "--quiet", *extra]) == 0
+        assert "dual + threshold" in capsys.readouterr().out  # a masked model's sweep: the dual cache, as before
+    assert cli_main(["eval", "--model", "tiny-sdar", "--gen-length", "8", "--quiet", "--n", "1", "--json",
+                     "--block-size", "8", "--cache", "none"]) == 0
+    settings = json.loads(capsys.readouterr().out)["settings"]
+    assert (settings["block_size"], settings["cache"]) == (8, "none")  # given flags stand

@@ -66,7 +66,8 @@ def test_a_command_without_settings_flags_gets_the_knobs_defaults():
     for command in ("bench", "lm-eval"):  # longer answers, written once: LONG_GEN_LENGTH
         argv = ["--tasks", "gsm8k"] if command == "lm-eval" else []
         assert _settings(command, *argv) == Settings(gen_length=LONG_GEN_LENGTH)
-    assert _settings("sweep") == Settings(cache="dual", unmask="threshold", gen_length=SWEEP_GEN_LENGTH)
+    # The sweep's cache is the model's kind's to decide when it runs (sweep.MASKED_CACHE for a masked model).
+    assert _settings("sweep") == Settings(unmask="threshold", gen_length=SWEEP_GEN_LENGTH)
 
 
 def test_the_sweeps_default_grid_is_the_one_in_limits():

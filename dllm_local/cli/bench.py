@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> None:
         problems = task_problems(args.task, args.n, args.seed_data)
     handle = load_model(args, args.quiet, batched=args.batch_size > 1 or bool(args.concurrency))
     handle.require_masked("bench")
-    model_defaults(args, handle)  # a block-diffusion model: its own block and its exact cache
+    model_defaults(args, handle.decoding())  # a block-diffusion model: its own block and its exact cache
     base = settings_from_args(args)
     if handle.kind == "block":  # and the policies that apply to it
         if args.set != "block":

@@ -7,7 +7,7 @@ import json
 from ..errors import SettingsError
 from ..tiny.tasks import TASKS
 from .common import BATCH_HELP, at_least_one
-from .settings_flags import add_settings_args, settings_from_args
+from .settings_flags import add_settings_args, model_defaults, settings_from_args
 from .work import add_cluster_args, interrupted, model_spec, results_file, runner
 
 NAME = "eval"
@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> None:
     from ..experiments.evaluate import eval_job, evaluate_guider, format_report, run_eval
-    from ..models.loader import apply_threads, load_guider
+    from ..models.loader import apply_threads, decoding_facts, load_guider
 
     if args.autoregressive and (args.ray or args.resume or args.results):
         raise SettingsError("--autoregressive decodes the guider here, alone: it takes no --ray, --results or --resume")
@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> None:
               f"{report['wall_s_per_answer'] * 1e3:.1f} ms per answer")
         return
 
+    model_defaults(args, decoding_facts(args.model))  # a block-diffusion model: its own block and exact cache
     settings = settings_from_args(args)
     job = eval_job(args.task, args.n, args.seed_data, settings, model_spec(args), args.batch_size)
     results = results_file(args, job, "eval")

@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> None:
     if not args.prompt.strip():
         raise SettingsError("--prompt is empty: give the question or message to answer")
     handle = load_model(args)
-    model_defaults(args, handle)
+    model_defaults(args, handle.decoding())
     settings = settings_from_args(args)
     warn_past_trained_length(settings, handle)
     result = generate(handle, args.prompt, settings, guider_for(args, handle, settings))

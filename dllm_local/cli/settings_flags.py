@@ -51,16 +51,17 @@ def _knob_flag(ap: argparse.ArgumentParser, name: str, more: str = "", unset: bo
                     **({"choices": k.choices} if k.choices else {}))
 
 
-def model_defaults(args: argparse.Namespace, handle) -> None:
-    """The knobs left unset that the model's kind decides: a block-diffusion model decodes its own
-    block with its exact block cache; a canvas model decodes whole canvases, so any length is
+def model_defaults(args: argparse.Namespace, decoding: dict) -> None:
+    """The knobs left unset that the model's kind decides (``decoding``: the handle's ``decoding()``,
+    or ``loader.decoding_facts`` where the model loads later): a block-diffusion model decodes its
+    own block with its exact block cache; a canvas model decodes whole canvases, so any length is
     accepted (its block is the answer)."""
-    if handle.kind == "block":
-        args.block_size = args.block_size or handle.block_size
-        if args.cache is None and handle.model.sub_block:  # decoded as its release decodes it
-            args.cache_param = [f"sub_block={handle.model.sub_block}", *args.cache_param]
+    if decoding["kind"] == "block":
+        args.block_size = args.block_size or decoding["block_size"]
+        if args.cache is None and decoding["sub_block"]:  # decoded as its release decodes it
+            args.cache_param = [f"sub_block={decoding['sub_block']}", *args.cache_param]
         args.cache = args.cache or "block"
-    elif handle.kind == "canvas":
+    elif decoding["kind"] == "canvas":
         args.block_size = args.gen_length
 
 

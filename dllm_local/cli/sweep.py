@@ -11,7 +11,7 @@ from ..experiments.sweep import sweepable
 from ..limits import SWEEP_BLOCK_SIZES, SWEEP_GEN_LENGTH, SWEEP_THRESHOLDS
 from ..tiny.tasks import TASKS
 from .common import at_least_one, check_out, write_out
-from .settings_flags import add_settings_args, settings_from_args
+from .settings_flags import add_settings_args, model_defaults, settings_from_args
 from .work import add_cluster_args, interrupted, model_spec, results_file, runner
 
 NAME = "sweep"
@@ -24,6 +24,9 @@ EXAMPLES = """examples:
   python -m dllm_local sweep --n 30 --ray local --resume sweep.jsonl      # go on after a stop"""
 
 
+MASKED_CACHE = "dual"  # a masked model's sweep: Fast-dLLM's dual cache unless --cache says otherwise
+
+
 def _listed(values: tuple) -> str:
     return ",".join(map(str, values))
 
@@ -31,7 +34,8 @@ def _listed(values: tuple) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--thresholds", default=None,
                    help=f"(default: {_listed(SWEEP_THRESHOLDS)} when the unmasking policy has a threshold, else none)")
-    p.add_argument("--block-sizes", default=_listed(SWEEP_BLOCK_SIZES))
+    p.add_argument("--block-sizes", default=None,
+                   help=f"(default: {_listed(SWEEP_BLOCK_SIZES)}; a block-diffusion model's own block)")
     p.add_argument("--axis", action="append", default=[], metavar="KNOB=V1,V2",
                    help=f"another knob to vary: {', '.join(sweepable())}")
     p.add_argument("--task", default="arithmetic", choices=TASKS)
@@ -40,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None)
     add_cluster_args(p)
     add_settings_args(p)
-    p.set_defaults(cache="dual", unmask="threshold", gen_length=SWEEP_GEN_LENGTH)
+    p.set_defaults(unmask="threshold", gen_length=SWEEP_GEN_LENGTH)  # the cache: the model's kind decides (run)
 
 
 def _number_list(text: str, flag: str) -> list:
@@ -61,7 +65,8 @@ def sweep_axes(args: argparse.Namespace, base) -> dict[str, list]:
         axes["threshold"] = _number_list(args.thresholds, "--thresholds")
     elif "threshold" in base.unmask_spec.defaults:  # the default axis only where the policy has one (a plugin's may not)
         axes["threshold"] = list(SWEEP_THRESHOLDS)
-    axes["block_size"] = _number_list(args.block_sizes, "--block-sizes")
+    axes["block_size"] = _number_list(_listed(SWEEP_BLOCK_SIZES) if args.block_sizes is None else args.block_sizes,
+                                      "--block-sizes")
     for extra in args.axis:
         knob, sep, values = extra.partition("=")
         if not sep or not knob:
@@ -75,7 +80,14 @@ def run(args: argparse.Namespace) -> None:
 
     from ..experiments.sweep import format_sweep, run_sweep, sweep_job
     from ..experiments.units import progress_bar
+    from ..models.loader import decoding_facts
 
+    decoding = decoding_facts(args.model)
+    model_defaults(args, decoding)  # a block-diffusion model: its own block and its exact cache
+    if decoding["kind"] != "block":
+        args.cache = args.cache or MASKED_CACHE
+    if args.block_sizes is None and decoding["kind"] == "block":
+        args.block_sizes = str(args.block_size)
     base = settings_from_args(args)
     job = sweep_job(base, sweep_axes(args, base), args.task, args.n, args.seed_data, model_spec(args))
     check_out(args.out)

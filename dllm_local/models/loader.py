@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ..errors import ModelLoadError, SettingsError
-from . import FAMILY_MODULES, KINDS, diffusion_gemma
+from . import FAMILIES, FAMILY_MODULES, KINDS, diffusion_gemma
 from .build import build_model, family_config, load_tokenizer
 from .checks import (check_chat_template, check_family, check_folder, check_guider_type, check_mask_id, check_memory,
                      check_tensors, check_weights, needed_bytes, read_json_object)
@@ -85,6 +85,11 @@ class ModelHandle:
                 groups.add(".".join(name.split(".")[:3]))
         return counts["quantized"] / max(1, counts["all"]), sorted(groups)
 
+    def decoding(self) -> dict:
+        """How the loaded model decodes, as ``decoding_facts`` reads it from a config."""
+        return {"kind": self.kind} if self.kind != "block" else {
+            "kind": "block", "block_size": self.block_size, "sub_block": self.model.sub_block}
+
     def summary(self) -> dict:
         """What the handle holds, as JSON values (``python -m dllm_local info`` prints it)."""
         return {
@@ -145,6 +150,18 @@ def _open(name_or_path: str) -> _Checkpoint:
 def _trained_length(raw: dict) -> int | None:
     value = raw.get("trained_gen_length")
     return value if type(value) is int and value > 0 else None
+
+
+def decoding_facts(name_or_path: str) -> dict:
+    """How a checkpoint decodes, from its config alone (no weights read): its kind and, for a
+    block-diffusion model, the block and sub-block its class declares (built on the meta device)."""
+    path, config_file, raw = _open(name_or_path)
+    family = check_family(raw, config_file)
+    if KINDS[family] != "block":
+        return {"kind": KINDS[family]}
+    with torch.device("meta"):
+        model = FAMILIES[family][1](family_config(raw, family, config_file))
+    return {"kind": "block", "block_size": model.block_size, "sub_block": model.sub_block}
 
 
 def load(
