@@ -219,7 +219,10 @@ def test_ctrl_c_then_resume_on_the_command_line_gives_the_uninterrupted_table(tm
     stopped = tmp_path / "stopped.jsonl"
     proc = subprocess.Popen([sys.executable, "-m", "dllm_local", *args, "--ray", "local", "--results", str(stopped)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            # Ctrl-C reaches it however the suite was started (a shell's background job ignores SIGINT,
+                            # and its children inherit that): Python turns SIGINT into KeyboardInterrupt only if not ignored.
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     end = time.monotonic() + 240
     while not (stopped.exists() and len(stopped.read_text().splitlines()) >= 3):  # the header and two problems
         assert proc.poll() is None and time.monotonic() < end, proc.communicate()
