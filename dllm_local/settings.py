@@ -131,8 +131,9 @@ class Settings:
 
     def for_problem(self, index: int) -> "Settings":
         """The settings for the ``index``-th problem of a set: its own seed (seed + index), so
-        sampled answers are independent across problems and the whole set still reproduces."""
-        return replace(self, seed=self.seed + index)
+        sampled answers are independent across problems and the whole set still reproduces. Past
+        SEED_MAX it wraps to 0: any seed the schema accepts works for a set of any size."""
+        return replace(self, seed=(self.seed + index) % (SEED_MAX + 1))
 
 
 @cache

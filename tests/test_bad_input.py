@@ -354,3 +354,14 @@ def test_an_added_report_is_read_through_its_schema_and_a_failure_names_the_fiel
 def test_null_policy_parameters_in_saved_settings_are_none_given():
     """Found by tests/test_fuzzing.py: {"cache_params": null} ended in a TypeError."""
     assert Settings.from_dict({"cache": "dual", "cache_params": None}).cache_params == {}
+
+
+def test_the_largest_seed_works_for_a_whole_problem_set(capsys):
+    """Problem i decodes with seed + i: past the schema's bound it wraps to 0, so a seed the user
+    may type is never refused for a number they did not type (the set's later seeds)."""
+    from dllm_local.limits import SEED_MAX
+
+    assert Settings(seed=SEED_MAX).for_problem(1).seed == 0 and Settings(seed=7).for_problem(2).seed == 9
+    assert cli_main(["eval", "--n", "2", "--seed", str(SEED_MAX), "--gen-length", "8", "--block-size", "8",
+                     "--quiet", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["n"] == 2
