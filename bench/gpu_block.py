@@ -28,7 +28,7 @@ import torch
 import dllm_local
 from dllm_local import Settings
 from dllm_local.devices import DeviceProfile
-from dllm_local.experiments.costmodel import TARGET_MODELS, Experts, TargetModel
+from dllm_local.experiments.costmodel import TARGET_MODELS, TargetModel, counted_target
 from dllm_local.models import FAMILIES
 from dllm_local.models.footprint import logical_parameters, weight_read_bytes
 from dllm_local.models.loader import ModelHandle, free_device_memory
@@ -84,16 +84,12 @@ def draw_weights(model: torch.nn.Module, device: torch.device | str, seed: int =
 
 def shallow_target(model: torch.nn.Module, name: str) -> TargetModel:
     """The cost model's target of the model built here, counted as the releases' are."""
-    total = sum(p.numel() for p in model.parameters())
-    embedding = model.get_input_embeddings().weight.numel()
-    expert = [p.numel() for n, p in model.named_parameters() if ".experts." in n]
-    if not expert:
-        return TargetModel(name, total - embedding, 2 * (total - embedding))
-    c = model.config
-    layers = len({n.split(".experts.")[0] for n, _ in model.named_parameters() if ".experts." in n})
-    each = sum(expert) // (c.num_experts * layers)
-    active = total - embedding - (c.num_experts - c.num_experts_per_tok) * layers * each
-    return TargetModel(name, active, 2 * (total - embedding), Experts(c.num_experts, c.num_experts_per_tok, layers, 2 * each))
+    expert = [(n.split(".experts.")[0], p.numel()) for n, p in model.named_parameters() if ".experts." in n]
+    c, layers = model.config, len({layer for layer, _ in expert})
+    experts = (c.num_experts, c.num_experts_per_tok, layers, sum(n for _, n in expert) // (c.num_experts * layers)) \
+        if expert else None
+    return counted_target(name, sum(p.numel() for p in model.parameters()), model.get_input_embeddings().weight.numel(),
+                          experts)
 
 
 class ForwardTimer:

@@ -79,7 +79,7 @@ def _root(low: float, high: float, before: Callable[[float], bool]) -> float:
     return (low + high) / 2
 
 
-def _released(name: str, total: int, embedding: int, experts: tuple[int, int, int, int] | None) -> TargetModel:
+def counted_target(name: str, total: int, embedding: int, experts: tuple[int, int, int, int] | None) -> TargetModel:
     """A release's target from its parameters, its untied input embedding and its experts (per layer,
     routed per token, expert layers, parameters each), or None for a dense model."""
     if experts is None:
@@ -106,7 +106,7 @@ TARGET_MODELS = {
     "Dream-v0-Instruct-7B": TargetModel("Dream-v0-Instruct-7B", 7.616e9 - 0.545e9, 2 * (7.616e9 - 0.545e9)),
     "DiffusionGemma-26B-A4B": TargetModel("DiffusionGemma-26B-A4B", 2_413_001_472 + 30 * 8 * 5_947_392,
                                           2 * (2_413_001_472 + 30 * 128 * 5_947_392), Experts(128, 8, 30, 2 * 5_947_392)),
-    **{name: _released(name, *counts) for name, *counts in (
+    **{name: counted_target(name, *counts) for name, *counts in (
         ("SDAR-8B-Chat", 8_190_735_360, 622_329_856, None),
         ("SDAR-30B-A3B-Chat", 30_532_122_624, 311_164_928, (128, 8, 48, 3 * 2048 * 768)),
         ("LLaDA2.0-mini", 16_255_638_528, 321_912_832, (256, 8, 19, 3 * 2048 * 512)),
