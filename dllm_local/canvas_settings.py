@@ -9,7 +9,7 @@ from functools import cache
 from pydantic import TypeAdapter
 from typing_extensions import TypedDict
 
-from .errors import SettingsError
+from .errors import SettingsError, listed
 from .limits import MAX_GEN_LENGTH
 from .values import about, integer, number, read
 
@@ -53,7 +53,7 @@ def check_canvas_params(params: dict) -> dict:
     """``params`` read through the schema (text parsed as the number asked for); t_max above t_min."""
     unknown = sorted(set(map(str, params)) - set(CANVAS_KNOBS))
     if unknown:
-        raise SettingsError(f"canvas_params: unknown knob(s) {', '.join(unknown)}; known: {', '.join(CANVAS_KNOBS)}")
+        raise SettingsError(f"canvas_params: {listed(unknown, 'unknown knob')}; known: {', '.join(CANVAS_KNOBS)}")
     valid = read(_schema(), params, "canvas_params")
     if "t_min" in valid and "t_max" in valid and valid["t_max"] <= valid["t_min"]:
         raise SettingsError(f"canvas_params: t_max ({valid['t_max']}) must be above t_min ({valid['t_min']}): "

@@ -5,8 +5,22 @@ import re
 from typing import Any
 
 
+MAX_MESSAGE = 2000  # characters: a message is read, not scrolled (a 10,000-key file is named, not listed)
+
+
 class DllmError(Exception):
-    """Base class: everything the engine raises on purpose."""
+    """Base class: everything the engine raises on purpose. Its message is cut to MAX_MESSAGE
+    characters, whatever went into it."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*(bounded(args[0]) if isinstance(args[0], str) else args[0], *args[1:]) if args else ())
+
+
+def bounded(message: str) -> str:
+    """``message`` cut to MAX_MESSAGE characters, saying how much was left out."""
+    if len(message) <= MAX_MESSAGE:
+        return message
+    return f"{message[:MAX_MESSAGE - 40]}… ({len(message) - MAX_MESSAGE + 40:,} more characters)"
 
 
 class ModelLoadError(DllmError):
@@ -100,6 +114,15 @@ def _telling(value: Any) -> bool:
     if isinstance(value, list):
         return len(value) <= 4 and not any(isinstance(item, (list, dict)) for item in value)
     return not isinstance(value, dict)
+
+
+def listed(items: Any, noun: str, limit: int = 5) -> str:
+    """``items`` named in a message, at most ``limit`` of them, each cut to 40 characters, after
+    their count and ``noun`` (singular): "1 unknown setting: a", "10,000 unknown settings, first: a, b, c, d, e"."""
+    names = sorted(map(str, items))
+    first = ", ".join(name if len(name) <= 40 else name[:39] + "…" for name in names[:limit])
+    head = f"{len(names):,} {noun}{'s' * (len(names) != 1)}"
+    return f"{head}, first: {first}" if len(names) > limit else f"{head}: {first}"
 
 
 def shown(value: Any, limit: int = 40) -> str:

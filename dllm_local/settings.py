@@ -16,7 +16,7 @@ from pydantic.fields import FieldInfo
 from typing_extensions import TypedDict
 
 from .canvas_settings import check_canvas_params
-from .errors import SettingsError
+from .errors import SettingsError, listed
 from .limits import MAX_GEN_LENGTH, SEED_MAX
 from .policies import registry
 from .trace import declare_settings_check
@@ -123,7 +123,7 @@ class Settings:
         known = {f.name for f in fields(cls)}
         unknown = set(map(str, data)) - known
         if unknown:
-            raise SettingsError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+            raise SettingsError(listed(unknown, "unknown setting"))
         return cls(**data)
 
     def with_(self, **changes) -> "Settings":

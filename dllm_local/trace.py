@@ -20,6 +20,7 @@ from typing_extensions import TypedDict
 
 from .canvas_trace import CanvasStep
 from .errors import TraceError, schema_message
+from .files import parse_json, read_json
 from .limits import MAX_GEN_LENGTH, MAX_TRACE_BYTES
 from .values import Count, Flag, Number, Text
 
@@ -293,7 +294,7 @@ class Branch:
 
 @dataclass
 class Trace:
-    settings: Annotated[dict[str, Any], AfterValidator(_known_settings)]
+    settings: Annotated[dict[Text, Any], AfterValidator(_known_settings)]
     model: Annotated[ModelInfo, InOrder]
     prompt_ids: list[TokenId]
     gen_length: Annotated[int, Strict(), Field(ge=1, le=MAX_GEN_LENGTH), AfterValidator(_set_answer)]
@@ -330,7 +331,7 @@ class Trace:
 
     @classmethod
     def from_json(cls, text: str) -> "Trace":
-        return parse_trace(json.loads(text))
+        return parse_trace(parse_json(text, "the trace", TraceError))
 
 
 def fold(events: Iterable[dict]) -> Iterator[dict]:
@@ -358,17 +359,7 @@ def fold(events: Iterable[dict]) -> Iterator[dict]:
 
 def load_trace_file(path: str | Path, max_bytes: int = MAX_TRACE_BYTES) -> Trace:
     """A trace file read and parsed (``parse_trace``); anything else is a TraceError saying what is wrong."""
-    path = Path(path)
-    try:
-        size = path.stat().st_size
-        if size > max_bytes:
-            raise TraceError(f"trace file {path.name} is {size / 2**20:.1f} MB; the limit is {max_bytes / 2**20:.0f} MB")
-        data = json.loads(path.read_bytes())
-    except OSError as exc:
-        raise TraceError(f"trace file {path} could not be read ({exc.strerror or exc})") from exc
-    except (ValueError, RecursionError) as exc:  # bad JSON, bad UTF-8, or nesting without end
-        raise TraceError(f"trace file {path.name} is not valid JSON ({type(exc).__name__}: {str(exc)[:120]})") from None
-    return parse_trace(data)
+    return parse_trace(read_json(path, max_bytes, f"trace file {Path(path).name}", TraceError))
 
 
 def parse_trace(data: Any) -> Trace:

@@ -34,6 +34,18 @@ def _plain_number(value: Any) -> Any:
     return value
 
 
+def unicode_text(value: Any) -> Any:
+    """Text that can be written back out: JSON's ``"\\ud800"`` reads as a lone surrogate, which no
+    UTF-8 file, page or tokenizer takes, so it is refused where it comes in, not where it is shown."""
+    try:
+        if isinstance(value, str):
+            value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PydanticCustomError("unicode", "must be valid Unicode text (a lone surrogate at character {at})",
+                                  {"at": exc.start}) from None
+    return value
+
+
 def _flag_words(value: Any) -> Any:
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
         return value.strip().lower() == "true"
@@ -62,13 +74,13 @@ def number(low: float | None = None, high: float | None = None, low_open: bool =
 
 
 FLAG = Annotated[bool, BeforeValidator(_flag_words), Strict()]  # true/false, or that text
-WORD = Annotated[str, Strict()]
+WORD = Annotated[str, Strict(), BeforeValidator(unicode_text)]
 
 # A file's fields: strict, so what was written is what is read.
 Count = Annotated[int, Strict(), Field(ge=0)]
 Number = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 Flag = StrictBool
-Text = Annotated[str, Strict(), Field(max_length=MAX_TEXT)]
+Text = Annotated[str, Strict(), Field(max_length=MAX_TEXT), BeforeValidator(unicode_text)]
 
 
 def about(kind: Any, label: str, help_: str, top: float | None = None) -> Any:

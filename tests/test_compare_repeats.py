@@ -13,7 +13,7 @@ import pytest
 from test_compare_like_with_like import answer_tokens
 from test_page import OUT, _wait_done, browser, page, server  # noqa: F401 - the real page's fixtures
 from ui import replay, tables
-from ui.compare_tab import CURRENT
+from ui.presets import CURRENT_RUN
 from ui.comparison import compare, compare_html
 from ui.timing import NO_DIFFERENCE, REPEATS, speedup, spread, spread_text
 
@@ -166,7 +166,7 @@ def test_the_default_pair_runs_b_at_a_length_and_compares_the_answers(server, ti
     presets = load_presets()[0]
     prompt = presets[DEFAULT]["prompt"]
     # B's fixed schedule of 32 steps is slow at 128 on the tiny model: threshold decoding keeps the test short
-    job = Client(server, verbose=False).submit(CURRENT, "LLaDA baseline", "unmask=threshold", prompt, 2,
+    job = Client(server, verbose=False).submit(CURRENT_RUN, "LLaDA baseline", "unmask=threshold", prompt, 2,
                                                api_name="/compare")
     *_, table, status = job.result(timeout=600)
     assert status.startswith("Done. 2 timed repeats of each side") and "generation length 128" in status
@@ -189,7 +189,7 @@ def test_compare_refuses_what_it_cannot_compare_and_checks_its_repeat_count(serv
 
     client = Client(server, verbose=False)
     prompt = "Ben has 9 coins, finds 8 more, then gives away 9. How many now?"
-    *_, status = client.predict(CURRENT, "LLaDA baseline", "gen_length=64", prompt, api_name="/compare")
+    *_, status = client.predict(CURRENT_RUN, "LLaDA baseline", "gen_length=64", prompt, api_name="/compare")
     assert status.startswith("⚠ Not compared: Changes to B set its generation length to 64 and A's is 128")
     *_, status = client.predict(STRAIGHT_HOUSE, "LLaDA baseline", "block_size=64", prompt, api_name="/compare")
     assert status.startswith("⚠ B cannot run at A's generation length 32 (its own length is 64; steps 32 → 16")

@@ -445,4 +445,5 @@ def test_presets_that_are_not_files_or_are_nested_without_end_are_skipped(tmp_pa
     assert list(presets) == ["ok"]
     assert [p.split(":")[0] for p in problems] == ["preset big.json was skipped", "preset deep.json was skipped",
                                                    "preset folder.json was skipped"]
-    assert "it is not a file" in problems[2] and "over 64 kB" in problems[0] and "not JSON" in problems[1]
+    assert "it is a folder, not a file" in problems[2] and "the limit is 64.0 kB" in problems[0]
+    assert "it nests deeper than 64 levels" in problems[1]

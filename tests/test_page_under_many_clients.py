@@ -335,7 +335,7 @@ def test_added_results_join_the_sweep_chart_and_a_bad_file_is_a_message(served, 
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 50_000 + "]" * 50_000)
     *_, status = client.predict(handle_file(str(deep)), api_name="/add_results")
-    assert status.startswith("⚠ could not add that file: it is not JSON (RecursionError")
+    assert status.startswith("⚠ could not add that file: it nests deeper than 64 levels")
 
 
 def test_an_upload_over_the_largest_file_the_page_takes_is_refused_and_not_kept(served, tmp_path):

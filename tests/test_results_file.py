@@ -47,7 +47,7 @@ def test_a_file_that_is_not_a_results_file_is_refused(job, tmp_path, content, me
 
 
 def test_a_results_file_that_cannot_be_written_is_told_before_any_work(job, tmp_path):
-    with pytest.raises(DllmError, match="cannot read the results file .*missing.jsonl"):
+    with pytest.raises(DllmError, match="the results file .*missing.jsonl could not be read"):
         Results(job, tmp_path / "missing.jsonl", resume=True)
     with pytest.raises(DllmError, match="cannot write the results file .*: it is a folder"):
         Results(job, tmp_path)

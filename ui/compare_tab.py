@@ -3,7 +3,6 @@ number of interleaved repeats after a warm-up, their speeds judged by a rank tes
 from __future__ import annotations
 
 import html
-import json
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import gradio as gr
 
 from dllm_local.errors import SettingsError, shown
+from dllm_local.files import FileRefused, parse_json
 from dllm_local.values import Text, integer
 from dllm_local.settings import Settings
 
@@ -21,10 +21,10 @@ from .engine_handler import engine_handler
 from .engine_queue import ENGINE, EngineQueue, client_of, error_text, throttled
 from .replay import numbers
 from .inputs import Choice, checked
+from .presets import CURRENT_RUN
 from .run_tab import RunTab
 from .timing import ALPHA, MAX_REPEATS, MIN_REPEATS, REPEATS, repeats_needed, smallest_p
 
-CURRENT = "Current Run settings"
 SETTING_FIELDS = ("gen_length", "block_size", "steps", "temperature", "seed", "exact_drift", "early_stop")
 Repeats = integer(MIN_REPEATS, MAX_REPEATS)  # the repeat count: timed runs of each side
 
@@ -56,8 +56,8 @@ def apply_changes(settings: dict, changes: str, specs: Specs) -> dict:
         if not sep or not key or not text:
             raise SettingsError(f"Changes to B: {shown(pair)} is not key=value (e.g. threshold=0.5)")
         try:
-            value = json.loads(text)
-        except ValueError:
+            value = parse_json(text)
+        except FileRefused:  # not JSON (or nested past reason): the schema reads it as text
             value = text
         if key in ("cache", "unmask"):
             out[key], out[f"{key}_params"] = value, {}
@@ -89,9 +89,9 @@ class CompareTab:
                     f"exact) finds the two sides' times apart at p < {ALPHA}. Answers are compared up to their end "
                     "of text. Either side can be the Run tab's current settings or a preset; B can be changed "
                     "further.")
-        choices = [CURRENT, *presets]
+        choices = [CURRENT_RUN, *presets]
         with gr.Row():
-            self.preset_a = gr.Dropdown(choices, value=CURRENT, label="Settings A", elem_id="preset-a")
+            self.preset_a = gr.Dropdown(choices, value=CURRENT_RUN, label="Settings A", elem_id="preset-a")
             baseline = "LLaDA baseline" if "LLaDA baseline" in presets else next(iter(presets), None)
             self.preset_b = gr.Dropdown(choices, value=baseline, label="Settings B", elem_id="preset-b")
         self.changes = gr.Textbox("", label="Changes to B (optional), e.g. threshold=0.5, block_size=16, cache=prefix",
@@ -117,7 +117,7 @@ class CompareTab:
     def wire(self) -> None:
         self.preset_a.change(self.prompt_of_a, [self.preset_a, self.run_tab.prompt, self.prompt], [self.prompt],
                              queue=False, api_visibility="private")
-        self.run_tab.prompt.change(lambda name_a, run_prompt, shown: run_prompt if name_a == CURRENT else shown,
+        self.run_tab.prompt.change(lambda name_a, run_prompt, shown: run_prompt if name_a == CURRENT_RUN else shown,
                                    [self.preset_a, self.run_tab.prompt, self.prompt], [self.prompt], queue=False,
                                    api_visibility="private")
         event = self.button.click(self.run_compare, [self.preset_a, self.preset_b, self.changes, self.prompt,
@@ -130,12 +130,12 @@ class CompareTab:
     def prompt_of_a(self, name_a: Choice, run_prompt: Text, shown: Text) -> str:
         """The prompt that comes with Settings A: its preset's own (``shown`` when it has none), or
         the Run tab's for Current Run settings."""
-        if name_a == CURRENT:
+        if name_a == CURRENT_RUN:
             return run_prompt
         return self.presets.get(name_a, {}).get("prompt", shown)
 
     def _side(self, name: str, current: dict) -> dict:
-        return dict(current) if name == CURRENT else dict(self.presets[name]["settings"], seed=current["seed"])
+        return dict(current) if name == CURRENT_RUN else dict(self.presets[name]["settings"], seed=current["seed"])
 
     def _sides(self, name_a: str, name_b: str, changes: str, current: dict) -> tuple[dict[str, Settings], str]:
         """Both sides' settings at A's generation length, and a note of how B's was changed to it

@@ -10,7 +10,7 @@ from typing import Any
 
 import gradio as gr
 
-from dllm_local.errors import DllmError
+from dllm_local.errors import DllmError, bounded
 
 from .engine_queue import CANCELLED, client_of
 
@@ -35,7 +35,7 @@ def engine_handler(handler: Callable) -> Callable:
     def refused(tab: Any, exc: Exception) -> dict:
         if isinstance(exc, gr.Error):  # the inputs' schema, not the settings: Gradio's to show
             raise exc
-        return {tab.status: f"⚠ {exc}"}
+        return {tab.status: f"⚠ {bounded(str(exc))}"}
 
     if inspect.isgeneratorfunction(handler):
         @functools.wraps(handler)

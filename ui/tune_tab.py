@@ -2,7 +2,6 @@
 (accuracy against speed), other reports added to its chart, and the concurrency view."""
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from dllm_local.experiments.costmodel import (
     concurrency_curve,
 )
 from dllm_local.experiments.reports import add_points
+from dllm_local.files import read_json
 from dllm_local.limits import SWEEP_BLOCK_SIZES, SWEEP_GEN_LENGTH, SWEEP_THRESHOLDS
 from dllm_local.settings import Length
 from dllm_local.tiny.tasks import TASKS, check_task
@@ -273,12 +273,7 @@ class TuneTab:
             if file is None:
                 raise DllmError("no file was given; choose the JSON of `lm-eval --out` or `sweep --out`")
             path = Path(file if isinstance(file, str) else file.name)
-            if path.stat().st_size > RESULTS_MAX_BYTES:
-                raise DllmError(f"it is over {RESULTS_MAX_BYTES // 2**20} MB; a results report is a few kB")
-            try:
-                added = json.loads(path.read_text())
-            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-                raise DllmError(f"it is not JSON ({type(exc).__name__}: {str(exc)[:120]})") from None
+            added = read_json(path, RESULTS_MAX_BYTES, "it")
             report = add_points(report or {}, added, path.name)
         except DllmError as exc:
             return {self.status: f"⚠ could not add that file: {exc}"}

@@ -8,7 +8,7 @@ from ..errors import SettingsError
 from ..tiny.tasks import TASKS
 from .common import BATCH_HELP, at_least_one
 from .settings_flags import add_settings_args, model_defaults, settings_from_args
-from .work import add_cluster_args, interrupted, model_spec, results_file, runner
+from .work import add_cluster_args, interrupted, model_spec, results_file, runner, say_results_file
 
 NAME = "eval"
 SUMMARY = "score a model on one of the tiny model's tasks"
@@ -56,3 +56,4 @@ def run(args: argparse.Namespace) -> None:
     except KeyboardInterrupt:
         raise interrupted(results) from None
     print(json.dumps(report, indent=2) if args.json else format_report(report))
+    say_results_file(results)

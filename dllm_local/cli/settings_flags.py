@@ -3,10 +3,10 @@ default, range and help from ``settings.knob``, the policies and their parameter
 from __future__ import annotations
 
 import argparse
-import json
 
 from ..canvas_settings import CANVAS_KNOBS, canvas_knob
 from ..errors import DllmError, SettingsError
+from ..files import FileRefused, parse_json
 from ..policies import registry
 from ..settings import Knob, Settings, knob
 
@@ -21,7 +21,7 @@ def add_settings_args(ap: argparse.ArgumentParser, long_answers: bool = False) -
     for name, kind in (("gen_length", int), ("steps", int), ("temperature", float), ("seed", int)):
         _knob_flag(ap, name, type=kind)
     # Unset, these two are the model's to decide (``model_defaults``): their defaults are told, not set.
-    _knob_flag(ap, "block_size", more=f"a block-diffusion model's default: its own block", unset=True, type=int)
+    _knob_flag(ap, "block_size", more="a block-diffusion model's default: its own block", unset=True, type=int)
     _knob_flag(ap, "cache", more=f"a block-diffusion model's default: block; {_policy_help('cache')}", unset=True)
     cache_params = knob("cache_params")
     ap.add_argument("--cache-param", action="append", default=[], metavar="KEY=VALUE",
@@ -151,8 +151,8 @@ def parse_params(pairs: list[str]) -> dict:
         if not sep:
             raise DllmError(f"parameter {pair!r} is not KEY=VALUE")
         try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
+            out[key] = parse_json(value)
+        except FileRefused:  # not JSON (or nested past reason): the schema reads it as text
             out[key] = value
     return out
 

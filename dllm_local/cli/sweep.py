@@ -12,7 +12,7 @@ from ..limits import SWEEP_BLOCK_SIZES, SWEEP_GEN_LENGTH, SWEEP_THRESHOLDS
 from ..tiny.tasks import TASKS
 from .common import at_least_one, check_out, write_out
 from .settings_flags import add_settings_args, model_defaults, settings_from_args
-from .work import add_cluster_args, interrupted, model_spec, results_file, runner
+from .work import add_cluster_args, interrupted, model_spec, results_file, runner, say_results_file
 
 NAME = "sweep"
 SUMMARY = "grid over threshold x block size (and more): accuracy vs tokens/s, Pareto frontier"
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> None:
     base = settings_from_args(args)
     job = sweep_job(base, sweep_axes(args, base), args.task, args.n, args.seed_data, model_spec(args))
     check_out(args.out)
-    results = results_file(args, job, "sweep")
+    results = results_file(args, job, "sweep", beside=args.out)
 
     def point_done(p) -> None:
         if not args.quiet:
@@ -106,3 +106,4 @@ def run(args: argparse.Namespace) -> None:
         raise interrupted(results) from None
     print(format_sweep(report))
     write_out(args.out, report, "sweep")
+    say_results_file(results)

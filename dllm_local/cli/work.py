@@ -26,7 +26,7 @@ def add_cluster_args(ap: argparse.ArgumentParser) -> None:
     files = group.add_mutually_exclusive_group()
     files.add_argument("--results", default=None, metavar="FILE",
                        help="append each finished problem to this JSON-lines file (with --ray, default: a new "
-                            "COMMAND-DATE-TIME.jsonl here)")
+                            "COMMAND-DATE-TIME.jsonl beside --out, or here without one)")
     files.add_argument("--resume", default=None, metavar="FILE",
                        help="go on with a stopped run: skip the problems FILE holds, append the rest to it")
 
@@ -37,20 +37,29 @@ def model_spec(args: argparse.Namespace):
     return ModelSpec(args.model, args.device, args.quantize, args.guider, args.threads)
 
 
-def results_file(args: argparse.Namespace, job, command: str):
+def results_file(args: argparse.Namespace, job, command: str, beside: str | None = None):
     """Where each finished problem goes: --resume FILE (read, then appended to), --results FILE,
-    or with --ray a new file named after the command and the time (a cluster run is long)."""
+    or with --ray a new file named after the command and the time (a cluster run is long), in the
+    folder of ``beside`` (the report the user named), else in the current folder."""
     import time
+    from pathlib import Path
 
     from ..experiments.units import Results
 
-    path = args.resume or args.results or (args.ray and f"{command}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
+    default = Path(beside or ".").parent / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+    path = args.resume or args.results or (args.ray and str(default))
     results = Results(job, path or None, resume=bool(args.resume))
     if path:
         done = f"{len(results.records)} of {job.total} problems already done; " if args.resume else ""
         print(f"results: {path} ({done}each problem is appended as it finishes; after a stop, the same command "
               f"with --resume {path} in place of --results goes on from there)", file=sys.stderr)
     return results
+
+
+def say_results_file(results) -> None:
+    """The end of a run names the file its problems went to, beside the report's own line."""
+    if results.path is not None:
+        print(f"each problem's record: {results.path}", file=sys.stderr)
 
 
 def runner(args: argparse.Namespace, job, settings, batched: bool = False, masked_only: str = ""):

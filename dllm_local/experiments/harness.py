@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 from tqdm import tqdm
 
-from ..errors import DllmError
+from ..errors import DllmError, listed
 from ..models.loader import GuiderHandle, ModelHandle
 from ..sampler import generate
 from ..settings import Settings
@@ -106,7 +106,7 @@ def run_harness(handle: ModelHandle, settings: Settings, tasks: list[str], limit
     manager = TaskManager(include_path=include_path, include_defaults=any(isinstance(s, str) for s in specs))
     unknown = [s for s in specs if isinstance(s, str) and s not in manager.all_tasks and not Path(s).is_file()]
     if unknown:
-        raise DllmError(f"unknown harness task(s) {', '.join(unknown)}; bundled: {', '.join(bundled_tasks())}; or "
+        raise DllmError(f"{listed(unknown, 'unknown harness task')}; bundled: {', '.join(bundled_tasks())}; or "
                         "any task lm_eval lists (`lm-eval ls tasks`), or a task YAML file's path")
     try:
         out = simple_evaluate(model=lm, tasks=specs, limit=limit, num_fewshot=num_fewshot, task_manager=manager,

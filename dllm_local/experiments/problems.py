@@ -2,13 +2,17 @@
 file with a scorer. Torch-free: the CLI lists the scorers before it loads anything."""
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Annotated, Callable
 
-from ..errors import DllmError
+from pydantic import Field, Strict, TypeAdapter
+from typing_extensions import TypedDict
+
+from ..errors import DllmError, SettingsError
+from ..files import parse_json, read_text
+from ..values import Number, Text, read
 from ..tiny.tasks import make_problems
 from ..tiny.tasks import score as score_task
 
@@ -20,6 +24,16 @@ class Problem:
     kind: str = ""
 
 
+MAX_SET_BYTES = 64 * 2**20  # an evaluation set: one prompt and answer a line
+
+
+class _Row(TypedDict):
+    """A line of a user's evaluation set (other fields are ignored)."""
+    prompt: Annotated[Text, Field(min_length=1)]
+    answer: Annotated[int, Strict()] | Number | Text
+
+
+_ROW = TypeAdapter(_Row)
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
@@ -43,19 +57,16 @@ def jsonl_problems(path: Path, scorer: str, n: int | None = None) -> list[Proble
     """A user's evaluation set: one ``{"prompt": ..., "answer": ...}`` object per line."""
     if scorer not in SCORERS:
         raise DllmError(f"scorer must be one of {', '.join(SCORERS)}, not {scorer!r}")
-    try:
-        lines = Path(path).read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DllmError(f"cannot read the evaluation set {path}: {getattr(exc, 'strerror', None) or exc}") from exc
+    lines = read_text(path, MAX_SET_BYTES, f"the evaluation set {path}").splitlines()
     problems = []
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
-            prompt, answer = row["prompt"], str(row["answer"])
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise DllmError(f"{path} line {i}: expected a JSON object with 'prompt' and 'answer' ({exc})") from exc
+            row = read(_ROW, parse_json(line, f"{path} line {i}"), owner=f"{path} line {i}")
+        except SettingsError as exc:
+            raise DllmError(f"{exc}: expected a JSON object with 'prompt' and 'answer'") from None
+        prompt, answer = row["prompt"], str(row["answer"])
         problems.append(Problem(prompt, lambda out, a=answer: SCORERS[scorer](out, a)))
     if not problems:
         raise DllmError(f"{path} has no problems: expected one JSON object with 'prompt' and 'answer' per line")

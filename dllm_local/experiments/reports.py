@@ -10,6 +10,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from ..errors import DllmError, schema_message
 from ..settings import loadable
 from ..tiny.tasks import MAX_PROBLEMS
+from ..values import Text
 from .frontier import MAX_POINTS, pareto, policy_curves
 
 NonNegative = Annotated[float, Field(allow_inf_nan=False, ge=0)]
@@ -20,13 +21,13 @@ class ResultRow(BaseModel):
     and a click on a row read. Other fields of the row are dropped."""
     model_config = ConfigDict(extra="ignore")
 
-    point: dict[str, float | int | str | None] = Field(max_length=32)
+    point: dict[Text, float | int | Text | None] = Field(max_length=32)
     accuracy: Annotated[float, Field(allow_inf_nan=False, ge=0, le=1)]
     model_tok_s: NonNegative
     nfe: NonNegative
     tau: NonNegative | None = None
     tau_content: NonNegative | None = None
-    label: str | None = Field(None, max_length=200)
+    label: Text | None = Field(None, max_length=200)
     n: int | None = Field(None, ge=0, le=MAX_PROBLEMS)
     settings: Annotated[dict, AfterValidator(loadable)] | None = None
 
@@ -38,7 +39,7 @@ class ResultsReport(BaseModel):
     rows: list[ResultRow] = Field(min_length=1, max_length=MAX_POINTS)
     problems: int | None = Field(None, ge=0, le=MAX_PROBLEMS)
     limit: int | None = Field(None, ge=0, le=MAX_PROBLEMS)
-    axes: dict[str, list[float | int | str | None]] | None = Field(None, max_length=32)
+    axes: dict[Text, list[float | int | Text | None]] | None = Field(None, max_length=32)
 
 
 def _checked_report(report: object, source: str) -> dict:

@@ -6,9 +6,11 @@ Torch-free: the CLI reads results files before any model loads.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import statistics
+from functools import cache
 from pathlib import Path
 from typing import Protocol
 
@@ -16,9 +18,11 @@ from pydantic import TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
 from ..errors import DllmError, schema_message
+from ..files import FileRefused, parse_json, read_bytes
 from ..values import Count, Flag, Number, Text
 
 RESULTS_FORMAT = "dllm-local results v1"
+MAX_RESULTS_BYTES = 2**30  # a record is a few kB: hundreds of thousands of problems
 
 
 class ResultsJob(Protocol):
@@ -35,6 +39,16 @@ class ResultsJob(Protocol):
     def total(self) -> int: ...
 
     def identity(self) -> dict: ...
+
+
+@cache
+def code_version() -> str:
+    """The engine's source, hashed: a resumed file's answers came from the code that goes on with it."""
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for f in sorted(root.rglob("*.py")):
+        digest.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 class Record(TypedDict):
@@ -89,32 +103,30 @@ class Results:
                             f"--resume {self.path}, or name a new file")
 
     def _read(self, header: dict) -> None:
-        try:
-            data = self.path.read_bytes()
-        except OSError as exc:
-            raise DllmError(f"cannot read the results file {self.path}: {exc.strerror or exc}") from exc
+        data = read_bytes(self.path, MAX_RESULTS_BYTES, f"the results file {self.path}")
         # Every record ends with a newline: text after the last one is a record a stopped run did
         # not finish writing. It is left out, and cut from the file once the file is known to be ours.
         whole = data[: data.rfind(b"\n") + 1]
         try:
             lines = whole.decode("utf-8").splitlines()
-            first = json.loads(lines[0]) if lines else None
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            first = parse_json(lines[0]) if lines else None
+        except (UnicodeDecodeError, FileRefused):
             first = None
         if not isinstance(first, dict) or first.get("format") != RESULTS_FORMAT:
             raise DllmError(f"{self.path} is not a results file of dllm-local (its first line names none)")
         if first.get("job") != header["job"]:
             theirs = first.get("job") if isinstance(first.get("job"), dict) else {}
             differ = [k for k in header["job"] if theirs.get(k) != header["job"][k]]
+            code = " (dllm-local's code changed since it was written: its answers may differ)" * ("code" in differ)
             raise DllmError(f"{self.path} holds the results of another run: these differ from this command's: "
-                            f"{', '.join(differ)}. Resume with the same model, task, --n, --seed-data and settings, "
-                            "or name a new results file")
+                            f"{', '.join(differ)}{code}. Resume with the same model, task, --n, --seed-data and "
+                            "settings, or name a new results file")
         for number, line in enumerate(lines[1:], 2):
             try:
-                raw = json.loads(line)
+                raw = parse_json(line, f"{self.path} line {number}")
                 record = RECORD.validate_python(raw)
-            except (json.JSONDecodeError, RecursionError):
-                raise DllmError(f"{self.path} line {number} is not a result record (not JSON)") from None
+            except FileRefused as exc:
+                raise DllmError(f"{exc}: it is not a result record") from None
             except ValidationError as exc:
                 raise DllmError(f"{self.path} line {number} is not a result record: "
                                 f"{schema_message(exc, raw, subject='the record')}") from None

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Protocol
 from tqdm import tqdm
 
 from ..tiny.tasks import check_task
-from .results_file import RECORD, RESULTS_FORMAT, Record, Results, row_of
+from .results_file import RECORD, RESULTS_FORMAT, Record, Results, code_version, row_of
 
 if TYPE_CHECKING:
     from ..models.loader import GuiderHandle, ModelHandle
@@ -60,8 +60,8 @@ class Job:
 
     def identity(self) -> dict:
         """What a results file must match to be resumed: the same model, problems and settings
-        (device, threads and batch size change no answer)."""
-        return {"model": self.model.name, "quantization": self.model.quantization, "guider": self.model.guider,
+        and code (device, threads and batch size change no answer)."""
+        return {"code": code_version(), "model": self.model.name, "quantization": self.model.quantization, "guider": self.model.guider,
                 "task": self.task, "n": self.n, "seed_data": self.seed_data, "points": list(self.points),
                 "settings": list(self.settings)}
 

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Callable, Iterable
 from pydantic import Field, TypeAdapter
 
 from ..devices import DEVICES
-from ..errors import SettingsError
+from ..errors import SettingsError, listed
 from ..limits import MAX_GEN_LENGTH
 from ..trace import AnswerPosition, Rejected, SequencePosition, declare_policy_fields
 from ..values import FLAG, TYPE_WORDS, WORD, Count, Flag, Number, Text, integer, number, one_of, optional, read
@@ -111,7 +111,7 @@ class PolicySpec:
         known = {p.name: p for p in self.params}
         unknown = sorted(set(map(str, params)) - set(known))
         if unknown:
-            raise SettingsError(f"{self.name}: unknown parameter(s) {', '.join(unknown)}; "
+            raise SettingsError(f"{self.name}: {listed(unknown, 'unknown parameter')}; "
                                 f"known: {', '.join(known) or 'none'}")
         out = {name: p.coerce(params[name], self.name) if name in params else p.default for name, p in known.items()}
         problem = self.check(out) if self.check else None
@@ -122,7 +122,11 @@ class PolicySpec:
     def behaviour(self) -> type:
         if isinstance(self.impl, str):
             module, _, cls = self.impl.partition(":")
-            return getattr(import_module(module), cls)
+            try:
+                return getattr(import_module(module), cls)
+            except Exception as exc:  # noqa: BLE001 - a plugin's module may raise anything: said in one line
+                raise SettingsError(f"policy {self.name}: its behaviour {self.impl} cannot be loaded: "
+                                    f"{type(exc).__name__}: {exc}") from None
         return self.impl
 
     def build(self, params: dict | None = None):
