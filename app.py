@@ -8,7 +8,9 @@ import signal
 import socket
 import sys
 
-os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+from dllm_local import offline  # before gradio, the hub or Ray is imported
+
+offline.stay_offline()  # telemetry off, the hub offline: --allow-downloads alone turns the hub on
 
 
 def port_number(text: str) -> int:
@@ -38,6 +40,8 @@ POLICIES_HELP = ("modules that register policies of your own, imported by the pa
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from dllm_local.experiments.ray_address import ray_address
+
     ap = argparse.ArgumentParser(description="dllm-local: watch diffusion-LLM decoding step by step")
     ap.add_argument("--model", default="tiny", help="hub id, local folder or short name (default: the embedded tiny model)")
     ap.add_argument("--quantize", choices=["none", "8bit", "4bit"], default="none", help="bitsandbytes quantization (CUDA; on the CPU too, slower)")
@@ -59,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="local model folders in DIR may be loaded from the page's model box (default: none; "
                          "the page loads only its listed models)")
     ap.add_argument("--policies", default="", metavar="MODULE[,MODULE]", help=POLICIES_HELP)
-    ap.add_argument("--ray", nargs="?", const="auto", default=None, metavar="auto|local|ADDRESS",
+    ap.add_argument("--ray", nargs="?", const="auto", default=None, metavar="auto|local|ADDRESS", type=ray_address,
                     help="run the Tune tab's sweeps on a Ray cluster: auto (the cluster this machine joined; a bare "
                          "--ray), local (a Ray instance of the page's own) or the head's HOST:PORT; "
                          "needs pip install -r requirements-cluster.txt (docs/cluster.md)")
@@ -105,6 +109,8 @@ def create(args: argparse.Namespace):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.allow_downloads:
+        offline.allow_downloads()
     problem = address_problem(args.host, args.port)
     if not problem and args.models_dir and not os.path.isdir(args.models_dir):
         problem = f"--models-dir {args.models_dir} is not a folder; give an existing folder of model folders"

@@ -1,9 +1,14 @@
 """dllm-local: accelerated diffusion-LLM decoding you can watch step by step.
 
 Names are imported lazily so that the torch-free parts (the trace, the settings) can be used
-by the page without loading torch.
+by the page without loading torch. Importing the package turns off what would reach the network
+unasked (``offline.py``).
 """
 from importlib import import_module
+
+from .offline import stay_offline
+
+stay_offline()  # before the hub, Gradio or Ray is imported by anything of this package
 
 _EXPORTS = {
     "DllmError": "errors", "ModelLoadError": "errors", "SequenceTooLongError": "errors", "SettingsError": "errors",

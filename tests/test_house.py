@@ -61,6 +61,7 @@ LAYERS = {
     "dllm_local.errors": 10,
     "dllm_local.values": 10,
     "dllm_local.files": 10,            # every file a user names, read with a bound
+    "dllm_local.offline": 10,          # no outbound traffic unless a download was asked for
     "dllm_local.limits": 10,           # the bounds and defaults several layers share; imports nothing of the project
     "dllm_local.devices": 10,
 }

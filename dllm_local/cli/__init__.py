@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from ..errors import DllmError
+from ..offline import allow_downloads
 from ..policies import registry
 from . import bench, evaluate, generate, info, lm_eval, sweep
 from .common import MODEL_HELP, at_least_one
@@ -21,14 +22,20 @@ POLICIES_HELP = ("modules that register policies of your own, imported before th
                  "packages' dllm_local.policies entry points load anyway)")
 
 
-def _policy_modules(argv: list[str] | None) -> list[str]:
-    """The --policies modules, read before the parser is built: their policies are choices and flags in it."""
+def _early_flags(argv: list[str] | None) -> argparse.Namespace:
+    """What is read before the parser is built: the --policies modules (their policies are
+    choices and flags in it) and --allow-downloads (before anything imports the hub)."""
     early = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
     early.add_argument("--policies", default="")
+    early.add_argument("--allow-downloads", action="store_true")
     try:
-        return early.parse_known_args(argv)[0].policies.split(",")
+        return early.parse_known_args(argv)[0]
     except argparse.ArgumentError:  # the parser proper says what is wrong
-        return []
+        return argparse.Namespace(policies="", allow_downloads=False)
+
+
+DOWNLOADS_HELP = ("let a hub id that is not on this machine be downloaded (without it nothing here reaches the "
+                  "network: the hub is offline, telemetry off)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="torch threads on the CPU (default: 1 for a model under 50M parameters, such as the tiny "
                             "model, where one thread is fastest; every core for larger ones)")
         p.add_argument("--policies", default="", metavar="MODULE[,MODULE]", help=POLICIES_HELP)
+        p.add_argument("--allow-downloads", action="store_true", help=DOWNLOADS_HELP)
         if command.PROGRESS:
             p.add_argument("--quiet", action="store_true", help="no progress bar")
         p.set_defaults(run=command.run)
@@ -55,8 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    early = _early_flags(argv)
+    if early.allow_downloads:
+        allow_downloads()
     try:
-        registry.load_plugins(_policy_modules(argv))
+        registry.load_plugins(early.policies.split(","))
     except DllmError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -10,10 +10,11 @@ from .common import at_least_one, guider_for, load_model, warn_past_trained_leng
 
 
 def add_cluster_args(ap: argparse.ArgumentParser) -> None:
+    from ..experiments.ray_address import ray_address
     from ..experiments.units import DEFAULT_CHUNK
 
     group = ap.add_argument_group("cluster and resuming", "docs/cluster.md: When one GPU is not enough")
-    group.add_argument("--ray", nargs="?", const="auto", default=None, metavar="auto|local|ADDRESS",
+    group.add_argument("--ray", nargs="?", const="auto", default=None, metavar="auto|local|ADDRESS", type=ray_address,
                        help="run on a Ray cluster: auto (the cluster this machine joined; the default of a bare --ray), "
                             "local (a Ray instance of this run's own), or the head's HOST:PORT; one worker per GPU, "
                             "or per --worker-cpus CPUs (needs pip install -r requirements-cluster.txt)")

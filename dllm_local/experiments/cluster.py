@@ -17,11 +17,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import DllmError
+from ..offline import children_offline
+from .ray_address import reach_head
 from .units import Job, OnUnit, Results, Unit, Worker, report_unit
 
 INSTALL = "pip install -r requirements-cluster.txt"
-ADDRESS_HELP = ("--ray takes local (a Ray instance of this run's own), auto (the cluster this machine has joined) "
-                "or the head node's address, HOST:PORT or ray://HOST:PORT")
 WAIT_S = 0.5  # how often the driver looks at Stop while units run
 
 
@@ -43,19 +43,6 @@ class Cluster:
     max_restarts: int = 3
 
 
-def _reachable(address: str) -> None:
-    """A HOST:PORT address answers before Ray is asked to join it (Ray itself retries for a minute)."""
-    host, sep, port = address.removeprefix("ray://").rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise DllmError(f"{ADDRESS_HELP}; {address!r} is none of these")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
-    except OSError as exc:
-        raise DllmError(f"cannot reach a Ray cluster at {address} ({exc.strerror or exc}): start one with "
-                        "`ray start --head` on the head node and give the address it prints, and check that its "
-                        "port is open from this machine") from None
-
-
 def connect(cluster: Cluster) -> list[dict]:
     """Join (or, for ``local``, start) the cluster; each live node's resources. The project's
     package goes with the job, so the nodes need only its requirements installed."""
@@ -65,10 +52,11 @@ def connect(cluster: Cluster) -> list[dict]:
         options = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False,
                    "runtime_env": {"py_modules": [package]}}
         if cluster.address == "local":
-            ray.init(num_cpus=os.cpu_count(), _node_ip_address="127.0.0.1", **options)
+            with children_offline():
+                ray.init(num_cpus=os.cpu_count(), _node_ip_address="127.0.0.1", **options)
         else:
             if cluster.address != "auto":
-                _reachable(cluster.address)
+                reach_head(cluster.address)
             try:
                 ray.init(address=cluster.address, **options)
             except ConnectionError:

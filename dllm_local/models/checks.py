@@ -76,8 +76,8 @@ def read_json_object(file: Path) -> dict:
 
 
 def check_weights(path: Path) -> dict[str, dict]:
-    """The tensors of a checkpoint (name -> its safetensors header entry: dtype, shape), from
-    its safetensors files, each checked to be present and complete."""
+    """The tensors of a checkpoint (name -> its safetensors header entry: dtype, shape, and the
+    file holding it), from its safetensors files, each checked to be present and complete."""
     index = path / "model.safetensors.index.json"
     if index.exists():
         weight_map = read_json_object(index).get("weight_map")
@@ -93,13 +93,14 @@ def check_weights(path: Path) -> dict[str, dict]:
         f = inside(path, name, "weight file")
         if not f.exists():
             raise ModelLoadError(f"weight file {name} named in the index is missing from {path}")
-        tensors.update({k: v for k, v in _check_safetensors_complete(f).items() if k != "__metadata__"})
+        header = _check_safetensors_complete(f)
+        tensors.update({k: {**v, "file": name} for k, v in header.items() if k != "__metadata__"})
     return tensors
 
 
 def _check_safetensors_complete(f: Path) -> dict:
     """The file's header (tensor name -> dtype, shape, offsets), once the file is known to hold
-    every byte the header names."""
+    every byte the header names, each tensor's bytes where the header says and of its size."""
     size = f.stat().st_size
     try:
         with f.open("rb") as fh:
@@ -107,17 +108,52 @@ def _check_safetensors_complete(f: Path) -> dict:
             if header_len > size:
                 raise ValueError
             header = json.loads(fh.read(header_len))
-        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
-        if not all(type(v.get("shape")) is list and all(type(d) is int and d >= 0 for d in v["shape"])
-                   for k, v in header.items() if k != "__metadata__"):
-            raise ValueError("a tensor's shape is not a list of sizes")
+        entries = {k: v for k, v in header.items() if k != "__metadata__"}
+        if not all(map(_is_tensor_entry, entries.values())):
+            raise ValueError("a tensor's dtype, shape or data_offsets is not one")
     except (struct.error, ValueError, AttributeError, KeyError, IndexError, TypeError) as exc:
         # A short file, a header that is not JSON, or JSON that is not a tensor table.
         raise ModelLoadError(f"weight file {f.name} is not a readable safetensors file ({size} bytes)") from exc
-    expected = 8 + header_len + end
-    if size < expected:
-        raise ModelLoadError(f"weight file {f.name} is truncated: {size} bytes, expected {expected}; download it again")
+    _check_offsets(f, entries, size - 8 - header_len)
     return header
+
+
+def _sizes(value: Any) -> bool:
+    return type(value) is list and all(type(d) is int and d >= 0 for d in value)
+
+
+def _is_tensor_entry(entry: Any) -> bool:
+    """A header entry as safetensors writes it: a dtype name, a shape and two byte offsets."""
+    return (isinstance(entry, dict) and type(entry.get("dtype")) is str and _sizes(entry.get("shape"))
+            and _sizes(entry.get("data_offsets")) and len(entry["data_offsets"]) == 2)
+
+
+# Bytes per value of each safetensors dtype with whole bytes (the format's own names).
+DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
+               "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def _check_offsets(f: Path, entries: dict[str, dict], data_bytes: int) -> None:
+    """The tensors' bytes lie end to end over the file's data, each as long as its shape and dtype
+    need: safetensors refuses any other file, with an error from deep inside transformers."""
+    spans = sorted((v["data_offsets"][0], v["data_offsets"][1], k) for k, v in entries.items())
+    for start, end, name in spans:
+        needed = math.prod(entries[name]["shape"]) * DTYPE_BYTES.get(entries[name].get("dtype"), 0)
+        if end < start or (entries[name].get("dtype") in DTYPE_BYTES and end - start != needed):
+            raise ModelLoadError(f"weight file {f.name}: {name}'s data_offsets [{start}, {end}] hold {end - start} "
+                                 f"bytes, its shape and dtype need {needed}: the header does not fit the tensor")
+    last = max(spans, key=lambda span: span[1], default=(0, 0, ""))
+    if last[1] > data_bytes:
+        raise ModelLoadError(f"weight file {f.name} is truncated: its data is {data_bytes} bytes, {last[2]}'s "
+                             f"data_offsets end at {last[1]}; download it again")
+    for (_, end, before), (start, _, name) in zip([(0, 0, "")] + spans, spans):
+        if start != end:
+            after = f"{before}'s end at {end}" if before else "the data begins at 0"
+            raise ModelLoadError(f"weight file {f.name}: {name}'s data_offsets start at {start}, {after}: tensors "
+                                 f"{'overlap' if start < end else 'leave a gap'}; safetensors data is tensors end to end")
+    if last[1] < data_bytes:
+        raise ModelLoadError(f"weight file {f.name} has {data_bytes - last[1]} bytes after its last tensor: "
+                             "safetensors data ends where its last tensor does")
 
 
 # Each family's input embedding and block names in its weights, and the config sizes they must have.

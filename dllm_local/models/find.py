@@ -42,7 +42,7 @@ def resolve_path(name_or_path: str) -> Path:
     except Exception:
         pass
     if os.environ.get("HF_HUB_OFFLINE") == "1":
-        raise ModelLoadError(_offline_message(name))
+        raise ModelLoadError(_offline_message(name) + " To let this command download it, add --allow-downloads.")
     try:
         return Path(snapshot_download(name, allow_patterns=patterns))
     except Exception as exc:  # network errors come in many classes; the advice is the same

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ..errors import ModelLoadError, SettingsError
-from . import FAMILIES, FAMILY_MODULES, KINDS, diffusion_gemma
+from . import FAMILY_MODULES, KINDS, diffusion_gemma
 from .build import build_model, family_config, load_tokenizer
 from .checks import (check_chat_template, check_family, check_folder, check_guider_type, check_mask_id, check_memory,
                      check_tensors, check_weights, needed_bytes, read_json_object)
@@ -23,6 +23,7 @@ from .footprint import logical_parameters, weight_read_bytes
 from .placement import apply_threads, auto_cuda_dtype, free_bytes, free_device_memory, pick_device, pick_dtype
 from .protocol import DiffusionLM
 from .quantize import quantization_config, quiet_bitsandbytes
+from .shapes import check_config_sizes, check_shapes, meta_model
 
 __all__ = ["ALIASES", "ASSETS", "TINY_GUIDER", "TINY_MODEL", "GuiderHandle", "ModelHandle", "apply_threads",
            "auto_cuda_dtype", "check_memory", "check_weights", "free_device_memory", "load", "load_guider",
@@ -159,8 +160,7 @@ def decoding_facts(name_or_path: str) -> dict:
     family = check_family(raw, config_file)
     if KINDS[family] != "block":
         return {"kind": KINDS[family]}
-    with torch.device("meta"):
-        model = FAMILIES[family][1](family_config(raw, family, config_file))
+    model = meta_model(family, family_config(raw, family, config_file), config_file)
     return {"kind": "block", "block_size": model.block_size, "sub_block": model.sub_block}
 
 
@@ -176,9 +176,11 @@ def load(
     path, config_file, raw = _open(name_or_path)
     family = check_family(raw, config_file)
     config = family_config(raw, family, config_file)
+    check_config_sizes(family, config, config_file)
     canvas = KINDS[family] == "canvas"
     tensors = check_weights(path)
     check_tensors(family, config, tensors, path)
+    check_shapes(family, config, tensors, config_file)
     tokenizer = load_tokenizer(path, family)
     mask_token = FAMILY_MODULES[family].MASK_TOKEN if family in FAMILY_MODULES else None
     mask_id = None if canvas else check_mask_id(raw, config, config_file, tokenizer, mask_token)
