@@ -3,9 +3,11 @@ trace, cache slot) and all of them share one forward per step, packed into one s
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Callable, Iterator
 
 import torch
+from pydantic import TypeAdapter
 
 from .errors import SettingsError
 from .models.attention import Segment
@@ -16,6 +18,9 @@ from .recorder import model_gpus, timed
 from .sampler import Result, Run, generate
 from .settings import Settings
 from .trace import StepRecord
+from .values import integer, read
+
+SLOTS = TypeAdapter(integer(1, 4096))  # requests decoding at once: a batch's slots
 
 
 class QuotaPool:
@@ -47,19 +52,23 @@ class QuotaPool:
 
 
 class BatchRun:
-    """Several requests decoded together: one forward per step for all the requests still
-    decoding, each with its own positions, policies, seed and trace, and its own slot of one
-    ``KVCache``, so each request decodes as it would alone. A request that finishes leaves the
-    batch: its slot is freed and later forwards no longer compute it.
+    """Several requests decoded together, continuously: ``slots`` of them at a time (all, by
+    default), one forward per step for the requests decoding, each with its own positions,
+    policies, seed and trace, and its own slot of one ``KVCache``, so each request decodes as it
+    would alone. A request that finishes frees its slot, and the next waiting request takes it at
+    once: its first forward (prompt and answer, nothing cached yet) is packed into the same forward
+    as the others' next steps. Later forwards no longer compute a finished request.
 
     With ``share_budget`` the adaptive caches' budgets become one budget shared by quotas (see
     ``QuotaPool``): the one thing that makes a request decode otherwise than alone.
 
     Iterate for ``(request, StepRecord)`` pairs; ``results`` then holds one result per prompt.
+    ``finished(request)`` is called as each request ends (a progress bar).
     """
 
     def __init__(self, handle: ModelHandle, prompts: list[Prompt], settings: Settings | list[Settings],
-                 guider: GuiderHandle | None = None, share_budget: bool = True) -> None:
+                 guider: GuiderHandle | None = None, share_budget: bool = True, slots: int | None = None,
+                 finished: Callable[[int], None] | None = None) -> None:
         """``settings``: one for every request, or one per request (an evaluation's own seeds)."""
         if not isinstance(prompts, (list, tuple)) or not prompts:
             raise SettingsError("a batch needs a list of at least one prompt")
@@ -72,7 +81,8 @@ class BatchRun:
             raise SettingsError(f"{len(per_request)} settings for {len(prompts)} prompts: give one, or one per prompt")
         if any(s.exact_drift for s in per_request):
             raise SettingsError("exact_drift runs a second, uncached model per request: turn it off to decode a batch")
-        self.handle, self.share_budget = handle, share_budget
+        self.slots = read(SLOTS, len(prompts) if slots is None else slots, "the batch size (slots)")
+        self.handle, self.share_budget, self.finished = handle, share_budget, finished
         self.runs = [Run(handle, prompt, s, guider) for prompt, s in zip(prompts, per_request)]
         self.results: list[Result] | None = None
         self.cache: KVCache | None = None
@@ -94,22 +104,16 @@ class BatchRun:
             run.release()
 
     def __iter__(self) -> Iterator[tuple[int, StepRecord]]:
-        runs = self.runs
-        start = time.perf_counter()
-        paused = 0.0
+        self._start_s = time.perf_counter()
+        self._paused = 0.0
         try:
             with torch.inference_mode():
                 self._start()
-            active = list(range(len(runs)))  # request numbers, in cache row order
+            active: list[int] = []  # request numbers decoding, in the order they joined
             while True:
                 with torch.inference_mode():
-                    going = [i for i in active if runs[i].next_step()]
-                    for i in set(active) - set(going):
-                        self.latency_s[i] = time.perf_counter() - start - paused
-                    for i in active:
-                        if i not in going:
-                            self.cache.free(runs[i].cache)
-                    active = going
+                    active = [i for i in active if self._going(i)]
+                    active += self._admit()
                     if not active:
                         break
                     records = self._step(active)
@@ -117,26 +121,51 @@ class BatchRun:
                     t = time.perf_counter()
                     yield i, record
                     held = time.perf_counter() - t  # the consumer's time: no request's
-                    paused += held
+                    self._paused += held
                     for j in active:
-                        runs[j].recorder.pause(held)
+                        self.runs[j].recorder.pause(held)
         except BaseException:
             self.release()  # a failed batch lets go of its cache at once
             raise
-        self.wall_s = time.perf_counter() - start - paused
-        self.results = [run.result for run in runs]
+        self.wall_s = time.perf_counter() - self._start_s - self._paused
+        self.results = [run.result for run in self.runs]
         self.release()
 
     def _start(self) -> None:
         runs = self.runs
-        self.cache = self.handle.model.new_cache(len(runs), max(r.state_length for r in runs))
+        self.cache = self.handle.model.new_cache(min(self.slots, len(runs)), max(r.state_length for r in runs))
         self._gpus = model_gpus(self.handle.model)
-        for run in runs:
+        self.waiting = deque(range(len(runs)))
+        self._budgets: dict[int, int] = {}
+
+    def _admit(self) -> list[int]:
+        """The waiting requests that free slots take, started: each one's first step is planned
+        in the next forward, beside the others'."""
+        admitted = []
+        while self.waiting and self.cache.in_use < self.cache.slots:
+            i = self.waiting.popleft()
+            run = self.runs[i]
             run.start(self.cache.alloc(run.state_length))
-            run.recorder.in_batch(len(runs))
-        self._budgets = {i: budget for i, run in enumerate(runs) if (budget := run.cache_policy.max_cached())}
-        if self.share_budget and self._budgets:
-            self.pool = QuotaPool(sum(self._budgets.values()))
+            run.recorder.in_batch(self.cache.slots)
+            if budget := run.cache_policy.max_cached():
+                self._budgets[i] = budget
+            if self._going(i):
+                admitted.append(i)
+        if self.share_budget and self._budgets and admitted:
+            # The budget of the slots' requests: each slot's largest own budget, as in a static batch.
+            self.pool = QuotaPool(sum(sorted(self._budgets.values(), reverse=True)[: self.cache.slots]))
+        return admitted
+
+    def _going(self, i: int) -> bool:
+        """Whether request ``i`` decodes another step; if not, its slot is freed and its latency kept."""
+        if self.runs[i].next_step():
+            return True
+        self.latency_s[i] = time.perf_counter() - self._start_s - self._paused
+        self.cache.free(self.runs[i].cache)
+        self._budgets.pop(i, None)
+        if self.finished is not None:
+            self.finished(i)
+        return False
 
     def _step(self, active: list[int]) -> list[tuple[int, StepRecord]]:
         """One forward for the ``active`` requests' planned positions, packed; then each takes its rows."""
@@ -178,19 +207,29 @@ def generate_batch(handle: ModelHandle, prompts: list[Prompt], settings: Setting
 
 
 def generate_all(handle: ModelHandle, prompts: list[Prompt], settings: list[Settings], guider: GuiderHandle | None = None,
-                 batch_size: int = 1, done: Callable[[int], None] | None = None) -> list[Result]:
-    """One result per prompt (each with its own settings), decoded ``batch_size`` at a time;
-    ``done(k)`` is called as each batch of ``k`` finishes (a progress bar). Budgets are not
-    shared: an evaluation's answers must not depend on its batch size."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise SettingsError(f"batch_size must be an integer >= 1, not {batch_size!r}")
-    results: list[Result] = []
-    for first in range(0, len(prompts), batch_size):
-        chunk, chunk_settings = prompts[first : first + batch_size], settings[first : first + batch_size]
-        if batch_size == 1:
-            results.append(generate(handle, chunk[0], chunk_settings[0], guider))
-        else:
-            results += generate_batch(handle, chunk, chunk_settings, guider, share_budget=False)
-        if done is not None:
-            done(len(chunk))
+                 batch_size: int = 1, done: Callable[[int], None] | None = None,
+                 continuous: bool = True) -> list[Result]:
+    """One result per prompt (each with its own settings), decoded ``batch_size`` at a time:
+    continuously (a finished request's slot taken at once by the next prompt), or, with
+    ``continuous=False``, in static batches that shrink as their requests finish. ``done(k)`` is
+    called as ``k`` more requests finish (a progress bar). Budgets are not shared: an evaluation's
+    answers must not depend on its batch size."""
+    batch_size = read(SLOTS, batch_size, "batch_size")
+    if batch_size == 1:
+        results = []
+        for prompt, s in zip(prompts, settings):
+            results.append(generate(handle, prompt, s, guider))
+            if done is not None:
+                done(1)
+        return results
+    finished = (lambda _: done(1)) if done is not None else None
+    chunks = [range(len(prompts))] if continuous else [range(first, min(first + batch_size, len(prompts)))
+                                                       for first in range(0, len(prompts), batch_size)]
+    results = []
+    for chunk in chunks:
+        run = BatchRun(handle, [prompts[i] for i in chunk], [settings[i] for i in chunk], guider, share_budget=False,
+                       slots=batch_size, finished=finished)
+        for _ in run:
+            pass
+        results += run.results
     return results

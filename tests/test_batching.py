@@ -18,7 +18,7 @@ from dllm_local import (
 )
 from dllm_local.models.attention import Segment
 from dllm_local.policies import registry
-from dllm_local.batch import QuotaPool, generate_all
+from dllm_local.batch import BatchRun, QuotaPool, generate_all
 
 # Different lengths on purpose: the rows of a batch are not aligned anywhere.
 PROMPTS = ["What is 12 + 7?", "Deal a poker hand and name it.", "What is 3 + 4 + 5 + 6 + 7 + 8 + 9 + 10 + 11?", "hi"]
@@ -179,7 +179,7 @@ def test_what_cannot_be_batched_is_refused_clearly(tiny, dream_dir):
     with pytest.raises(SettingsError, match="0 settings for 4 prompts"):
         stream_batch(tiny, PROMPTS, [])
     for size in (0, -1, 1.5):
-        with pytest.raises(SettingsError, match="batch_size must be an integer >= 1"):
+        with pytest.raises(SettingsError, match="batch_size must be"):
             generate_all(tiny, PROMPTS, [settings] * 4, batch_size=size)
 
 
@@ -320,3 +320,63 @@ def test_packed_forward_matches_each_request_alone_in_float32(tiny):
         alone = model.new_cache(1, len(seq)).alloc()
         want = model(seq[None], torch.arange(len(seq)), alone).logits[0]
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- continuous batching
+# Answer lengths that differ on purpose: requests finish at different steps, so slots free mid-run.
+MIXED = [dict(gen_length=g, block_size=8, seed=i) for i, g in enumerate((8, 32, 16, 24, 8, 32))]
+MIXED_PROMPTS = PROMPTS + ["What is 2 + 2?", "Name a card."]
+
+
+def _mixed(**policy) -> list[Settings]:
+    return [Settings(**policy, **lengths) for lengths in MIXED]
+
+
+@pytest.mark.parametrize("cache", sorted(registry.for_model("masked", registry.CACHE)))
+def test_continuous_batching_decodes_each_request_as_alone_under_every_cache_policy(tiny, cache):
+    settings = _mixed(cache=cache, unmask="threshold", temperature=0.7)
+    got = [r.token_ids for r in generate_all(tiny, MIXED_PROMPTS, settings, batch_size=2)]
+    assert got == [generate(tiny, p, s).token_ids for p, s in zip(MIXED_PROMPTS, settings)]
+
+
+@pytest.mark.parametrize("unmask", sorted(set(registry.UNMASK) - {"threshold"}))
+def test_continuous_batching_decodes_each_request_as_alone_under_every_unmasking_policy(tiny, tiny_guider, unmask):
+    settings = _mixed(cache="dual", unmask=unmask)
+    guider = tiny_guider if settings[0].unmask_spec.needs_guider else None
+    got = [r.token_ids for r in generate_all(tiny, MIXED_PROMPTS[:4], settings[:4], guider, batch_size=3)]
+    assert got == [generate(tiny, p, s, guider).token_ids for p, s in zip(MIXED_PROMPTS[:4], settings[:4])]
+
+
+def test_a_freed_slot_is_taken_at_once_by_the_next_prompt_in_the_same_forward_as_the_others(tiny):
+    """Two slots, three requests: the short first one ends, and the third one's first step is in
+    the very next forward, packed beside the second one's step."""
+    settings = [Settings(cache="dual", unmask="fixed", gen_length=g, block_size=8, seed=0) for g in (8, 32, 8)]
+    finished = []
+    run = BatchRun(tiny, PROMPTS[:3], settings, slots=2, finished=finished.append)
+    forward_of: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    for i, _ in run:
+        forward_of[i].append(run.forwards)
+    assert forward_of[2][0] == forward_of[0][-1] + 1 and forward_of[2][0] in forward_of[1]
+    assert run.cache is None and finished == [0, 2, 1]
+    assert run.forwards == len(forward_of[1]) < sum(map(len, forward_of.values()))  # the third never waited
+    assert [r.stats.batch_size for r in run.results] == [2, 2, 2]
+    assert [r.token_ids for r in run.results] == [generate(tiny, p, s).token_ids for p, s in zip(PROMPTS, settings)]
+
+
+def test_static_and_continuous_batching_give_the_same_answers_and_count_every_request(tiny):
+    settings = _mixed(cache="dual", unmask="threshold")
+    counted = {True: [], False: []}
+    got = {c: [r.token_ids for r in generate_all(tiny, MIXED_PROMPTS, settings, batch_size=4, continuous=c,
+                                                  done=counted[c].append)] for c in (True, False)}
+    assert got[True] == got[False] and sum(counted[True]) == sum(counted[False]) == len(MIXED_PROMPTS)
+
+
+def test_continuous_batching_shares_the_adaptive_budget_by_quotas_that_never_exceed_it(tiny):
+    budget = 24
+    settings = _mixed(cache="adaptive", cache_params={"budget": budget, "device_profile": "H100"}, unmask="threshold")
+    run = BatchRun(tiny, MIXED_PROMPTS, settings, slots=3)
+    for _ in run:
+        held = [run.runs[i].cache.num_cached() for i in range(len(MIXED_PROMPTS))
+                if run.runs[i].cache is not None and run.runs[i].result is None]
+        assert sum(held) <= 3 * budget
+    assert all(r.text is not None for r in run.results)

@@ -8,8 +8,8 @@ import sys
 from ..errors import DllmError
 
 MODEL_HELP = "hub id, local folder, or a short name (default: tiny)"
-BATCH_HELP = ("problems decoded together, each with its own seed: the same answers as one at a time, in less wall "
-              "time (default: 1)")
+BATCH_HELP = ("problems decoded together, each with its own seed, continuously (a finished problem's slot goes to "
+              "the next at once): the same answers as one at a time, in less wall time (default: 1)")
 
 
 def at_least_one(text: str) -> int:

@@ -23,7 +23,8 @@ def add_cluster_args(ap: argparse.ArgumentParser) -> None:
     group.add_argument("--worker-cpus", type=at_least_one, default=1,
                        help="with --ray on a cluster without GPUs: CPUs per worker (default: 1)")
     group.add_argument("--chunk", type=at_least_one, default=DEFAULT_CHUNK,
-                       help=f"problems per unit of work handed to a worker (default: {DEFAULT_CHUNK})")
+                       help=f"problems per unit of work handed to a worker (default: {DEFAULT_CHUNK}; with --batch-size B, "
+                            "at least 4 x B)")
     files = group.add_mutually_exclusive_group()
     files.add_argument("--results", default=None, metavar="FILE",
                        help="append each finished problem to this JSON-lines file (with --ray, default: a new "

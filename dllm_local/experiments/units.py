@@ -28,6 +28,9 @@ __all__ = ["DEFAULT_CHUNK", "RECORD", "RESULTS_FORMAT", "Job", "LocalRunner", "M
            "Results", "Runner", "Unit", "UnitDone", "Worker", "plan_units", "progress_bar", "report_unit", "row_of"]
 
 DEFAULT_CHUNK = 4  # problems per unit: small enough that a lost worker costs little, large enough to hide dispatch
+# With a batch, a unit holds at least this many batches' problems: continuous batching refills a
+# finished request's slot from the unit's waiting problems, and only the unit's last batch drains.
+BATCHES_PER_UNIT = 4
 
 
 @dataclass(frozen=True)
@@ -78,8 +81,10 @@ class Unit:
 
 def plan_units(job: Job, done: Iterable[tuple[int, int]] = (), chunk: int = DEFAULT_CHUNK) -> list[Unit]:
     """The units still to decode: each point's problems not in ``done``, ``chunk`` at a time
-    (rounded up to whole batches), points in order."""
+    (rounded up to whole batches; with a batch, at least ``BATCHES_PER_UNIT`` of them), points in order."""
     size = -(-max(int(chunk), 1) // job.batch_size) * job.batch_size
+    if job.batch_size > 1:
+        size = max(size, BATCHES_PER_UNIT * job.batch_size)
     done = set(done)
     units = []
     for point in range(len(job.points)):
