@@ -66,5 +66,5 @@ def test_cli_runs_the_harness_and_writes_a_tune_point(tmp_path):
     assert merged["rows"][0]["n"] == 3 and merged["rows"][0]["pareto"]
     bad = subprocess.run([sys.executable, "-m", "dllm_local", "lm-eval", "--tasks", "no_such_task", "--limit", "1"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and "unknown harness task(s) no_such_task" in bad.stderr
+    assert bad.returncode == 2 and "1 unknown harness task: no_such_task" in bad.stderr
     assert "Traceback" not in bad.stderr
