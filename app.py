@@ -51,7 +51,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--guider", default="tiny-guider", help="autoregressive guider for guided decoding")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=port_number, default=7860)
-    ap.add_argument("--share", action="store_true", help="opt in to a public Gradio share link")
+    ap.add_argument("--share", action="store_true", help="opt in to a public Gradio share link (needs --users)")
+    ap.add_argument("--users", default=None, metavar="FILE",
+                    help="sign-in: the users file (python -m ui.signin add FILE NAME); needed to serve beyond "
+                         "127.0.0.1 or with --share")
     ap.add_argument("--preset", default="Fast-dLLM DualCache (paper default)")
     ap.add_argument("--present", action="store_true",
                     help="open in presenter view: prompt, Run, the step controls, the grid and one panel on one "
@@ -111,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.allow_downloads:
         offline.allow_downloads()
-    problem = address_problem(args.host, args.port)
+    from ui.signin import SignIn, read_users, sign_in_problem
+
+    problem = sign_in_problem(args.host, args.share, args.users) or address_problem(args.host, args.port)
     if not problem and args.models_dir and not os.path.isdir(args.models_dir):
         problem = f"--models-dir {args.models_dir} is not a folder; give an existing folder of model folders"
     if problem:
@@ -120,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     from dllm_local.errors import DllmError
 
     try:
+        sign_in = SignIn(read_users(args.users)) if args.users else None
         page, session = create(args)
     except DllmError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -131,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         page.launch(server_name=args.host, server_port=args.port, share=args.share, **LAUNCH_OPTIONS,
-                    prevent_thread_lock=True)
+                    prevent_thread_lock=True, auth=sign_in, auth_message="Sign in with the name and password "
+                    "your lecturer gave you.")
         print(f"dllm-local: serving on http://{args.host}:{args.port}", flush=True)
         page.block_thread()
     except KeyboardInterrupt:  # Ctrl-C: end quietly; the export folder goes below
