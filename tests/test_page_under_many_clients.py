@@ -443,3 +443,42 @@ ENDPOINT_INPUTS = [  # (endpoint, arguments, the message), from a probe of every
     ("/load_model", (7, "none"), "name must be a valid string (not 7)"),
     ("/download_model", (None,), "name must be a valid string (not null)"),
 ]
+
+
+def _nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+# Boundaries, round 2 (issue 45), on the real server: each file answers with one bounded line in
+# its tab's status, and the page keeps serving.
+ROUND_2_FILES = {
+    "import_trace": [
+        (lambda t: {**t, "settings": {f"k{i}": 1 for i in range(10_000)}}, "10,000 unknown settings, first: k0, k1"),
+        (lambda t: {**t, "vocab": {"1\ud800": "x"}}, "holds text that is not valid Unicode (a lone surrogate"),
+        (lambda t: {**t, "stats": _nested(70)}, "nests deeper than 64 levels"),
+    ],
+    "add_results": [
+        (lambda _: {"rows": [{"point": {"a\udc00": 1}, "accuracy": 0.5, "model_tok_s": 1, "nfe": 1}]},
+         "holds text that is not valid Unicode"),
+        (lambda _: {"rows": [{"point": {}, "accuracy": 0.5, "model_tok_s": 1, "nfe": 1,
+                              "settings": {f"k{i}": 1 for i in range(10_000)}}]}, "10,000 unknown settings, first: k0"),
+    ],
+}
+
+
+@pytest.mark.parametrize("endpoint, case", [(e, i) for e, cases in ROUND_2_FILES.items() for i in range(len(cases))])
+def test_round_2_files_are_one_bounded_line_and_the_page_keeps_serving(served, tmp_path, endpoint, case):
+    from gradio_client import handle_file
+
+    url, _, session, _ = served
+    change, message = ROUND_2_FILES[endpoint][case]
+    path = tmp_path / "input.json"
+    path.write_text(json.dumps(change(_trace(session, ARITHMETIC, {"gen_length": 32, "block_size": 32}))))
+    client = _client(url)
+    outputs = client.predict(handle_file(str(path)), api_name=f"/{endpoint}")
+    status = _status(outputs) if endpoint == "import_trace" else outputs[-1]
+    assert status.startswith("⚠ could not") and message in status and len(status) < 2100, status[:300]
+    assert _final(client.submit(ARITHMETIC, api_name="/run")).startswith("Done")
