@@ -9,11 +9,16 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field
-from typing_extensions import TypedDict
+from pydantic import AfterValidator, Field
+from pydantic_core import PydanticCustomError
+from typing_extensions import NotRequired, TypedDict
 
-from .values import Count, Flag, Number, Text
+from . import values
+from .values import Flag, Number, Text
 
+# A count or a token a run records fits in 64 bits (each is a tensor's size or index): the views read
+# counts as floats, and a plot has no JSON number past 64 bits. The whole trace's counts are these.
+Count = Annotated[values.Count, Field(le=2**63 - 1)]
 TokenId = Count
 
 
@@ -23,7 +28,7 @@ class EncoderPass(TypedDict):
     ms: Number
 
 
-class CanvasStep(TypedDict, total=False):
+class CanvasStep(TypedDict):
     canvas: Count  # which canvas of the answer (the record's ``block`` too)
     start: Count  # the canvas's first position
     draft: list[TokenId]  # the argmax canvas after the step: what transformers appends if the canvas ends here
@@ -37,5 +42,21 @@ class CanvasStep(TypedDict, total=False):
     stable: Flag  # the draft equal to the last stability_threshold drafts
     confident: Flag
     finished: Flag  # stable and confident: the canvas ends at this step
-    experts: dict[Text, list[Count]]  # decoder layer -> the distinct experts its router chose this step
-    encoder: Annotated[EncoderPass, Field()] | None
+    experts: NotRequired[dict[Text, list[Count]]]  # decoder layer -> the distinct experts its router chose this step
+    encoder: NotRequired[Annotated[EncoderPass, Field()] | None]
+
+
+def _one_canvas(step: CanvasStep) -> CanvasStep:
+    """A canvas as its views read it: a draft of at least one token, one entropy per draft token,
+    one sampled token per accepted position, and every accepted or changed position in the canvas."""
+    inside = range(step["start"], step["start"] + len(step["draft"]))
+    if not step["draft"] or len(step["entropy"]) != len(step["draft"]) or len(step["sampled"]) != len(step["accepted"]):
+        raise PydanticCustomError("canvas", "must hold a draft of at least one token, one entropy per draft token "
+                                            "and one sampled token per accepted position")
+    if not all(p in inside for p in (*step["accepted"], *step["changed"])):
+        raise PydanticCustomError("canvas", "must have its accepted and changed positions in the canvas ({low}..{high})",
+                                  {"low": inside.start, "high": inside.stop - 1})
+    return step
+
+
+Canvas = Annotated[CanvasStep, AfterValidator(_one_canvas)]

@@ -18,11 +18,11 @@ from pydantic import (AfterValidator, BeforeValidator, ConfigDict, Field, PlainV
 from pydantic_core import PydanticCustomError
 from typing_extensions import TypedDict
 
-from .canvas_trace import CanvasStep
+from .canvas_trace import Canvas, Count
 from .errors import TraceError, schema_message
 from .files import parse_json, read_json
 from .limits import MAX_GEN_LENGTH, MAX_TRACE_BYTES
-from .values import Count, Flag, Number, Text
+from .values import Flag, Number, Text
 
 SCHEMA_VERSION = 1
 # The KV panel's views of a trace: the cache's drift (from each step's ``kv``), and, from its
@@ -78,6 +78,12 @@ def _token_entry(*numbers: str):
         _position(entry[0], info)
         return entry
     return PlainValidator(check)
+
+
+def _span(span: list[int]) -> list[int]:
+    if len(span) != 2 or span[0] > span[1]:
+        raise PydanticCustomError("span", "must be [start, end] with start <= end")
+    return span
 
 
 def _candidates(entry: Any, info: ValidationInfo) -> list:
@@ -188,10 +194,10 @@ class StepRecord:
     # likeliest tokens: [position, [[token, probability], ...]].
     top_candidates: list[Candidates] = field(default_factory=list)
     guider_forwards: Count = 0  # the guider's forwards this step (apart from ``forwards``; 0 in older traces)
-    canvas: Annotated[CanvasStep, InOrder] | None = None  # a canvas model's step (canvas_trace.py)
+    canvas: Annotated[Canvas, InOrder] | None = None  # a canvas model's step (canvas_trace.py)
     # Block diffusion: [start, end) of the K/V a store forward wrote before this step (the prompt's
     # blocks, or the block just finished), exact from then on.
-    stored: list[SequencePosition] | None = None
+    stored: Annotated[list[SequencePosition], AfterValidator(_span)] | None = None
     experts: dict[Text, list[Count]] | None = None  # a mixture of experts': layer -> experts routed this step
     edited: list[Edited] | None = None  # [position, new token, its probability, old token]: rewritten in place
 

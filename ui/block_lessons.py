@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .block_parts import EXACT_WORDS, exact_since, is_block_trace, store_forwards, stored_spans
 from .lessons import FAILS, HOLDS, UNMEASURABLE, Verdict
-from .replay import MEAN_LAYERS, Trace, prompt_len, steps_upto
+from .replay import MEAN_LAYERS, Trace, per_position, prompt_len, steps_upto
 
 CLAIM = "Finished blocks' K/V are exact"
 # Exact by construction: a stored entry measured below this against a full recompute is a bug.
@@ -20,7 +20,7 @@ def _measured(trace: Trace, step: int, layer: str, which: str) -> list[float]:
         per_layer = (record.get("exact") or {}).get("cache_vs_exact") or {}
         names = per_layer if layer == MEAN_LAYERS else [name for name in per_layer if name == str(layer)]
         for name in names:
-            column = per_layer[name].get(which) or []
+            column = per_position(per_layer[name], which) or []
             found += [float(column[p]) for p, s in since.items() if s <= index and p < len(column)
                       and column[p] is not None]
     return found

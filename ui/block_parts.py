@@ -3,7 +3,7 @@ finished (exact from then on), and a mixture of experts' routed experts per step
 the trace dict, no plotting, like ``trace_parts``."""
 from __future__ import annotations
 
-from .trace_parts import Trace, block_span, steps_upto
+from .trace_parts import Trace, block_span, layer_order, read_number, steps_upto
 
 # Why a stored entry is drawn at cosine 1.0: said on the KV view's hover, its caption and the panels.
 EXACT_WORDS = "exact: written once its block finished; block-causal attention never changes it"
@@ -51,17 +51,23 @@ def store_forwards(trace: Trace, upto_step: int | None = None) -> int:
 
 # ----------------------------------------------------------------------------- experts
 
+# More experts per layer than any released mixture has (LLaDA2's 256): the panel draws a box for each.
+MAX_EXPERTS = 4096
+
+
 def experts_of(trace: Trace) -> tuple[int, int] | None:
-    """(experts per layer, routed per token) of a mixture of experts' trace; None for a dense model."""
+    """(experts per layer, routed per token) of a mixture of experts' trace; None for a dense model
+    (or a model whose info does not give both as counts, routed at most all, experts at most MAX_EXPERTS)."""
     model = trace.get("model") or {}
-    return (int(model["experts"]), int(model["active_experts"])) if model.get("experts") else None
+    total, routed = (read_number(model.get(key), int) for key in ("experts", "active_experts"))
+    return (total, routed) if total and routed and 0 < routed <= total <= MAX_EXPERTS else None
 
 
-def routed_at(trace: Trace, step: int) -> dict[int, list[int]]:
-    """Layer -> the distinct experts step ``step``'s forward routed to, ascending; empty when the
-    trace holds none there (a dense model, or a step before any)."""
+def routed_at(trace: Trace, step: int) -> dict[str, list[int]]:
+    """Layer -> the distinct experts step ``step``'s forward routed to, ascending, in layer order;
+    empty when the trace holds none there (a dense model, or a step before any)."""
     steps = trace.get("steps") or []
     if not 0 <= step < len(steps):
         return {}
     routed = steps[step].get("experts") or {}
-    return {int(layer): sorted(int(e) for e in ids) for layer, ids in sorted(routed.items(), key=lambda kv: int(kv[0]))}
+    return {layer: sorted({int(e) for e in routed[layer]}) for layer in sorted(routed, key=layer_order)}

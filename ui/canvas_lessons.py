@@ -13,7 +13,8 @@ from typing import NamedTuple
 from dllm_local.experiments.costmodel import Experts
 
 from .canvas_parts import canvas_ended, canvas_length, canvas_rules, canvas_steps, stable_for
-from .trace_parts import Trace, steps_upto
+from .block_parts import experts_of
+from .trace_parts import Trace, layer_order, steps_upto
 
 
 class Told(NamedTuple):
@@ -83,13 +84,12 @@ def experts_routed(trace: Trace, step: int | None = None) -> list[Told]:
     passes up to ``step``, against the cost model's expectation for a canvas of G tokens each sent
     to k of E experts, E(1 - (1 - k/E)^G): a pass over a whole canvas reads nearly every expert,
     where one autoregressive token reads k (so a canvas model's MoE saves less per pass)."""
-    model = trace.get("model") or {}
-    total, routed = model.get("experts"), model.get("active_experts")
-    steps = steps_upto(trace, step)
-    layers = sorted({layer for s in steps for layer in s["canvas"].get("experts") or {}}, key=int)
-    if not total or not routed or not layers:
+    shape, steps = experts_of(trace), steps_upto(trace, step)
+    layers = sorted({layer for s in steps for layer in s["canvas"].get("experts") or {}}, key=layer_order)
+    if shape is None or not layers:
         return []
-    expected = Experts(int(total), int(routed), 1, 0.0).distinct(canvas_length(trace))
+    total, routed = shape
+    expected = Experts(total, routed, 1, 0.0).distinct(canvas_length(trace))
     told = []
     for layer in layers:
         mean = fmean(len(s["canvas"]["experts"][layer]) for s in steps if layer in (s["canvas"].get("experts") or {}))
@@ -98,7 +98,7 @@ def experts_routed(trace: Trace, step: int | None = None) -> list[Told]:
                          f"experts: layer {layer} routed to {mean:.1f} distinct of {total} on average per pass; the "
                          f"cost model expects {expected:.1f} for {canvas_length(trace)} tokens each sent to {routed} "
                          f"(one autoregressive token reads {routed})",
-                         {"layer": int(layer), "mean_distinct": mean, "expected": expected, "experts": int(total)}))
+                         {"layer": layer, "mean_distinct": mean, "expected": expected, "experts": total}))
     return told
 
 

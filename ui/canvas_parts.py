@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .trace_parts import Trace, answer_length, is_end_token, prompt_len, steps_upto
+from .trace_parts import Trace, answer_length, is_end_token, mapping, prompt_len, read_number, setting, steps_upto
 
 CANVAS_KIND = "canvas"  # trace["model"]["kind"] of a canvas model; masked models say "masked" or nothing
 
@@ -21,7 +21,9 @@ def is_canvas_model(model: dict) -> bool:
 
 
 def is_canvas(trace: Trace) -> bool:
-    return is_canvas_model(trace.get("model") or {})
+    """Whether ``trace`` is drawn as a canvas run: a canvas model's, each step with its canvas record
+    (a step without one, which the schema allows, is drawn as a masked model's step, the whole trace so)."""
+    return is_canvas_model(trace.get("model") or {}) and all(s.get("canvas") for s in trace.get("steps") or [])
 
 
 def canvas_length(trace: Trace) -> int:
@@ -30,9 +32,9 @@ def canvas_length(trace: Trace) -> int:
     first = next((s["canvas"] for s in trace.get("steps") or [] if s.get("canvas")), None)
     if first:
         return len(first["draft"])
-    length = ((trace.get("settings") or {}).get("canvas_params") or {}).get("canvas_length") \
-        or (trace.get("model") or {}).get("canvas_length")
-    return int(length) if length else max(1, answer_length(trace))
+    length = setting(trace, "canvas_length", int, "canvas_params") or read_number(
+        (trace.get("model") or {}).get("canvas_length"), int)
+    return length if length and length > 0 else max(1, answer_length(trace))
 
 
 def canvas_count(trace: Trace) -> int:
@@ -65,9 +67,9 @@ def canvas_rules(trace: Trace) -> CanvasRules:
     ``canvas_defaults``). A trace older than those leaves the thresholds unsaid, and the most steps
     a canvas may take is then the length of a canvas that ran out of steps (it did not finish early
     and the run went on past it, or ended whole)."""
-    params = {**((trace.get("model") or {}).get("canvas_defaults") or {}),
-              **((trace.get("settings") or {}).get("canvas_params") or {})}
-    most = params.get("max_denoising_steps")
+    params = {**mapping((trace.get("model") or {}).get("canvas_defaults")),
+              **mapping(mapping(trace.get("settings")).get("canvas_params"))}
+    most = read_number(params.get("max_denoising_steps"), int)
     if most is None:
         steps, by_canvas = trace.get("steps") or [], canvas_steps(trace)
         last = max(by_canvas, default=None)
@@ -75,9 +77,8 @@ def canvas_rules(trace: Trace) -> CanvasRules:
                    if not steps[rows[-1]]["canvas"]["finished"]
                    and (canvas != last or (run_complete(trace) and not (trace.get("stats") or {}).get("stopped")))]
         most = max(ran_out, default=None)
-    confidence, stability = params.get("confidence_threshold"), params.get("stability_threshold")
-    return CanvasRules(None if most is None else int(most), None if confidence is None else float(confidence),
-                       None if stability is None else int(stability))
+    return CanvasRules(most, read_number(params.get("confidence_threshold"), float),
+                       read_number(params.get("stability_threshold"), int))
 
 
 def stable_for(steps: list[dict], rows: list[int]) -> int:

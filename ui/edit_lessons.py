@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from .lessons import FAILS, HOLDS, Verdict
 from .replay import Trace, state_at, steps_upto
+from .trace_parts import setting
 
 CLAIM = "Editing rewrote committed tokens"
 
@@ -21,7 +22,7 @@ def edit_verdict(trace: Trace, step: int | None = None) -> Verdict | None:
     positions = sorted({p for p, edited in enumerate(state["edits"]) if edited})
     numbers = {"edits": len(edits), "edit_steps": at, "edited_positions": positions}
     if not edits:
-        threshold = ((trace.get("settings") or {}).get("unmask_params") or {}).get("edit_threshold")
+        threshold = setting(trace, "edit_threshold", float, "unmask_params")
         where = f" above the edit threshold {threshold}" if threshold is not None else ""
         return Verdict("edit", CLAIM, FAILS, f"no committed token's draft changed{where} so far", numbers)
     told = ", ".join(str(s) for s in at[:12]) + (" ..." if len(at) > 12 else "")

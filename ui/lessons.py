@@ -15,7 +15,7 @@ from dllm_local.tiny.tasks import verdict as task_verdict
 from .block_parts import sequence_end
 from .canvas_lessons import canvas_told
 from .canvas_parts import is_canvas
-from .replay import MEAN_LAYERS, Trace, drafts, is_end_token, prompt_len, prompt_of, steps_upto, theorem1
+from .replay import MEAN_LAYERS, Trace, drafts, is_end_token, per_position, prompt_len, prompt_of, steps_upto, theorem1
 
 HOLDS, FAILS, UNMEASURABLE = "holds", "does not hold", "not measurable in this run"
 STATUS = {True: HOLDS, False: FAILS, None: UNMEASURABLE}  # a claim's status from whether it holds (None: unmeasurable)
@@ -126,8 +126,8 @@ def _reused(record: dict, P: int, decoded: set[int], layer: str, which: str,
             end: int | None) -> dict[str, list[float]] | None:
     per_layer = (record.get("exact") or {}).get("cache_vs_exact") or {}
     recomputed = record.get("recomputed")
-    rows = [per_layer[name][which] for name in (per_layer if layer == MEAN_LAYERS else [str(layer)])
-            if name in per_layer]
+    rows = [row for name in (per_layer if layer == MEAN_LAYERS else [str(layer)])
+            if (row := per_position(per_layer.get(name), which)) is not None]
     if not rows or recomputed is None:
         return None
     skip = {int(p) for p in recomputed}

@@ -72,7 +72,7 @@ def masked_tail(trace: Trace, record: dict, ids: list[int | None]) -> tuple[int,
     end = (record.get("policy") or {}).get("length")
     if end is None:
         return None
-    end -= prompt_len(trace)
+    end = max(0, end - prompt_len(trace))  # an end inside the prompt: the whole answer may be the tail
     start = len(ids)
     while start > end and ids[start - 1] is None:
         start -= 1

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 from .block_parts import store_forwards
 from .canvas_parts import is_canvas, settled_tokens
-from .trace_parts import (Trace, answer_length, block_span, first_end, is_end_token, prompt_len, prompt_of, steps_upto,
-                          token_text, visible)
+from .trace_parts import (Trace, answer_length, block_span, first_end, is_end_token, per_position, prompt_len, prompt_of,
+                          setting, steps_upto, token_text, visible)
 
 # The trace's parts, importable from here as before (the views and the tests read them so).
-__all__ = ["MEAN_LAYERS", "Trace", "answer_length", "drafts", "first_end", "is_end_token",
-           "numbers", "prompt_len", "prompt_of", "state_at", "steps_upto", "theorem1", "token_text", "visible",
-           "what_if"]
+__all__ = ["MEAN_LAYERS", "Trace", "answer_length", "drafts", "first_end", "is_end_token", "numbers", "per_position",
+           "prompt_len", "prompt_of", "state_at", "steps_upto", "theorem1", "token_text", "visible", "what_if"]
 
 
 MEAN_LAYERS = "mean"  # the KV views' and the reused-K/V verdict's "layer": the mean over all layers
@@ -106,7 +105,9 @@ def drafts(record: dict) -> list[list]:
     if not rejected:  # the common case, on every redraw of a live run: no table of confidences to build
         return list(record.get("committed") or [])
     confidence = dict(zip(record.get("masked_positions") or [], record.get("masked_confidence") or []))
-    return [*(record.get("committed") or []), *([p, t, confidence[p]] for p, t, _ in rejected if p in confidence)]
+    # A draft whose confidence the step did not record (null) is not counted: there is no ε to take from it.
+    return [*(record.get("committed") or []),
+            *([p, t, confidence[p]] for p, t, _ in rejected if confidence.get(p) is not None)]
 
 
 # ----------------------------------------------------------------------------- what-if threshold
@@ -122,8 +123,7 @@ def what_if(trace: Trace, threshold: float) -> dict:
     Sampled runs (temperature > 0) store the top probability, not the sampled token's, so there
     the replay says nothing (``reason``).
     """
-    settings = trace.get("settings") or {}
-    if float(settings.get("temperature") or 0.0) > 0:
+    if (setting(trace, "temperature", float) or 0.0) > 0:
         return {"commits": [], "diverges_at": None, "reason": "what-if needs a greedy run (temperature 0)"}
     P = prompt_len(trace)
     commits: list[list[int]] = []
@@ -131,13 +131,16 @@ def what_if(trace: Trace, threshold: float) -> dict:
     for i, record in enumerate(trace.get("steps") or []):
         policy = record.get("policy") or {}
         block, window = block_span(trace, int(record.get("block") or 0)), policy.get("window")
-        scored = [(int(p), float(c)) for p, c in zip(record.get("masked_positions") or [],
-                                                      record.get("masked_confidence") or [])
+        scored = [(int(p), c) for p, c in zip(record.get("masked_positions") or [],
+                                              record.get("masked_confidence") or [])
                   if (int(p) in block if window is None
                       else int(p) in window and (length is None or int(p) < length))]
         length = policy.get("length", length)
         if not scored:
             return {"commits": commits, "diverges_at": None, "reason": "this trace has no per-step confidences"}
+        if any(c is None for _, c in scored):  # null: not recorded, so what τ′ would commit here is unknown
+            return {"commits": commits, "diverges_at": None,
+                    "reason": f"step {i} has no confidence recorded for some of its masked positions"}
         chosen = [p for p, c in scored if c >= threshold]  # at 1 too, as the engine's threshold rule
         chosen = chosen or [max(scored, key=lambda pc: pc[1])[0]]
         commits.append(sorted(p - P for p in chosen))

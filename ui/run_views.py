@@ -20,6 +20,7 @@ from .inputs import (Choice, ColorBy, DeviceName, FontScale, Fraction, KVView, P
                      Which, checked)
 from .presenter import FONT_SCALES
 from .replay import MEAN_LAYERS, numbers
+from .trace_parts import read_number
 
 KV_VIEW_DEFAULTS = {"which": "v", "kv_view": "drift"}
 
@@ -85,6 +86,8 @@ def show_cost(trace: PageState, model: TargetName, device: DeviceName) -> str:
     stats = (trace or {}).get("stats") or {}
     if not stats.get("nfe"):
         return "Run something to project its G and τ onto a real model."
+    if min(read_number(stats.get(key), float) or 0 for key in ("mean_g", "content_tokens_per_forward")) < 0:
+        return "This trace's mean G or τ is negative: positions and tokens per forward cannot be, so it is not projected."
     rows = project(stats, len(trace["prompt_ids"]), int(trace["gen_length"]), TARGET_MODELS[model], DEVICES[device])
     return tables.cost_table_html(rows, model, DEVICES[device].name, trace)
 

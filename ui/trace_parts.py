@@ -9,6 +9,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
+from dllm_local.values import integer, number
+
 Trace = dict[str, Any]
 
 
@@ -19,17 +23,62 @@ def steps_upto(trace: Trace, upto_step: int | None = None) -> list[dict]:
     return list(steps[: max(0, int(upto_step) + 1)])
 
 
+# A trace keeps its settings as written ("16.0", " 0.7 "), a plugin's policies' settings unread (any
+# value), and a model's own numbers as the model gave them: read here through the settings' own types.
+_READ = {int: TypeAdapter(integer()), float: TypeAdapter(number())}
+
+
+def read_number(value: Any, kind: type[int] | type[float]) -> int | float | None:
+    """``value`` as an int or a float, as the settings read a knob ("16.0" is 16); None where it is
+    none, or does not read as one (a plugin's knob that means something else)."""
+    try:
+        return None if value is None else _READ[kind].validate_python(value)
+    except ValidationError:
+        return None
+
+
+def mapping(value: Any) -> dict:
+    """``value`` if it is a mapping (a policy's parameters), else empty: unread settings may hold anything."""
+    return value if isinstance(value, dict) else {}
+
+
+def setting(trace: Trace, name: str, kind: type[int] | type[float], params: str | None = None) -> int | float | None:
+    """The run's knob ``name`` (of its ``params``, "cache_params" say) as ``kind``; None where the
+    trace does not say it in a way the settings read."""
+    settings = mapping(trace.get("settings"))
+    return read_number(mapping(settings.get(params)).get(name) if params else settings.get(name), kind)
+
+
+def layer_order(name: str) -> tuple[bool, int, str]:
+    """The sort key of a layer's name: numbered layers in their order ("2" before "10"), then any
+    other name a trace gives (its schema takes any text)."""
+    return (not name.isdecimal(), len(name) if name.isdecimal() else 0, name)
+
+
+def per_position(cosines: Any, which: str) -> list | None:
+    """A layer's K or V cosines (``which``: "k", "v") per position, from the layer's named cosines
+    in a step record; None where it holds one number (a summary's mean) or nothing."""
+    found = mapping(cosines).get(which)
+    return found if isinstance(found, list) else None
+
+
+def one_value(cosines: Any, name: str) -> float | None:
+    """A layer's cosine ``name`` ("k_mean", say) where it is one number; None where it is a list or nothing."""
+    found = mapping(cosines).get(name)
+    return None if found is None or isinstance(found, list) else float(found)
+
+
 def prompt_len(trace: Trace) -> int:
     return len(trace.get("prompt_ids") or [])
 
 
 def answer_length(trace: Trace) -> int:
-    return int(trace.get("gen_length") or (trace.get("settings") or {}).get("gen_length") or 0)
+    return int(trace.get("gen_length") or setting(trace, "gen_length", int) or 0)
 
 
 def block_size_of(trace: Trace) -> int:
-    """The run's block size (a trace without one: the whole answer is one block)."""
-    return int((trace.get("settings") or {}).get("block_size") or answer_length(trace) or 1)
+    """The run's block size (a trace without one, or with none above 0: the whole answer is one block)."""
+    return max(0, setting(trace, "block_size", int) or 0) or answer_length(trace) or 1
 
 
 def block_start(trace: Trace, block: int) -> int:

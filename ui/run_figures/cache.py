@@ -29,8 +29,9 @@ def cache_panel(trace: Trace, upto_step: int | None = None) -> go.Figure:
     if (trace.get("settings") or {}).get("cache") == "none":
         return message_figure("no cache in this run: every forward recomputes every position (hit rate 0)", title)
     x = np.arange(len(steps))
-    g = np.array([int(s.get("g") or 0) for s in steps])
-    reads = np.array([int(s.get("reads") or 0) for s in steps])
+    # float64: the schema's counts reach 2**63 - 1, and two of them added overflow int64
+    g = np.array([int(s.get("g") or 0) for s in steps], dtype=np.float64)
+    reads = np.array([int(s.get("reads") or 0) for s in steps], dtype=np.float64)
     seen = g + reads
     rate = np.divide(reads, seen, out=np.zeros(len(steps)), where=seen > 0)
     total_seen = np.cumsum(seen)

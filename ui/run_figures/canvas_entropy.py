@@ -39,9 +39,10 @@ def entropy_grid(trace: Trace, steps: list[dict]) -> tuple[np.ndarray, np.ndarra
     for i, record in enumerate(steps):
         canvas = record["canvas"]
         first = int(canvas["start"]) - P
-        width = min(len(canvas["entropy"]), n - first)
-        z[i, first:first + width] = canvas["entropy"][:width]
-        decided[i, first:first + width] = "renoised (redrawn at random)"
+        low, high = max(0, first), min(n, first + len(canvas["entropy"]))  # the part of the canvas in the answer
+        if low < high:
+            z[i, low:high] = canvas["entropy"][low - first:high - first]
+            decided[i, low:high] = "renoised (redrawn at random)"
         decided[i, [int(p) - P for p in canvas["accepted"] if 0 <= int(p) - P < n]] = "kept by the sampler"
         kept_x += [int(p) - P for p in canvas["accepted"]]
         kept_y += [i] * len(canvas["accepted"])

@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 from ..canvas_parts import canvas_steps
 from ..figure_style import message_figure, styled
 from ..replay import MEAN_LAYERS, Trace, answer_length, prompt_len, steps_upto
+from ..trace_parts import one_value, per_position
 from .axes import EMPTY_MESSAGE, NAN, axis_ticks, cell_gaps, cell_range, num, step_axis
 from .cosine_scale import COS_SCALE, colour_bar
 
@@ -29,7 +30,7 @@ def _row(record: dict, layer: str, which: str) -> list[float]:
     layer holds one); NaN where nothing is recorded."""
     by_layer = record.get("kv") or {}
     names = list(by_layer) if layer == MEAN_LAYERS else [layer]
-    rows = [[num(v) for v in (by_layer.get(name) or {}).get(which) or []] for name in names]
+    rows = [[num(v) for v in per_position(by_layer.get(name), which) or []] for name in names]
     width = max((len(r) for r in rows), default=0)  # as long as the sequence; a shorter row is padded with gaps
     grid = np.array([r + [NAN] * (width - len(r)) for r in rows], dtype=np.float64).reshape(len(rows), width)
     counts = (~np.isnan(grid)).sum(axis=0)
@@ -105,7 +106,7 @@ def _summary_lines(trace: Trace, steps: list[dict], layer: str, which: str, titl
     names = [name for name in (steps[0].get("kv") or {}) if layer in (MEAN_LAYERS, name)]
     lines = {}
     for stat, pool in (("mean", np.nanmean), ("min", np.nanmin)):
-        values = [[num(((s.get("kv") or {}).get(name) or {}).get(f"{which}_{stat}")) for name in names] for s in steps]
+        values = [[num(one_value((s.get("kv") or {}).get(name), f"{which}_{stat}")) for name in names] for s in steps]
         lines[stat] = [NAN if np.isnan(v).all() else float(pool(v)) for v in values]
     x = np.arange(len(steps))
     fig = go.Figure()

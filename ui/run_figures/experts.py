@@ -41,8 +41,9 @@ def experts_html(trace: Trace, step: int | None = None) -> str:
         chosen = set(ids)
         strip = "".join(_BOX.format(id=e, how=" (routed)" if e in chosen else "", colour=_ON if e in chosen else _OFF)
                         for e in range(total))
-        lines.append(f'<div class="dl-experts-layer" data-layer="{layer}" data-distinct="{len(ids)}">'
-                     f"<b>layer {layer}</b>: {len(ids)} of {total} experts · {strip}<br>"
+        name = html.escape(layer)  # a layer's name is any text in a trace's schema
+        lines.append(f'<div class="dl-experts-layer" data-layer="{name}" data-distinct="{len(ids)}">'
+                     f"<b>layer {name}</b>: {len(ids)} of {total} experts · {strip}<br>"
                      f'<span style="font-size:0.9em;color:#555;">{html.escape(ranges(ids))}</span></div>')
     head = (f"<b>Experts routed at step {at}</b> (distinct per layer; {per_token} of {total} routed per token"
             f"{reach})")

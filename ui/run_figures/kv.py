@@ -12,6 +12,7 @@ from ..block_parts import EXACT_WORDS, is_block_trace, sequence_end
 from ..canvas_parts import is_canvas
 from ..figure_style import message_figure, styled
 from ..replay import MEAN_LAYERS, Trace, answer_length, prompt_len, state_at, steps_upto
+from ..trace_parts import per_position, setting
 from .axes import EMPTY_MESSAGE, NAN, cell_gaps, cell_range, mark_column, mark_size, num, position_axis, step_axis
 from .canvas_kv import canvas_kv_heatmap
 from .cosine_scale import COS_SCALE, colour_bar
@@ -39,8 +40,8 @@ def _layer_values(record: dict, view: str, layer: str, which: str) -> list | Non
         key = "true_drift" if view == "true_drift" else "cache_vs_exact"
         by_layer = (record.get("exact") or {}).get(key) or {}
     if layer != MEAN_LAYERS:
-        return (by_layer.get(layer) or {}).get(which)
-    rows = [[num(v) for v in (data or {}).get(which) or []] for data in by_layer.values()]
+        return per_position(by_layer.get(layer), which)
+    rows = [[num(v) for v in per_position(data, which) or []] for data in by_layer.values()]
     rows = [r for r in rows if r]
     if not rows or len({len(r) for r in rows}) != 1:
         return None
@@ -244,7 +245,7 @@ def _drift_probes(fig: go.Figure, trace: Trace, steps: list[dict]) -> None:
               for i, s in enumerate(steps) if (s.get("policy") or {}).get("drift") is not None]
     if not probes:
         return
-    gamma = ((trace.get("settings") or {}).get("cache_params") or {}).get("gamma")
+    gamma = setting(trace, "gamma", float, "cache_params")
     below = f" < γ {gamma}" if gamma is not None else ""
     fig.add_trace(go.Scatter(
         x=[d for _, d, _ in probes], y=[i for i, _, _ in probes], mode="lines+markers", xaxis="x2",
