@@ -6,8 +6,11 @@ The tiny model's tasks, each problem with its own answer length drawn from 32, 6
 (DualCache, threshold 0.9, block 32, each problem its own seed). Static batching fills a batch
 and lets it shrink as its requests finish (the next batch waits for the longest); continuous
 batching gives a finished request's slot to the next prompt at once, its first forward packed
-with the others' steps. Rounds alternate the two. Prints answers per second (the median round)
-and whether both gave every problem the same tokens.
+with the others' steps. Rounds alternate the two. Prints answers per second (the median round),
+whether both gave every problem the same tokens, and the forwards each schedule ran: on a CPU a
+forward costs about what its positions cost, so the two compute the same work; on a GPU decoding
+a batch, a forward of 16 rows costs about what one row costs (the weights' read), and answers per
+second follow the forwards saved (the last column).
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import dllm_local  # noqa: E402
 from dllm_local import Settings  # noqa: E402
-from dllm_local.batch import generate_all  # noqa: E402
+from dllm_local.batch import BatchRun, batches  # noqa: E402
 from dllm_local.devices import machine_name  # noqa: E402
 from dllm_local.models.placement import apply_threads  # noqa: E402
 from dllm_local.tiny.tasks import TASKS, make_problems  # noqa: E402
@@ -47,22 +50,39 @@ def main() -> None:
     handle = dllm_local.load("tiny")
     apply_threads(None, handle, batched=True)
     prompts, settings = workload(args.n)
-    generate_all(handle, prompts[:4], settings[:4], batch_size=4)  # first-call costs out of the timings
+    list(BatchRun(handle, prompts[:4], settings[:4], share_budget=False))  # first-call costs out of the timings
     mix = ", ".join(f"{sum(s.gen_length == length for s in settings)} x {length}" for length in LENGTHS)
     print(f"machine: {machine_name()}; tiny model; {args.n} problems, answer lengths {mix}")
-    print(f"{'batch':>5} | {'static answers/s':>16} | {'continuous answers/s':>20} | {'ratio':>5} | same answers")
+    print(f"{'batch':>5} | {'static answers/s':>16} | {'continuous answers/s':>20} | {'ratio':>5} | same answers "
+          f"| forwards static, continuous | forward-bound ratio")
     for batch in map(int, args.batch_sizes.split(",")):
         times: dict[bool, list[float]] = {False: [], True: []}
         tokens: dict[bool, list[list[int]]] = {}
+        forwards: dict[bool, int] = {}
         for _ in range(args.rounds):
             for continuous in (False, True):
                 start = time.perf_counter()
-                results = generate_all(handle, prompts, settings, batch_size=batch, continuous=continuous)
+                tokens[continuous], forwards[continuous] = decode(handle, prompts, settings, batch, continuous)
                 times[continuous].append(time.perf_counter() - start)
-                tokens[continuous] = [r.token_ids for r in results]
         static, cont = (args.n / statistics.median(times[c]) for c in (False, True))
         same = sum(a == b for a, b in zip(tokens[False], tokens[True]))
-        print(f"{batch:>5} | {static:>16.2f} | {cont:>20.2f} | {cont / static:>5.2f} | {same}/{args.n}")
+        print(f"{batch:>5} | {static:>16.2f} | {cont:>20.2f} | {cont / static:>5.2f} | {same:>5}/{args.n} "
+              f"| {forwards[False]:>12}, {forwards[True]:<13} | {forwards[False] / forwards[True]:.2f}")
+
+
+def decode(handle, prompts: list[str], settings: list[Settings], batch: int, continuous: bool
+           ) -> tuple[list[list[int]], int]:
+    """Every problem's tokens and the forwards it took: one continuous batch of ``batch`` slots,
+    or static batches of ``batch`` problems one after another (``generate_all``'s two schedules)."""
+    tokens, forwards = [], 0
+    for chunk in batches(len(prompts), batch, continuous):
+        run = BatchRun(handle, [prompts[i] for i in chunk], [settings[i] for i in chunk], share_budget=False,
+                       slots=batch)
+        for _ in run:
+            pass
+        tokens += [r.token_ids for r in run.results]
+        forwards += run.forwards
+    return tokens, forwards
 
 
 if __name__ == "__main__":

@@ -206,6 +206,14 @@ def generate_batch(handle: ModelHandle, prompts: list[Prompt], settings: Setting
     return run.results
 
 
+def batches(count: int, batch_size: int, continuous: bool = True) -> list[range]:
+    """The requests each BatchRun of ``batch_size`` slots decodes: all of them continuously, or
+    static batches of ``batch_size`` one after another."""
+    if continuous:
+        return [range(count)]
+    return [range(first, min(first + batch_size, count)) for first in range(0, count, batch_size)]
+
+
 def generate_all(handle: ModelHandle, prompts: list[Prompt], settings: list[Settings], guider: GuiderHandle | None = None,
                  batch_size: int = 1, done: Callable[[int], None] | None = None,
                  continuous: bool = True) -> list[Result]:
@@ -223,10 +231,8 @@ def generate_all(handle: ModelHandle, prompts: list[Prompt], settings: list[Sett
                 done(1)
         return results
     finished = (lambda _: done(1)) if done is not None else None
-    chunks = [range(len(prompts))] if continuous else [range(first, min(first + batch_size, len(prompts)))
-                                                       for first in range(0, len(prompts), batch_size)]
     results = []
-    for chunk in chunks:
+    for chunk in batches(len(prompts), batch_size, continuous):
         run = BatchRun(handle, [prompts[i] for i in chunk], [settings[i] for i in chunk], guider, share_budget=False,
                        slots=batch_size, finished=finished)
         for _ in run:
