@@ -41,6 +41,33 @@ def workload(n: int, seed: int = 0) -> tuple[list[str], list[Settings]]:
     return [p.prompt for p in problems], settings
 
 
+def compare(handle, prompts: list[str], settings: list[Settings], batch: int, rounds: int = 1) -> dict:
+    """Static against continuous batches of ``batch``, ``rounds`` alternated: answers per second
+    (the median round), problems with the same tokens, forwards each ran."""
+    times: dict[bool, list[float]] = {False: [], True: []}
+    tokens: dict[bool, list[list[int]]] = {}
+    forwards: dict[bool, int] = {}
+    for _ in range(rounds):
+        for continuous in (False, True):
+            start = time.perf_counter()
+            tokens[continuous], forwards[continuous] = decode(handle, prompts, settings, batch, continuous)
+            times[continuous].append(time.perf_counter() - start)
+    static, cont = (len(prompts) / statistics.median(times[c]) for c in (False, True))
+    return {"batch": batch, "static_answers_s": static, "continuous_answers_s": cont, "ratio": cont / static,
+            "same": sum(a == b for a, b in zip(tokens[False], tokens[True])), "n": len(prompts),
+            "forwards_static": forwards[False], "forwards_continuous": forwards[True],
+            "forward_ratio": forwards[False] / forwards[True]}
+
+
+def print_rows(rows: list[dict]) -> None:
+    print(f"{'batch':>5} | {'static answers/s':>16} | {'continuous answers/s':>20} | {'ratio':>5} | same answers "
+          f"| forwards static, continuous | forward-bound ratio")
+    for r in rows:
+        print(f"{r['batch']:>5} | {r['static_answers_s']:>16.2f} | {r['continuous_answers_s']:>20.2f} | "
+              f"{r['ratio']:>5.2f} | {r['same']:>5}/{r['n']} | {r['forwards_static']:>12}, "
+              f"{r['forwards_continuous']:<13} | {r['forward_ratio']:.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=48, help="problems in the workload")
@@ -53,21 +80,7 @@ def main() -> None:
     list(BatchRun(handle, prompts[:4], settings[:4], share_budget=False))  # first-call costs out of the timings
     mix = ", ".join(f"{sum(s.gen_length == length for s in settings)} x {length}" for length in LENGTHS)
     print(f"machine: {machine_name()}; tiny model; {args.n} problems, answer lengths {mix}")
-    print(f"{'batch':>5} | {'static answers/s':>16} | {'continuous answers/s':>20} | {'ratio':>5} | same answers "
-          f"| forwards static, continuous | forward-bound ratio")
-    for batch in map(int, args.batch_sizes.split(",")):
-        times: dict[bool, list[float]] = {False: [], True: []}
-        tokens: dict[bool, list[list[int]]] = {}
-        forwards: dict[bool, int] = {}
-        for _ in range(args.rounds):
-            for continuous in (False, True):
-                start = time.perf_counter()
-                tokens[continuous], forwards[continuous] = decode(handle, prompts, settings, batch, continuous)
-                times[continuous].append(time.perf_counter() - start)
-        static, cont = (args.n / statistics.median(times[c]) for c in (False, True))
-        same = sum(a == b for a, b in zip(tokens[False], tokens[True]))
-        print(f"{batch:>5} | {static:>16.2f} | {cont:>20.2f} | {cont / static:>5.2f} | {same:>5}/{args.n} "
-              f"| {forwards[False]:>12}, {forwards[True]:<13} | {forwards[False] / forwards[True]:.2f}")
+    print_rows([compare(handle, prompts, settings, batch, args.rounds) for batch in map(int, args.batch_sizes.split(","))])
 
 
 def decode(handle, prompts: list[str], settings: list[Settings], batch: int, continuous: bool

@@ -45,6 +45,11 @@ kept, and the experts are 3-D parameters), the memory beside ``footprint.loaded_
 projected to 30 layers, and a canvas run's decoder passes against the roofline floor
 (TargetModel.floor_s: the dense weights, every expert a canvas routes, and the routed arithmetic).
 
+Continuous batching (``--continuous-batches``, default 32; bench/continuous_batching.py): the tiny
+tasks' prompts with answers of 32 to 256 tokens (``--continuous-n`` of them) on the bf16 8B shape,
+static batches against one continuous batch of as many slots: answers per second, the same tokens,
+the forwards each ran.
+
 Block diffusion (``--block-shapes``, CUDA only; bench/gpu_block.py): an SDAR-8B-shaped dense model
 (block 4) and a LLaDA2.0-mini-shaped mixture of experts (256 experts, 8 routed, block 32), each with
 ``--block-layers`` layers, decoded with the exact block cache; their forwards over one block beside
@@ -81,6 +86,7 @@ from dllm_local.models import LLaDAConfig, LLaDAModelLM  # noqa: E402
 from dllm_local.models.loader import ASSETS, TINY_MODEL, ModelHandle, free_device_memory, load_tokenizer  # noqa: E402
 from dllm_local.policies import registry  # noqa: E402
 from dllm_local.prompts import encode_prompt  # noqa: E402
+from continuous_batching import compare, print_rows, workload  # noqa: E402
 from gpu_block import BLOCK_COLUMNS, block_rows, draw_weights  # noqa: E402
 
 REFERENCE = ASSETS / "reference" / "llada-8b-instruct" / "config.json"
@@ -512,6 +518,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="the block-diffusion shapes (SDAR-8B, LLaDA2.0-mini; bench/gpu_block.py): auto runs them on CUDA")
     ap.add_argument("--block-layers", type=int, default=4, help="layers of each block-diffusion shape")
     ap.add_argument("--block-gen", type=int, default=128, help="answer tokens of each block-diffusion run")
+    ap.add_argument("--continuous-batches", default="32", help="static against continuous batching at these sizes")
+    ap.add_argument("--continuous-n", type=int, default=64, help="problems of the continuous-batching workload")
     ap.add_argument("--json", default=None, help="also write the rows here")
     return ap.parse_args(argv)
 
@@ -552,6 +560,7 @@ def check(args: argparse.Namespace, probe: Probe | None = None) -> dict:
     released = [row for gen in lengths for batch in released_batches if batch == 1 or gen == lengths[0]
                 for row in released_rows(handle, label, gen, args.prompt, args.released_block, batch,
                                          args.released_steps, profile)]
+    continuous = continuous_rows(handle, args)
     probes = {label: probe(handle)} if probe else {}
     del handle
     free_device_memory()
@@ -584,6 +593,11 @@ def check(args: argparse.Namespace, probe: Probe | None = None) -> dict:
               "threshold 0.9; per step after the prefill: G and forwards over the whole batch, main_ms the (packed) "
               "main forward, verify_ms the verify forwards (one per request), step_ms the step's wall time; random "
               "weights commit one token per request per step and flash_verify accepts none")
+    if continuous:
+        print()
+        print_rows(continuous)
+        print("continuous rows: the tiny tasks' prompts, answers of 32 to 256 tokens, dual + threshold 0.9 (random "
+              "weights: one token a step), static batches against one continuous batch of as many slots")
     if canvas:
         print()
         print_diffusiongemma_rows(canvas)
@@ -595,10 +609,26 @@ def check(args: argparse.Namespace, probe: Probe | None = None) -> dict:
               "model (dense weights, the experts G tokens choose), experts_read the distinct experts a step's tokens "
               "routed per layer; step_ms_real projects linearly to the release's depth, beside its floor")
     out = {"build": build, "policies": rows, "generate": generated, "quantized": quantized, "batches": swept,
+           "continuous": continuous,
            "released": released, "probes": probes, "diffusiongemma": canvas, "block": blocks}
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
     return out
+
+
+def continuous_rows(handle: ModelHandle, args: argparse.Namespace) -> list[dict]:
+    """Static against continuous batching (bench/continuous_batching.py) on the 8B shape, at each
+    ``--continuous-batches``; a failure is printed and leaves the other rows standing."""
+    prompts, settings = workload(args.continuous_n)
+    rows = []
+    for batch in (int(x) for x in args.continuous_batches.split(",") if x.strip()):
+        try:
+            rows.append(compare(handle, prompts, settings, batch))
+        except Exception as exc:  # noqa: BLE001 - the first CUDA run of this path: say what broke, keep the rest
+            print(f"continuous batching at batch {batch} failed: {type(exc).__name__}: {exc}", flush=True)
+        else:
+            print(f"continuous batching at batch {batch}: {rows[-1]}", flush=True)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:

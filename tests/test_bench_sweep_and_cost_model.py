@@ -134,7 +134,11 @@ def test_gpu_check_script_runs_its_cpu_smoke_shape(tmp_path):
     spec.loader.exec_module(gpu_check)
     out = tmp_path / "gpu_check.json"
     assert gpu_check.main(["--tiny", "--device", "cpu", "--lengths", "64", "--prompt", "16", "--repeats", "1",
-                           "--generate-budget", "5", "--quantized", "no", "--json", str(out)]) == 0
+                           "--generate-budget", "5", "--quantized", "no", "--continuous-batches", "3",
+                           "--continuous-n", "5", "--json", str(out)]) == 0
+    continuous = json.loads(out.read_text())["continuous"]
+    assert [(r["batch"], r["same"], r["n"]) for r in continuous] == [(3, 5, 5)]  # both schedules, the same tokens
+    assert continuous[0]["forwards_static"] > continuous[0]["forwards_continuous"]
     rows = {r["policy"]: r for r in json.loads(out.read_text())["policies"]}
     assert list(rows) == list(registry.for_model("masked", registry.CACHE))  # every cache policy, each through the real sampler
     total = rows["none"]["G_first"]
