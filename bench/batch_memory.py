@@ -53,7 +53,7 @@ def tiny_rows(batch: int, n: int) -> list[dict]:
     for _ in run:
         if run.cache is not None:
             cache_bytes = sum(t.numel() * t.element_size() for t in (*run.cache.k, *run.cache.v))
-    per_slot = cache_bytes / min(batch, n)
+    per_slot = cache_bytes / batch  # the cache holds the batch's slots
     vocab = handle.model.get_input_embeddings().weight.shape[0]
     itemsize = handle.model.get_input_embeddings().weight.element_size()
     rows = [per_request(per_slot, max(step.g for step in r.trace.steps), vocab, itemsize) for r in run.results]

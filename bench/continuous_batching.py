@@ -90,7 +90,7 @@ def decode(handle, prompts: list[str], settings: list[Settings], batch: int, con
     tokens, forwards = [], 0
     for chunk in batches(len(prompts), batch, continuous):
         run = BatchRun(handle, [prompts[i] for i in chunk], [settings[i] for i in chunk], share_budget=False,
-                       slots=batch)
+                       slots=min(batch, len(chunk)))
         for _ in run:
             pass
         tokens += [r.token_ids for r in run.results]

@@ -63,13 +63,16 @@ class BatchRun:
     ``QuotaPool``): the one thing that makes a request decode otherwise than alone.
 
     Iterate for ``(request, StepRecord)`` pairs; ``results`` then holds one result per prompt.
-    ``finished(request)`` is called as each request ends (a progress bar).
+    ``finished(request)`` is called as each request ends (a progress bar). Between records a
+    server may ``add`` requests (they wait for a slot, or go first) and ``stop`` one request.
     """
 
     def __init__(self, handle: ModelHandle, prompts: list[Prompt], settings: Settings | list[Settings],
                  guider: GuiderHandle | None = None, share_budget: bool = True, slots: int | None = None,
-                 finished: Callable[[int], None] | None = None) -> None:
-        """``settings``: one for every request, or one per request (an evaluation's own seeds)."""
+                 finished: Callable[[int], None] | None = None, max_len: int | None = None) -> None:
+        """``settings``: one for every request, or one per request (an evaluation's own seeds);
+        ``max_len``: the positions each slot holds (default: the longest of ``prompts``' runs),
+        what a request added later may take at most."""
         if not isinstance(prompts, (list, tuple)) or not prompts:
             raise SettingsError("a batch needs a list of at least one prompt")
         handle.require_masked("batched decoding")
@@ -82,8 +85,10 @@ class BatchRun:
         if any(s.exact_drift for s in per_request):
             raise SettingsError("exact_drift runs a second, uncached model per request: turn it off to decode a batch")
         self.slots = read(SLOTS, len(prompts) if slots is None else slots, "the batch size (slots)")
-        self.handle, self.share_budget, self.finished = handle, share_budget, finished
+        self.handle, self.guider, self.share_budget, self.finished = handle, guider, share_budget, finished
         self.runs = [Run(handle, prompt, s, guider) for prompt, s in zip(prompts, per_request)]
+        self.max_len = max_len or max(run.state_length for run in self.runs)
+        self.waiting: deque[int] = deque(range(len(self.runs)))
         self.results: list[Result] | None = None
         self.cache: KVCache | None = None
         self.pool: QuotaPool | None = None
@@ -93,8 +98,26 @@ class BatchRun:
         self.model_s = self.wall_s = 0.0
         self.latency_s = [0.0] * len(prompts)
 
-    def stop(self) -> None:
-        for run in self.runs:
+    def add(self, prompt: Prompt, settings: Settings, first: bool = False) -> int:
+        """A request joining the batch: it takes the next free slot (before the waiting ones if
+        ``first``: a lecturer's). Returns its number."""
+        if settings.exact_drift:
+            raise SettingsError("exact_drift runs a second, uncached model per request: turn it off to decode a batch")
+        run = Run(self.handle, prompt, settings, self.guider)
+        if run.state_length > self.max_len:
+            raise SettingsError(f"this request needs {run.state_length} positions; the batch's slots hold "
+                                f"{self.max_len}: a shorter prompt or gen_length")
+        self.runs.append(run)
+        self.latency_s.append(0.0)
+        if first:
+            self.waiting.appendleft(len(self.runs) - 1)
+        else:
+            self.waiting.append(len(self.runs) - 1)
+        return len(self.runs) - 1
+
+    def stop(self, request: int | None = None) -> None:
+        """End one request (its result says it was stopped) or, by default, all of them."""
+        for run in self.runs if request is None else [self.runs[request]]:
             run.stop()
 
     def release(self) -> None:
@@ -133,9 +156,8 @@ class BatchRun:
 
     def _start(self) -> None:
         runs = self.runs
-        self.cache = self.handle.model.new_cache(min(self.slots, len(runs)), max(r.state_length for r in runs))
+        self.cache = self.handle.model.new_cache(self.slots, self.max_len)
         self._gpus = model_gpus(self.handle.model)
-        self.waiting = deque(range(len(runs)))
         self._budgets: dict[int, int] = {}
 
     def _admit(self) -> list[int]:
@@ -234,7 +256,7 @@ def generate_all(handle: ModelHandle, prompts: list[Prompt], settings: list[Sett
     results = []
     for chunk in batches(len(prompts), batch_size, continuous):
         run = BatchRun(handle, [prompts[i] for i in chunk], [settings[i] for i in chunk], guider, share_budget=False,
-                       slots=batch_size, finished=finished)
+                       slots=min(batch_size, len(chunk)), finished=finished)
         for _ in run:
             pass
         results += run.results

@@ -380,3 +380,32 @@ def test_continuous_batching_shares_the_adaptive_budget_by_quotas_that_never_exc
                 if run.runs[i].cache is not None and run.runs[i].result is None]
         assert sum(held) <= 3 * budget
     assert all(r.text is not None for r in run.results)
+
+
+def test_requests_added_while_a_batch_decodes_take_free_slots_and_decode_as_alone(tiny):
+    """A server's batch: requests join between records (a lecturer's first in line), one is
+    stopped by its owner alone, and every other request ends with the tokens it gives alone."""
+    settings = [Settings(cache="dual", unmask="fixed", gen_length=g, block_size=8, seed=i) for i, g in enumerate((8, 32))]
+    run = BatchRun(tiny, PROMPTS[:2], settings, slots=2, max_len=96)
+    joined, stopped, lecturer = None, None, None
+    first_forward: dict[int, int] = {}
+    for i, _ in run:
+        first_forward.setdefault(i, run.forwards)
+        if joined is None:  # a student, then a lecturer, both while both slots are busy
+            joined = run.add(PROMPTS[2], settings[0].with_(seed=7))
+            stopped = run.add(PROMPTS[3], settings[1])
+            lecturer = run.add("What is 2 + 2?", settings[0], first=True)
+        if i == stopped:  # its owner presses Stop at its first step
+            run.stop(stopped)
+    assert first_forward[lecturer] < first_forward[joined] < first_forward[stopped]
+    assert run.results[stopped].stats.stopped and not any(r.stats.stopped for k, r in enumerate(run.results) if k != stopped)
+    expected = {0: (PROMPTS[0], settings[0]), 1: (PROMPTS[1], settings[1]), joined: (PROMPTS[2], settings[0].with_(seed=7)),
+                lecturer: ("What is 2 + 2?", settings[0])}
+    for k, (prompt, s) in expected.items():
+        assert run.results[k].token_ids == generate(tiny, prompt, s).token_ids
+
+
+def test_a_request_longer_than_the_batchs_slots_is_refused_when_added(tiny):
+    run = BatchRun(tiny, PROMPTS[:1], Settings(**SMALL), slots=2)
+    with pytest.raises(SettingsError, match="the batch's slots hold"):
+        run.add(PROMPTS[0], Settings(gen_length=256, block_size=8))
