@@ -51,6 +51,11 @@ class QuotaPool:
         return quotas
 
 
+def _batchable(settings: Settings) -> None:
+    if settings.exact_drift:
+        raise SettingsError("exact_drift runs a second, uncached model per request: turn it off to decode a batch")
+
+
 class BatchRun:
     """Several requests decoded together, continuously: ``slots`` of them at a time (all, by
     default), one forward per step for the requests decoding, each with its own positions,
@@ -82,8 +87,8 @@ class BatchRun:
         per_request = list(settings) if isinstance(settings, (list, tuple)) else [settings] * len(prompts)
         if len(per_request) != len(prompts):
             raise SettingsError(f"{len(per_request)} settings for {len(prompts)} prompts: give one, or one per prompt")
-        if any(s.exact_drift for s in per_request):
-            raise SettingsError("exact_drift runs a second, uncached model per request: turn it off to decode a batch")
+        for s in per_request:
+            _batchable(s)
         self.slots = read(SLOTS, len(prompts) if slots is None else slots, "the batch size (slots)")
         self.handle, self.guider, self.share_budget, self.finished = handle, guider, share_budget, finished
         self.runs = [Run(handle, prompt, s, guider) for prompt, s in zip(prompts, per_request)]
@@ -101,8 +106,7 @@ class BatchRun:
     def add(self, prompt: Prompt, settings: Settings, first: bool = False) -> int:
         """A request joining the batch: it takes the next free slot (before the waiting ones if
         ``first``: a lecturer's). Returns its number."""
-        if settings.exact_drift:
-            raise SettingsError("exact_drift runs a second, uncached model per request: turn it off to decode a batch")
+        _batchable(settings)
         run = Run(self.handle, prompt, settings, self.guider)
         if run.state_length > self.max_len:
             raise SettingsError(f"this request needs {run.state_length} positions; the batch's slots hold "
@@ -155,7 +159,6 @@ class BatchRun:
         self.release()
 
     def _start(self) -> None:
-        runs = self.runs
         self.cache = self.handle.model.new_cache(self.slots, self.max_len)
         self._gpus = model_gpus(self.handle.model)
         self._budgets: dict[int, int] = {}
