@@ -25,6 +25,12 @@ def threads_count(text: str) -> int:
     return int(text)
 
 
+def positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, not {text!r}")
+    return int(text)
+
+
 def memory_fraction(text: str) -> float:
     try:
         value = float(text)
@@ -41,6 +47,7 @@ POLICIES_HELP = ("modules that register policies of your own, imported by the pa
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from dllm_local.experiments.ray_address import ray_address
+    from dllm_local.limits import SLOT_PROMPT_ROOM, SLOTS
 
     ap = argparse.ArgumentParser(description="dllm-local: watch diffusion-LLM decoding step by step")
     ap.add_argument("--model", default="tiny", help="hub id, local folder or short name (default: the embedded tiny model)")
@@ -55,6 +62,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--users", default=None, metavar="FILE",
                     help="sign-in: the users file (python -m ui.signin add FILE NAME); needed to serve beyond "
                          "127.0.0.1 or with --share")
+    lab = ap.add_argument_group("a class on one page (docs/page.md, Running a lab)")
+    lab.add_argument("--slots", type=positive, default=SLOTS,
+                     help=f"runs decoding at once in the engine's batch (default {SLOTS}); the others wait in line")
+    lab.add_argument("--max-gen-length", type=positive, default=None, metavar="N",
+                     help=f"the longest answer a student may ask for; each slot then holds N + {SLOT_PROMPT_ROOM} "
+                          "positions (default: the model's maximum)")
+    lab.add_argument("--max-users", type=positive, default=None, metavar="N",
+                     help="users with requests going at once (default: no limit)")
+    lab.add_argument("--runs-per-user", type=positive, default=None, metavar="N",
+                     help="a user's requests going or waiting at once (default: no limit)")
+    lab.add_argument("--requests-per-minute", type=positive, default=None, metavar="N",
+                     help="a user's requests started in any minute (default: no limit)")
     ap.add_argument("--preset", default="Fast-dLLM DualCache (paper default)")
     ap.add_argument("--present", action="store_true",
                     help="open in presenter view: prompt, Run, the step controls, the grid and one panel on one "
@@ -91,7 +110,9 @@ def address_problem(host: str, port: int) -> str | None:
     return None
 
 
-def create(args: argparse.Namespace):
+def create(args: argparse.Namespace, roles: dict[str, str] | None = None):
+    """The page and its session; ``roles``: the users file's role by user name (None: no sign-in)."""
+    from dllm_local.limits import SLOT_PROMPT_ROOM
     from dllm_local.policies import registry
     from dllm_local.serving.session import Session
 
@@ -99,15 +120,18 @@ def create(args: argparse.Namespace):
     # The engine process loads the model while this one imports the page.
     session = Session(args.model, device=args.device, quantization=args.quantize, guider=args.guider,
                       threads=args.threads, lazy=True, memory_fraction=getattr(args, "gpu_memory_fraction", None),
-                      ray=getattr(args, "ray", None))
+                      ray=getattr(args, "ray", None), slots=args.slots,
+                      max_length=args.max_gen_length and args.max_gen_length + SLOT_PROMPT_ROOM)
+    from ui.lab import Lab, Limits
     from ui.model_access import ModelAccess
     from ui.page import build
     from ui.presets import load_presets
 
     presets, problems = load_presets()
     models = ModelAccess(getattr(args, "models_dir", None), getattr(args, "allow_downloads", False))
+    lab = Lab(Limits(args.max_users, args.runs_per_user, args.requests_per_minute, args.max_gen_length), roles)
     return build(session, presets, problems, args.preset, models=models,
-                 present=getattr(args, "present", False)), session
+                 present=getattr(args, "present", False), lab=lab), session
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         sign_in = SignIn(read_users(args.users)) if args.users else None
-        page, session = create(args)
+        page, session = create(args, {name: user.role for name, user in sign_in.users.items()} if sign_in else None)
     except DllmError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -3,12 +3,15 @@
     python bench/lab_load.py --students 8            # one level
     python bench/lab_load.py --students 1,8,30       # the table of several
 
-Starts ``python app.py`` on a free port (the tiny model, the default preset), then N threads,
-each a student with a gradio_client of its own, click Run together on a prompt of the tiny tasks
-(each student a different one). Per level: the first streamed step's latency and the completion
-time, p50 and p95 over the students, answers per second (N over the wall time from the first
-click to the last answer), and how many students got exactly the answer a solo run of the same
-prompt and settings gives (``dllm_local.generate`` in this process). The machine is named.
+Starts ``python app.py`` on a free port (the tiny model, the default preset, the engine's batch
+of ``--slots`` runs), then N threads, each a student with a gradio_client of its own, click Run
+together on a prompt of the tiny tasks (each student a different one). Per level: the first
+streamed step's latency and the completion time, p50 and p95 over the students, answers per
+second (N over the wall time from the first click to the last answer), and how many students got
+exactly the answer a solo run of the same prompt and settings gives (``dllm_local.generate`` in
+this process). The machine is named. Then the cost model's projection of the same workload (its
+solo runs' mean G and tokens per forward) to LLaDA-8B on one GPU: where the GPU saturates, and
+the answers per second its roofline allows at each level.
 """
 from __future__ import annotations
 
@@ -27,7 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import dllm_local  # noqa: E402
 from dllm_local import Settings  # noqa: E402
-from dllm_local.devices import machine_name  # noqa: E402
+from dllm_local.devices import DEVICES, machine_name  # noqa: E402
+from dllm_local.experiments.costmodel import TARGET_MODELS, concurrency_crossovers, concurrency_curve  # noqa: E402
+from dllm_local.limits import SLOTS  # noqa: E402
 from dllm_local.tiny.tasks import TASKS, make_problems  # noqa: E402
 from ui.presets import load_presets  # noqa: E402
 
@@ -35,8 +40,8 @@ DEFAULT_PRESET = "Fast-dLLM DualCache (paper default)"  # what Run decodes with 
 ANSWER = re.compile(r"\*\*Answer:\*\* (.*?)(?: — [✓✗] \*\*|$)", re.S)
 
 
-def serve(port: int) -> subprocess.Popen:
-    page = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port)], cwd=ROOT,
+def serve(port: int, slots: int) -> subprocess.Popen:
+    page = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port), "--slots", str(slots)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     while "serving on" not in (line := page.stdout.readline()):
@@ -87,26 +92,48 @@ def _p95(sorted_values: list[float]) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--students", default="1,8,30", help="students at once, one level each (comma-separated)")
+    ap.add_argument("--slots", type=int, default=SLOTS, help=f"runs the engine decodes at once (default {SLOTS})")
+    ap.add_argument("--device", default="H200", choices=sorted(DEVICES), help="the GPU of the projection")
     args = ap.parse_args()
     levels = [int(x) for x in args.students.split(",")]
     prompts = [make_problems(TASKS[i % len(TASKS)], 1, 2000 + i)[0].prompt for i in range(max(levels))]
     settings = Settings.from_dict(load_presets()[0][DEFAULT_PRESET]["settings"])
     handle = dllm_local.load("tiny")
-    solo = [dllm_local.generate(handle, p, settings).text.strip() for p in prompts]
+    results = [dllm_local.generate(handle, p, settings) for p in prompts]
+    solo = [r.text.strip() for r in results]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    page = serve(port)
+    page = serve(port, args.slots)
     try:
         rows = [level(f"http://127.0.0.1:{port}/", prompts[:n], solo[:n]) for n in levels]
     finally:
         page.terminate()
         page.wait(timeout=60)
-    print(f"machine: {machine_name()}; the page on 127.0.0.1 with the tiny model, preset {DEFAULT_PRESET!r}")
+    print(f"machine: {machine_name()}; the page on 127.0.0.1 with the tiny model, preset {DEFAULT_PRESET!r}, "
+          f"{args.slots} slots")
     print(f"{'students':>8} | {'first step p50 / p95 s':>22} | {'done p50 / p95 s':>17} | {'answers/s':>9} | identical to solo")
     for r in rows:
         print(f"{r['students']:>8} | {r['first_p50']:>10.2f} / {r['first_p95']:<9.2f} | {r['done_p50']:>7.2f} / "
               f"{r['done_p95']:<7.2f} | {r['answers_s']:>9.2f} | {r['identical']}/{r['students']}")
+    project(results, levels, args.slots, DEVICES[args.device])
+
+
+def project(results: list, levels: list[int], slots: int, device) -> None:
+    """The same workload on LLaDA-8B and one GPU, by the cost model's roofline (a floor: the
+    first CUDA run measured steps 3-13x above it, docs/performance.md)."""
+    stats = [r.trace.stats for r in results]
+    g = statistics.mean(s.mean_g for s in stats)
+    tau = statistics.mean(s.content_tokens_per_forward for s in stats)
+    answer = statistics.mean(s.content_tokens for s in stats)
+    model = TARGET_MODELS["LLaDA-8B-Instruct"]
+    turns = concurrency_crossovers(model, device, g, tau)
+    curve = concurrency_curve(model, device, g, tau, [min(n, slots) for n in levels])
+    at = ", ".join(f"{n} students {row['diffusion_tokens_per_s'] / answer:.0f} answers/s"
+                   for n, row in zip(levels, curve))
+    print(f"projected to LLaDA-8B on one {device.name} (this workload: G {g:.1f}, {tau:.2f} tokens per forward, "
+          f"{answer:.0f} tokens an answer; the roofline floor): the GPU saturates at "
+          f"{turns['diffusion_saturates']:.0f} requests decoding at once; {at}")
 
 
 if __name__ == "__main__":

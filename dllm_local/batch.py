@@ -2,6 +2,7 @@
 trace, cache slot) and all of them share one forward per step, packed into one sequence."""
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from typing import Callable, Iterator
@@ -17,37 +18,49 @@ from .prompts import Prompt
 from .recorder import model_gpus, timed
 from .sampler import Result, Run, generate
 from .settings import Settings
-from .trace import StepRecord
+from .trace import Branch, StepRecord
 from .values import integer, read
 
 SLOTS = TypeAdapter(integer(1, 4096))  # requests decoding at once: a batch's slots
+
+
+FLOOR_SHARE = 0.2  # the write-up's rule: every request keeps at least 20% of its length's K/V
+
+
+class TooLong(SettingsError):
+    """A request longer than the batch's slots."""
 
 
 class QuotaPool:
     """The cache budget of a batch, shared by its requests' adaptive caches (the I/O-aware
     write-up's per-request quotas): ``total`` positions, the sum of the requests' own budgets.
 
-    After each forward the pool splits the total max-min fairly over the requests still decoding,
-    by what each now holds: a request holding less than an even share keeps it all, and what it
-    leaves is split evenly among the others, and so on. So a request that needs more (a refresh
-    fills its cache) takes what the others do not use, and a finished request's quota goes back
-    to the pool. Each request then evicts by confidence, K and V together, down to its quota: the
-    quotas never sum to more than the total.
+    After each forward the pool gives every request its floor first (``floors``: at least
+    ``FLOOR_SHARE`` of its length, never more than its own budget), so a long request cannot
+    take the memory of the others. The rest is split max-min fairly over what each holds beyond
+    its floor: a request wanting less than an even share keeps what it holds, and what it leaves
+    is split evenly among the others, and so on. So a request that needs more (a refresh fills
+    its cache) takes what the others do not use, and a finished request's quota goes back to the
+    pool. Each request then evicts by confidence, K and V together, down to its quota: the quotas
+    never sum to more than the total.
     """
 
     def __init__(self, total: int) -> None:
         self.total = int(total)
 
-    def allocate(self, holding: dict[int, int]) -> dict[int, int]:
-        """Each request's quota, from the positions it holds now."""
-        quotas, left = {}, self.total
-        waiting = sorted(holding, key=holding.get)
-        while waiting and holding[waiting[0]] <= left // len(waiting):
+    def allocate(self, holding: dict[int, int], floors: dict[int, int] | None = None) -> dict[int, int]:
+        """Each request's quota, from the positions it holds now and its floor."""
+        floors = {i: (floors or {}).get(i, 0) for i in holding}
+        quotas = dict(floors)
+        left = self.total - sum(floors.values())
+        wants = {i: max(0, holding[i] - floors[i]) for i in holding}
+        waiting = sorted(wants, key=wants.get)
+        while waiting and wants[waiting[0]] <= left // len(waiting):
             request = waiting.pop(0)
-            quotas[request] = holding[request]
-            left -= holding[request]
+            quotas[request] += wants[request]
+            left -= wants[request]
         for k, request in enumerate(waiting):  # the rest share what is left evenly
-            quotas[request] = left // len(waiting) + (1 if k < left % len(waiting) else 0)
+            quotas[request] += left // len(waiting) + (1 if k < left % len(waiting) else 0)
         return quotas
 
 
@@ -77,8 +90,9 @@ class BatchRun:
                  finished: Callable[[int], None] | None = None, max_len: int | None = None) -> None:
         """``settings``: one for every request, or one per request (an evaluation's own seeds);
         ``max_len``: the positions each slot holds (default: the longest of ``prompts``' runs),
-        what a request added later may take at most."""
-        if not isinstance(prompts, (list, tuple)) or not prompts:
+        what a request added later may take at most. A server's batch may start with no prompts
+        and a ``max_len``, and ``add`` them as they come."""
+        if not isinstance(prompts, (list, tuple)) or not (prompts or max_len):
             raise SettingsError("a batch needs a list of at least one prompt")
         handle.require_masked("batched decoding")
         if not handle.model.packs_requests:
@@ -103,13 +117,14 @@ class BatchRun:
         self.model_s = self.wall_s = 0.0
         self.latency_s = [0.0] * len(prompts)
 
-    def add(self, prompt: Prompt, settings: Settings, first: bool = False) -> int:
+    def add(self, prompt: Prompt, settings: Settings, first: bool = False, branch: Branch | None = None) -> int:
         """A request joining the batch: it takes the next free slot (before the waiting ones if
-        ``first``: a lecturer's). Returns its number."""
+        ``first``: a lecturer's). ``branch``: a run repeated with one change (``trace.Branch``).
+        Returns its number."""
         _batchable(settings)
-        run = Run(self.handle, prompt, settings, self.guider)
+        run = Run(self.handle, prompt, settings, self.guider, branch)
         if run.state_length > self.max_len:
-            raise SettingsError(f"this request needs {run.state_length} positions; the batch's slots hold "
+            raise TooLong(f"this request needs {run.state_length} positions; the batch's slots hold "
                                 f"{self.max_len}: a shorter prompt or gen_length")
         self.runs.append(run)
         self.latency_s.append(0.0)
@@ -118,6 +133,14 @@ class BatchRun:
         else:
             self.waiting.append(len(self.runs) - 1)
         return len(self.runs) - 1
+
+    def withdraw(self, request: int) -> bool:
+        """Take a request still waiting for a slot out of line (it never runs: no result); False
+        if it has started."""
+        if request not in self.waiting:
+            return False
+        self.waiting.remove(request)
+        return True
 
     def stop(self, request: int | None = None) -> None:
         """End one request (its result says it was stopped) or, by default, all of them."""
@@ -162,6 +185,7 @@ class BatchRun:
         self.cache = self.handle.model.new_cache(self.slots, self.max_len)
         self._gpus = model_gpus(self.handle.model)
         self._budgets: dict[int, int] = {}
+        self._floors: dict[int, int] = {}
 
     def _admit(self) -> list[int]:
         """The waiting requests that free slots take, started: each one's first step is planned
@@ -174,6 +198,7 @@ class BatchRun:
             run.recorder.in_batch(self.cache.slots)
             if budget := run.cache_policy.max_cached():
                 self._budgets[i] = budget
+                self._floors[i] = min(budget, math.ceil(FLOOR_SHARE * run.state_length))
             if self._going(i):
                 admitted.append(i)
         if self.share_budget and self._budgets and admitted:
@@ -188,6 +213,7 @@ class BatchRun:
         self.latency_s[i] = time.perf_counter() - self._start_s - self._paused
         self.cache.free(self.runs[i].cache)
         self._budgets.pop(i, None)
+        self._floors.pop(i, None)
         if self.finished is not None:
             self.finished(i)
         return False
@@ -206,7 +232,7 @@ class BatchRun:
         self.model_s += seconds
         if self.pool is not None:  # quotas from what each holds now, before anyone evicts
             holding = {i: runs[i].cache.num_cached() for i in active if i in self._budgets}
-            for i, quota in self.pool.allocate(holding).items():
+            for i, quota in self.pool.allocate(holding, self._floors).items():
                 runs[i].cache_policy.set_quota(quota)
         records = []
         for row, i in enumerate(active):

@@ -35,8 +35,14 @@ class SequenceTooLongError(DllmError, ValueError):
     """Prompt plus generation would exceed the model's maximum sequence length."""
 
 
-class BusyError(DllmError):
-    """A run is already going; runs are never mixed."""
+NEVER_RAN = "Your queued request was cancelled before it started."
+
+
+class NeverRanError(DllmError):
+    """A request stopped while it waited in the engine's line: it never ran."""
+
+    def __init__(self, message: str = NEVER_RAN) -> None:
+        super().__init__(message)
 
 
 class OutOfMemory(DllmError):

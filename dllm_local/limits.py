@@ -11,3 +11,8 @@ MAX_TRACE_BYTES = 64 * 2**20  # a trace file, and the page's upload of one
 SWEEP_THRESHOLDS = (0.5, 0.7, 0.8, 0.9)
 SWEEP_BLOCK_SIZES = (8, 16, 32)
 SWEEP_GEN_LENGTH = 64
+
+# Runs decoding at once in the page engine's continuous batch (app.py --slots), and the prompt
+# tokens a slot holds beyond a lab's longest answer (--max-gen-length).
+SLOTS = 8
+SLOT_PROMPT_ROOM = 512

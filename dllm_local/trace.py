@@ -344,7 +344,8 @@ def fold(events: Iterable[dict]) -> Iterator[dict]:
     """A run's streamed events with the trace they describe so far: the one place a stream
     becomes a trace (the session and the page both read it from here).
 
-    In: ``{"start": header}`` (a trace with no steps yet), ``{"step": record, "vocab": {id: text}}``
+    In: ``{"queued": n}`` while the run waits for the engine (n-th in line; the trace is empty),
+    ``{"start": header}`` (a trace with no steps yet), ``{"step": record, "vocab": {id: text}}``
     per forward, then ``{"end": the trace without its steps}``. Out: each event as it came, plus
     ``"trace"``: one dict that grows in place (no copy per step), whole once ``"end"`` is in the event.
     """
@@ -356,7 +357,7 @@ def fold(events: Iterable[dict]) -> Iterator[dict]:
         elif "step" in event:
             trace["steps"].append(event["step"])
             trace["vocab"].update(event["vocab"])
-        else:
+        elif "end" in event:
             trace.update(event["end"])
         yield {**event, "trace": trace}
 

@@ -1,5 +1,6 @@
 """Batched decoding: each request of a batch decodes as it would alone, finished requests leave
 the batch, and the adaptive cache's per-request quotas share one budget."""
+import math
 import random
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from dllm_local import (
 )
 from dllm_local.models.attention import Segment
 from dllm_local.policies import registry
-from dllm_local.batch import BatchRun, QuotaPool, generate_all
+from dllm_local.batch import FLOOR_SHARE, BatchRun, QuotaPool, generate_all
 
 # Different lengths on purpose: the rows of a batch are not aligned anywhere.
 PROMPTS = ["What is 12 + 7?", "Deal a poker hand and name it.", "What is 3 + 4 + 5 + 6 + 7 + 8 + 9 + 10 + 11?", "hi"]
@@ -220,6 +221,41 @@ def test_quota_pool_shares_the_budget_max_min_fairly():
                 assert even <= quotas[i] <= held
         if sum(holding.values()) > total:  # nothing left unused when the requests want more
             assert sum(quotas.values()) == total
+
+
+def test_every_request_keeps_its_floor_and_the_rest_is_shared_max_min_fairly():
+    """The write-up's rule: each request keeps at least its floor (20% of its length's K/V);
+    what is left of the total goes max-min fairly by what each holds beyond it."""
+    rng = random.Random(1)
+    for _ in range(500):
+        holding = {i: rng.randint(0, 200) for i in range(rng.randint(1, 8))}
+        floors = {i: rng.randint(0, 40) for i in holding}
+        total = sum(floors.values()) + rng.randint(0, 300)
+        quotas = QuotaPool(total).allocate(holding, floors)
+        assert sum(quotas.values()) <= total and all(quotas[i] >= floors[i] for i in holding)
+        wants = {i: max(0, holding[i] - floors[i]) for i in holding}
+        left = total - sum(floors.values())
+        even = left // len(holding)
+        for i in holding:
+            extra = quotas[i] - floors[i]
+            assert extra == wants[i] if wants[i] <= even else even <= extra <= wants[i]
+        if sum(wants.values()) > left:
+            assert sum(quotas.values()) == total
+    assert QuotaPool(100).allocate({0: 90, 1: 90}, {0: 10, 1: 40}) == {0: 35, 1: 65}
+
+
+def test_short_requests_cannot_squeeze_a_long_one_below_its_floor(tiny):
+    """In a batch sharing its adaptive budgets, every request's quota at every step is at least
+    20% of its own length (its whole budget, here): three short requests holding their caches
+    would otherwise leave the long one an even share, far under a fifth of its length."""
+    settings = [Settings(cache="adaptive", cache_params={"budget": FLOOR_SHARE, "device_profile": "H100"},
+                         unmask="threshold", gen_length=g, block_size=16) for g in (16, 16, 16, 256)]
+    run = BatchRun(tiny, PROMPTS[:3] + PROMPTS[:1], settings)
+    seen = set()
+    for i, record in run:
+        assert record.policy["quota"] >= math.ceil(FLOOR_SHARE * run.runs[i].state_length) - 1  # the budget rounds down
+        seen.add(i)
+    assert seen == {0, 1, 2, 3}
 
 
 def test_a_finished_requests_quota_goes_to_the_others():

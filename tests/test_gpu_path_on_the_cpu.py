@@ -20,6 +20,7 @@ from dllm_local.experiments.probes import AllocationPeak, HostSyncCounter
 from dllm_local.models.attention import BIDIRECTIONAL, Attention, ForwardObserver, Segment
 from dllm_local.models.loader import auto_cuda_dtype, pick_device, pick_dtype
 from dllm_local.serving import engine as engine_module
+from dllm_local.serving import failures
 
 PROMPT = "What is 3 + 4?"
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -173,7 +174,7 @@ def test_switch_model_releases_the_old_model_before_loading(monkeypatch):
     (ValueError("out of memory"), None),
 ])
 def test_gpu_failures_are_classified(error, kind):
-    assert engine_module.failure_kind(error) == kind
+    assert failures.failure_kind(error) == kind
 
 
 def _serve_in_a_thread(**spec):
@@ -183,7 +184,7 @@ def _serve_in_a_thread(**spec):
     spec = {"model": "tiny", "threads": torch.get_num_threads(), **spec}
     loop = threading.Thread(target=engine_module.serve, args=(engine_end, threading.Event(), spec), daemon=True)
     loop.start()
-    assert page.recv()[0] == "ready"
+    assert page.recv()[1] == "ready"
     return page, loop
 
 
@@ -199,14 +200,14 @@ def test_the_engine_loop_recovers_from_oom_and_ends_on_a_lost_gpu_context(monkey
     monkeypatch.setattr(engine_module.Engine, "run", failing_run)
     page, loop = _serve_in_a_thread()
     try:
-        page.send(("run", {"prompt": PROMPT, "settings": {}}))
-        kind, error = page.recv()
-        assert kind == "error" and isinstance(error, expected)
+        page.send(("1", "run", {"prompt": PROMPT, "settings": {}}, {"alone": True}))
+        request_id, kind, error = page.recv()
+        assert request_id == "1" and kind == "error" and isinstance(error, expected)
         if engine_ends:  # a lost context ends the process; the session starts a new one
             loop.join(10)
             assert not loop.is_alive()
         else:  # the engine goes on serving
-            page.send(("close", {}))
+            page.send((None, "close", {}, {}))
             loop.join(10)
             assert not loop.is_alive()
     finally:
@@ -222,7 +223,7 @@ def test_the_memory_cap_goes_to_the_allocator_of_the_engines_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda *args: calls.append(args))
     page, loop = _serve_in_a_thread(memory_fraction=1)
-    page.send(("close", {}))
+    page.send((None, "close", {}, {}))
     loop.join(10)
     page.close()
     assert calls == [(1.0, 0)] and type(calls[0][0]) is float
@@ -235,8 +236,10 @@ def test_a_switch_that_cannot_bring_the_old_model_back_ends_the_engine(monkeypat
             raise ModelLoadError("the disk is gone")
 
         monkeypatch.setattr(engine_module, "load", no_model)
-        page.send(("switch_model", {"name": "tiny"}))
-        kind, error = page.recv()
+        page.send(("1", "switch_model", {"name": "tiny"}, {}))
+        _, kind, error = page.recv()
+        while kind == "event":  # {"queued": 0}: its turn has come
+            _, kind, error = page.recv()
         assert kind == "error" and "the disk is gone" in str(error)
         loop.join(10)
         assert not loop.is_alive()  # no model to serve: the session restarts the engine with its old spec

@@ -353,7 +353,7 @@ PROBES_ALLOWED = {
     ("dllm_local/models/footprint.py", "quant_state"): "bitsandbytes Params4bit's state (bnb is optional)",
     ("dllm_local/models/footprint.py", "SCB"): "bitsandbytes Int8Params' scales (bnb is optional)",
     ("dllm_local/models/placement.py", "dtype"): "a dtype name looked up in the torch module",
-    ("ui/engine_queue.py", "session_hash"): "gradio's Request, or None outside Gradio",
+    ("ui/lab.py", "session_hash"): "gradio's Request, or None outside Gradio",
 }
 
 

@@ -41,7 +41,8 @@ def served(tmp_path_factory):
 
     models_dir = tmp_path_factory.mktemp("models")
     (models_dir / "empty-model").mkdir()
-    page, session = app.create(app.parse_args(["--models-dir", str(models_dir)]))
+    # One slot: a second client's run waits in the engine's line (tests/test_lab.py: many slots).
+    page, session = app.create(app.parse_args(["--models-dir", str(models_dir), "--slots", "1"]))
     page.queue(default_concurrency_limit=1)
     _, url, _ = page.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True, quiet=True,
                             **LAUNCH_OPTIONS)
@@ -71,7 +72,7 @@ def _final(job, timeout: float = 180) -> str:
 
 def _wait_running(job, session, timeout: float = 60) -> None:
     end = time.monotonic() + timeout
-    while session.owner() is None or len(job.outputs()) < 3:
+    while not session.requests() or len(job.outputs()) < 3:
         assert time.monotonic() < end, "the run did not start"
         time.sleep(0.05)
 
@@ -82,12 +83,11 @@ def test_session_stop_ends_only_the_run_of_the_same_id(served):
     _, _, session, _ = served
     events = session.run(ARITHMETIC, SLOW, run_id="a")
     next(events)
-    assert session.owner() == "a"
+    assert [r["owner"] for r in session.requests()] == ["a"]
     assert not session.stop("b")  # someone else's Stop: a no-op
-    assert not session._stop.is_set()
     assert session.stop("a")
     last = list(events)[-1]["trace"]
-    assert last["stats"]["stopped"] and session.owner() is None
+    assert last["stats"]["stopped"] and not session.requests()
 
 
 def test_another_clients_stop_leaves_a_run_going_to_its_end(served):
@@ -119,7 +119,7 @@ def test_a_run_waits_for_a_sweep_instead_of_failing(served):
     sweep = a.submit("Fast-dLLM DualCache (paper default)", "arithmetic", 4, "unmask.threshold", "0.5,0.9", "8,16", 32,
                      api_name="/sweep")
     end = time.monotonic() + 60
-    while session.owner() is None:  # the sweep holds the engine
+    while not session.requests():  # the sweep holds the engine
         assert time.monotonic() < end
         time.sleep(0.02)
     run = b.submit(ARITHMETIC, api_name="/run")
@@ -282,7 +282,7 @@ def test_browser_stop_cancels_a_queued_run_of_its_own_tab_only(served, browser):
     job = a.submit(ARITHMETIC, api_name="/run", **SLOW)  # the controls by name
     _wait_running(job, session)
     b.click("#run-btn")
-    b.wait_for_function("() => document.querySelector('#status').innerText.includes('ahead of yours')", timeout=20_000)
+    b.wait_for_function("() => document.querySelector('#status').innerText.includes('1st in line')", timeout=20_000)
     b.click("#stop-btn")  # Stop answers beside the button; the status line is the request's own
     b.wait_for_function("() => document.querySelector('#stop-note').innerText.includes('cancelled')", timeout=20_000)
     final = _final(job)
@@ -368,7 +368,7 @@ def test_a_stop_between_two_runs_of_a_compare_ends_it_and_is_not_kept_for_the_ne
     _, page, session, _ = served
     queue, tab = EngineQueue(session, page), SimpleNamespace(session_hash="tab-between-runs")
     with queue.several_runs(tab.session_hash) as stop_asked:
-        assert not stop_asked() and session.owner() is None  # between two runs: none is going
+        assert not stop_asked() and not session.requests()  # between two runs: none is going
         assert queue.stop(tab).startswith("Stopping")
         assert stop_asked()
     assert queue.stop(tab) == "Nothing is running."
@@ -388,7 +388,7 @@ def test_stop_on_a_queued_model_load_cancels_it_and_the_next_run_runs(served):
     while not b.predict(api_name="/stop").startswith(CANCELLED[:20]):  # once the load waits in the queue
         assert time.monotonic() < end
         time.sleep(0.2)
-    assert load.result(timeout=300)[1] == CANCELLED  # model line, status, layer menu, download box
+    assert CANCELLED in load.result(timeout=300)[1]  # model line, status, layer menu, download box
     _final(job)
     assert _final(b.submit(ARITHMETIC, api_name="/run")).startswith("Done")
 

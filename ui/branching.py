@@ -13,9 +13,10 @@ from dllm_local.values import integer
 from . import acceptance, lessons
 from .edit_lessons import edit_verdict
 from .engine_handler import engine_handler
-from .engine_queue import ENGINE, client_of, error_text
+from .engine_queue import RUNS, error_text, place_text
 from .grid import token_label
 from .inputs import Choice, PageState, StepIndex, checked
+from .lab import Who
 from .position_panel import candidates_at, position_panel_html
 from .replay import answer_length, prompt_len, prompt_of, state_at
 from .run_views import grid_at
@@ -121,24 +122,32 @@ class Branching:
         at = min(int(step), len(trace["steps"]) - 1)
         change = {"after_step": at, "position": prompt_len(trace) + int(position),
                   "token": None if remask else int(token)}
-        live: dict = {}
+        who = self.engine.lab.who(request)
         try:
-            for event in self.session.run(prompt, trace["settings"], run_id=client_of(request), branch=change):
-                live = event["trace"]
-                if live.get("prompt_ids") != trace.get("prompt_ids"):
-                    yield {self.branch_status: "⚠ The prompt read back from this trace encodes differently; "
-                                               "the branch would not repeat the run."}
-                    return
-                grid_html, verdicts = branch_views(live, step, color_by)
-                yield {self.branch_trace: live, self.branch_grid: grid_html, self.branch_verdicts: verdicts,
-                       self.branch_col: gr.Column(visible=True),
-                       self.branch_status: f"Branching: {len(live.get('steps') or [])} steps decoded…"}
-            same = live.get("final_ids") == trace.get("final_ids")
-            yield {self.branch_status: f"Branch done: {len(live['steps'])} steps (the original: {len(trace['steps'])});"
-                                       f" its answer {'is the same' if same else 'differs'}: {live.get('text', '')!r}",
-                   self.branch_export: gr.update(value=self.exports.write(live), visible=True)}
+            with self.engine.lab.admitted(who, trace["settings"].get("gen_length", 0)):
+                yield from self._branched(trace, prompt, change, who, step, color_by)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message; the page stays up
             yield {self.branch_status: f"⚠ {error_text(exc)}"}
+
+    def _branched(self, trace: dict, prompt, change: dict, who: Who, step: int, color_by: str) -> Iterator[dict]:
+        live: dict = {}
+        for event in self.session.run(prompt, trace["settings"], run_id=who.client, branch=change, first=who.lecturer):
+            if "queued" in event:
+                yield {self.branch_status: place_text(event["queued"])}
+                continue
+            live = event["trace"]
+            if live.get("prompt_ids") != trace.get("prompt_ids"):
+                yield {self.branch_status: "⚠ The prompt read back from this trace encodes differently; "
+                                           "the branch would not repeat the run."}
+                return
+            grid_html, verdicts = branch_views(live, step, color_by)
+            yield {self.branch_trace: live, self.branch_grid: grid_html, self.branch_verdicts: verdicts,
+                   self.branch_col: gr.Column(visible=True),
+                   self.branch_status: f"Branching: {len(live.get('steps') or [])} steps decoded…"}
+        same = live.get("final_ids") == trace.get("final_ids")
+        yield {self.branch_status: f"Branch done: {len(live['steps'])} steps (the original: {len(trace['steps'])});"
+                                   f" its answer {'is the same' if same else 'differs'}: {live.get('text', '')!r}",
+               self.branch_export: gr.update(value=self.exports.write(live), visible=True)}
 
     def _wire_branching(self, step_moves: list) -> None:
         """``step_moves``: the events after which the step shown has moved."""
@@ -155,4 +164,4 @@ class Branching:
         for button, handler in ((self.force_btn, self.branch_force), (self.remask_btn, self.branch_remask)):
             button.click(handler, [self.trace, self.scrub, self.position, self.branch_token, self.color_by], outputs,
                          api_name=handler.__name__, show_progress="minimal", show_progress_on=[self.branch_status],
-                         **ENGINE)
+                         **RUNS)

@@ -18,7 +18,7 @@ from . import grid, tables
 from .comparison import compare, compare_html
 from .controls import Specs, settings_from_controls, settings_line, spec_named
 from .engine_handler import engine_handler
-from .engine_queue import ENGINE, EngineQueue, client_of, error_text, throttled
+from .engine_queue import ENGINE, EngineQueue, client_of, error_text, place_text, throttled
 from .replay import numbers
 from .inputs import Choice, checked
 from .presets import CURRENT_RUN
@@ -176,12 +176,16 @@ class CompareTab:
                     + grid.token_grid_html(trace, len(trace["steps"]) - 1))
 
         try:
-            with self.engine.several_runs(client) as stop_asked:
+            who = self.engine.lab.who(request)
+            with self.engine.several_runs(client) as stop_asked, self.engine.lab.admitted(who, sides["a"].gen_length):
                 for key, settings in sides.items():  # the warm-ups, drawn live: their time is not counted
                     if stop_asked():
                         yield shown(f"Stopped before the warm-up of {key.upper()}: nothing was timed.")
                         return
-                    for live, _ in throttled(self.session.run(prompt, settings, run_id=client)):
+                    for live, _ in throttled(self.session.run(prompt, settings, run_id=client, alone=True)):
+                        if "queued" in live:
+                            yield shown(place_text(live["queued"]))
+                            continue
                         grids[key] = drawn(key, live)
                         yield shown(f"Warm-up of {labels[key]} (not timed)…")
                     if live["stats"].get("stopped"):
@@ -195,7 +199,7 @@ class CompareTab:
                             return
                         # Started before the status is sent, so a Stop pressed meanwhile reaches this run;
                         # not drawn, so the page's drawing stays out of the engine's time.
-                        events = self.session.run(prompt, settings, run_id=client)
+                        events = self.session.run(prompt, settings, run_id=client, alone=True)
                         yield {self.status: f"Timing: repeat {repeat} of {repeats}, {labels[key]}…"}
                         trace = deque(events, maxlen=1)[0]["trace"]
                         if trace["stats"].get("stopped"):

@@ -9,25 +9,27 @@ from contextlib import contextmanager
 
 import gradio as gr
 
+from dllm_local.errors import NEVER_RAN
+
+from .lab import Lab, client_of, ordinal
+
 # Every event that talks to the engine (runs, compare, sweep, model switch) waits in one queue
 # group: one at a time, in order, so none meets a busy engine.
 ENGINE = {"concurrency_limit": 1, "concurrency_id": "engine", "queue": True}
-CANCELLED = "Your queued request was cancelled before it started."
+# Runs go to the engine at once: it decodes them together in one batch, and tells a run that waits
+# for a slot its place in line (a lecturer's ahead of the others).
+RUNS = {"concurrency_limit": None, "concurrency_id": "runs", "queue": True}
+CANCELLED = NEVER_RAN
 REDRAW_EVERY_S = 0.2  # throttle: the browser keeps up; the first step and the final state are always drawn
 PAGE_SHARE = 0.2  # at most this share of a run's time goes to drawing it
-
-
-def client_of(request) -> str:
-    """Who is asking: the tab's (or gradio_client Client's) session hash; "local" outside Gradio."""
-    return getattr(request, "session_hash", None) or "local"
 
 
 class EngineQueue:
     """The session as the tabs share it: each client's run is its own to stop, and a request
     still waiting in the page's queue can be cancelled before it starts."""
 
-    def __init__(self, session, page: gr.Blocks) -> None:
-        self.session, self.page = session, page
+    def __init__(self, session, page: gr.Blocks, lab: Lab | None = None) -> None:
+        self.session, self.page, self.lab = session, page, lab or Lab()
         self.cancelled: set[str] = set()  # clients whose queued request was cancelled by Stop
         # Clients whose request runs the engine several times (Compare), and those of them that
         # pressed Stop: a Stop between two runs reaches no run, and must still end the request.
@@ -66,12 +68,15 @@ class EngineQueue:
         client = client_of(request)
         if client in self.multi_run:
             self.stop_asked.add(client)
+        mine = [r for r in self.session.requests() if r["owner"] == client]
         if self.session.stop(client) or client in self.multi_run:
+            if mine and all(r["place"] != 0 for r in mine):  # waiting in the engine's line: it never runs
+                return CANCELLED
             return "Stopping after the current step…"
         if self._queued(client):  # it ends unrun when its turn comes (see take_cancel)
             self.cancelled.add(client)
             return CANCELLED
-        if self.session.owner() is not None:
+        if self.session.requests():
             return "Nothing of this tab is running (another tab's run can only be stopped from that tab)."
         return "Nothing is running."
 
@@ -90,11 +95,17 @@ class EngineQueue:
             event.then(lambda: "", None, [note], queue=False, api_visibility="private", show_progress="hidden")
 
 
+def place_text(place: int) -> str:
+    """The status line of a run waiting for the engine."""
+    return f"Waiting for the engine: {ordinal(place)} in line (the runs before it decode together)…"
+
+
 def throttled(events: Iterable[dict], every: float = REDRAW_EVERY_S, page_share: float = PAGE_SHARE,
               backlog: Callable[[], int] = lambda: 0, heavy: Callable[[], bool] = lambda: False,
               ) -> Iterator[tuple[dict, bool]]:
     """The growing trace of a session's run events (``Session.run``); yield ``(trace, done)`` at
-    most every ``every`` seconds, and always the start (the empty grid), the first step (it sets
+    most every ``every`` seconds (``({"queued": n}, False)`` while the run waits, n-th in line),
+    and always the start (the empty grid), the first step (it sets
     the click-to-paint latency) and the final state.
 
     The gap between redraws also grows with what a redraw costs (the time the consumer takes
@@ -108,6 +119,9 @@ def throttled(events: Iterable[dict], every: float = REDRAW_EVERY_S, page_share:
     """
     last, gap = -math.inf, every
     for event in events:
+        if "queued" in event:  # waiting for the engine: its place in line, no trace yet
+            yield {"queued": event["queued"]}, False
+            continue
         live, done = event["trace"], "end" in event
         opening = "start" in event or ("step" in event and len(live["steps"]) == 1)  # the empty grid, the first step
         if done or opening or (time.perf_counter() - last >= gap and not backlog()):

@@ -15,8 +15,9 @@ from dllm_local.values import FLAG, Text
 
 from .controls import settings_from_controls
 from .engine_handler import engine_handler
-from .engine_queue import client_of, error_text, throttled
+from .engine_queue import client_of, error_text, place_text, throttled
 from .inputs import Choice, ColorBy, FontScale, Fraction, KVView, PageState, Theme, Which, checked
+from .lab import Who
 from .run_views import draw, grid_at, step_slider
 from .status_line import run_status
 
@@ -48,7 +49,8 @@ def mark_run(grid_html: str, run_no: int, steps: int, done: bool) -> str:
 
 class LiveRun:
     """The Run tab's live run. Mixed into ``RunTab``, whose ``live`` (by client: the runs going,
-    and the Follow live box of a client whose run has not started yet), ``run_numbers``,
+    and the Follow live box of a client whose run has not started yet), ``last`` (by client: the
+    trace its run going has reached, drawn again if it fails), ``run_numbers``, ``engine``,
     ``session``, ``specs``, components and ``shown`` it reads."""
 
     def viewed(self, request: gr.Request, step: int, color_by: str, what_if: float, full: bool = True) -> None:
@@ -89,62 +91,75 @@ class LiveRun:
         notice = " ".join(filter(None, [notice, self.length_notice(settings.gen_length)]))
         clicked = time.perf_counter()
         run_no = next(self.run_numbers)
-        live: dict = {}
-        first_paint, plots_drawn = None, clicked
-        plots_every, with_plots = PLOTS_EVERY_S, False  # the gap between plot redraws; this redraw's kind
-        sent, sent_steps = clicked, 0  # the last update: when, and how many steps it showed
         told = self.live.get(client)  # Follow live changed since the click, before the run started
         view = self.live[client] = LiveView(told.follow if told else bool(following), color_by=color_by,
                                             what_if=what_if)
+        who = self.engine.lab.who(request)
         try:
-            for live, done in throttled(self.session.run(prompt, settings, run_id=client),
-                                        backlog=self.session.waiting, heavy=lambda: with_plots):
-                n = len(live["steps"])
-                redrawn, with_plots = time.perf_counter(), False
-                if first_paint is None and n:
-                    first_paint = time.perf_counter() - clicked
-                update = {self.trace: live}
-                if not n:  # the length the engine runs (rounded to the block or to whole canvases), once:
-                    update[self.controls["gen_length"]] = gr.update(value=live["gen_length"])  # with the empty grid
-                if view.follow or view.full_at is None:
-                    # Following, or this run not yet on screen in full (Follow live unticked at or
-                    # right after the click): the newest step. The grid at every redraw; the plots,
-                    # far dearer to draw, less often, and always for a view that is about to hold.
-                    with_plots = done or not view.follow or redrawn - plots_drawn >= plots_every
-                    plots_drawn = redrawn if with_plots else plots_drawn
-                    update.update(self._drawn(live, None, view, run_no, done, with_plots, layer, which, kv_view,
-                                              font_scale, theme))
-                    update[self.scrub] = step_slider(n, done, value=max(0, n - 1))
-                    view.step = max(0, n - 1)
-                    view.full_at = view.step if with_plots and n else view.full_at
-                    held = None
-                else:  # the view holds its step (and its hover, its open chips); the slider reaches further
-                    update[self.scrub] = step_slider(n, done)
-                    held = view.step
-                    if view.full_at != held:  # unticked between two plot redraws: every view at the held step
-                        update.update(self._drawn(live, held, view, run_no, done, True, layer, which, kv_view,
-                                                  font_scale, theme))
-                        view.full_at, with_plots = held, True
-                    elif done:  # the grid at the step it holds, tagged with how the run ended
-                        update[self.grid] = mark_run(grid_at(live, held, view.color_by, view.what_if), run_no, n, done)
-                # Before the next redraw the engine gets as far ahead as it got since the last one,
-                # plus the steps it sent while this one was drawn.
-                now = time.perf_counter()
-                behind = n - sent_steps + self.session.waiting()
-                update[self.status] = run_status(live, notice, first_paint, done, behind, now - sent,
-                                                 None if done else held)
-                sent, sent_steps = now, n
-                if held is None and n > 1:
-                    # The new maximum alone, before the step: sent together, the browser places the
-                    # thumb against the old maximum, short of the step the number box shows.
-                    yield {self.scrub: step_slider(n, done)}
-                yield update
-                if with_plots:  # what the plots cost, drawn and sent, sets when they are next drawn
-                    plots_every = max(PLOTS_EVERY_S, (time.perf_counter() - redrawn) * (1 - PLOTS_SHARE) / PLOTS_SHARE)
+            with self.engine.lab.admitted(who, settings.gen_length):
+                yield from self._follow(prompt, settings, who, view, clicked, run_no, notice,
+                                        layer, which, kv_view, font_scale, theme)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message; the page stays up
-            yield {self.trace: live or trace, self.status: f"⚠ {error_text(exc)}"}
+            yield {self.trace: self.last.get(client) or trace, self.status: f"⚠ {error_text(exc)}"}
         finally:
             self.live.pop(client, None)
+            self.last.pop(client, None)
+
+    def _follow(self, prompt: str, settings: Settings, who: Who, view: LiveView, clicked: float, run_no: int,
+                notice: str, layer: str, which: str, kv_view: str, font_scale: str, theme: str) -> Iterator[dict]:
+        """The run's events drawn as they come (see ``run``); a lecturer's run goes ahead of the waiting ones."""
+        first_paint, plots_drawn = None, clicked
+        plots_every, with_plots = PLOTS_EVERY_S, False  # the gap between plot redraws; this redraw's kind
+        sent, sent_steps = clicked, 0  # the last update: when, and how many steps it showed
+        client = who.client
+        for live, done in throttled(self.session.run(prompt, settings, run_id=client, first=who.lecturer),
+                                    backlog=lambda: self.session.waiting(client), heavy=lambda: with_plots):
+            if "queued" in live:
+                yield {self.status: place_text(live["queued"])}
+                continue
+            self.last[client] = live
+            n = len(live["steps"])
+            redrawn, with_plots = time.perf_counter(), False
+            if first_paint is None and n:
+                first_paint = time.perf_counter() - clicked
+            update = {self.trace: live}
+            if not n:  # the length the engine runs (rounded to the block or to whole canvases), once:
+                update[self.controls["gen_length"]] = gr.update(value=live["gen_length"])  # with the empty grid
+            if view.follow or view.full_at is None:
+                # Following, or this run not yet on screen in full (Follow live unticked at or
+                # right after the click): the newest step. The grid at every redraw; the plots,
+                # far dearer to draw, less often, and always for a view that is about to hold.
+                with_plots = done or not view.follow or redrawn - plots_drawn >= plots_every
+                plots_drawn = redrawn if with_plots else plots_drawn
+                update.update(self._drawn(live, None, view, run_no, done, with_plots, layer, which, kv_view,
+                                          font_scale, theme))
+                update[self.scrub] = step_slider(n, done, value=max(0, n - 1))
+                view.step = max(0, n - 1)
+                view.full_at = view.step if with_plots and n else view.full_at
+                held = None
+            else:  # the view holds its step (and its hover, its open chips); the slider reaches further
+                update[self.scrub] = step_slider(n, done)
+                held = view.step
+                if view.full_at != held:  # unticked between two plot redraws: every view at the held step
+                    update.update(self._drawn(live, held, view, run_no, done, True, layer, which, kv_view,
+                                              font_scale, theme))
+                    view.full_at, with_plots = held, True
+                elif done:  # the grid at the step it holds, tagged with how the run ended
+                    update[self.grid] = mark_run(grid_at(live, held, view.color_by, view.what_if), run_no, n, done)
+            # Before the next redraw the engine gets as far ahead as it got since the last one,
+            # plus the steps it sent while this one was drawn.
+            now = time.perf_counter()
+            behind = n - sent_steps + self.session.waiting(client)
+            update[self.status] = run_status(live, notice, first_paint, done, behind, now - sent,
+                                             None if done else held)
+            sent, sent_steps = now, n
+            if held is None and n > 1:
+                # The new maximum alone, before the step: sent together, the browser places the
+                # thumb against the old maximum, short of the step the number box shows.
+                yield {self.scrub: step_slider(n, done)}
+            yield update
+            if with_plots:  # what the plots cost, drawn and sent, sets when they are next drawn
+                plots_every = max(PLOTS_EVERY_S, (time.perf_counter() - redrawn) * (1 - PLOTS_SHARE) / PLOTS_SHARE)
 
     def _drawn(self, live: dict, step: int | None, view: LiveView, run_no: int, done: bool, with_plots: bool,
                *panel: str) -> dict:

@@ -96,6 +96,7 @@ class ModelBox:
     @checked
     def load_model(self, request: gr.Request, name: Choice, quantization: Quantization, progress=gr.Progress()) -> dict:
         client = client_of(request)
+        self.engine.lab.require_lecturer(self.engine.lab.who(request), "Switching the model")
         try:
             target = self.models.check(name)  # only the models the page was started to allow
             progress((0, None), desc=f"loading {name}", unit="s")

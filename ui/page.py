@@ -13,6 +13,7 @@ from dllm_local.trace import MAX_TRACE_BYTES
 from .compare_tab import CompareTab
 from .engine_queue import EngineQueue
 from .exports import ExportFolder
+from .lab import Lab, LabTab
 from .model_access import ModelAccess
 from .model_box import model_line
 from .presenter import CSS as PRESENTER_CSS, KEYS_JS
@@ -65,16 +66,18 @@ LAUNCH_OPTIONS = {"css": CSS + PRESENTER_CSS, "js": JS, "footer_links": [], "max
 
 
 def build(session, presets: dict, preset_problems: list[str], default_preset: str | None = None,
-          models: ModelAccess | None = None, exports: ExportFolder | None = None, present: bool = False) -> gr.Blocks:
+          models: ModelAccess | None = None, exports: ExportFolder | None = None, present: bool = False,
+          lab: Lab | None = None) -> gr.Blocks:
     """The page over ``session``: the policy controls come from the engine's policy specs.
     ``models``: which models the page may load (default: the listed ones only); ``exports``: where
     export files go (default: a new folder, deleted at exit); ``present``: open in presenter view. The page keeps ``exports`` and, for
-    an API client, ``control_names``: the order in which an imported trace's controls come back."""
+    an API client, ``control_names``: the order in which an imported trace's controls come back.
+    ``lab``: the limits and roles of a class sharing the page (default: none, no sign-in)."""
     default_preset = default_preset if default_preset in presets else next(iter(presets), None)
     specs = session.policy_specs()
     exports = exports or ExportFolder()
     with gr.Blocks(title="dllm-local", delete_cache=DELETE_CACHE) as page:
-        engine = EngineQueue(session, page)
+        engine = EngineQueue(session, page, lab)
         gr.Markdown("# dllm-local\nAccelerated diffusion-LLM decoding, live, step by step. "
                     "Timings are model time measured with device synchronisation; page work is counted apart.",
                     elem_id="page-head")
@@ -88,8 +91,13 @@ def build(session, presets: dict, preset_problems: list[str], default_preset: st
                 compare = CompareTab(engine, presets, run)
             with gr.Tab("Tune", id="tune"):
                 tune = TuneTab(engine, presets, default_preset, run, tabs)
+            with gr.Tab("Lab", id="lab") as lab_tab:
+                lab_view = LabTab(engine)
         for tab in (run, compare, tune):
             tab.wire()
+        lab_view.wire(lab_tab)
         page.load(run.show_model, None, [line, *run.kind_boxes()], queue=False, api_visibility="private")
+        # The Lab tab is the lecturer's (anyone's on a page without sign-in).
+        page.load(lab_view.tab_shown, None, [lab_tab], queue=False, api_visibility="private")
     page.exports, page.control_names = exports, list(run.controls)
     return page

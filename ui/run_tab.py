@@ -17,7 +17,7 @@ from .branching import Branching
 from .canvas_controls import cost_target
 from .control_widgets import run_controls
 from .controls import Specs, controls_from_settings, preset_label, toggled_controls
-from .engine_queue import ENGINE, EngineQueue
+from .engine_queue import RUNS, EngineQueue
 from .exports import ExportFolder
 from .live_run import LiveRun, LiveView
 from .model_access import ModelAccess
@@ -48,6 +48,7 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, B
         self.engine, self.session, self.presets, self.specs = engine, engine.session, presets, specs
         self.models, self.exports, self.model_line = models, exports, model_line_box
         self.run_numbers = itertools.count(1)  # tags the live grid so a browser can tell runs apart
+        self.last: dict[str, dict] = {}
         self.live: dict[str, LiveView] = {}  # by client (engine_queue.client_of): the runs going, and the
         # Follow live box of a client whose run has not started yet
         self.trace = gr.State({})
@@ -182,7 +183,7 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, B
         # Gradio's queue position and timer on the status line only: overlays on the grid and the
         # plots would cover the live views and cost the browser CPU at every redraw.
         options = {"inputs_kwargs": self.controls, "show_progress": "minimal", "show_progress_on": [self.status],
-                   **ENGINE}
+                   **RUNS}
         run_event = self.run_btn.click(self.run, inputs, outputs, api_name="run", **options)
         submit_event = self.prompt.submit(self.run, inputs, outputs, api_visibility="private", **options)
         self.run_events = [run_event, submit_event]

@@ -239,6 +239,7 @@ class TuneTab:
                   values: Text, blocks: Text, gen: Length, progress=gr.Progress()) -> Iterator[dict]:
         # n is read by the task suite's own check (check_task), its message told in the status line.
         client = client_of(request)
+        self.engine.lab.require_lecturer(self.engine.lab.who(request), "A sweep")
         n = check_task(task, n)  # a count typed by an API client is checked before any work
         base = dict(self.presets[preset_name]["settings"], gen_length=gen, trace="off", exact_drift=False)
         axes = sweep_axes(self.specs, base, knob, values, blocks)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import pickle
 import threading
 import traceback
 from multiprocessing.connection import Connection
@@ -19,40 +18,17 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from ..errors import DllmError, EngineError, OutOfMemory, SettingsError
+from ..errors import SettingsError
 from ..policies import registry
 from ..models.loader import GuiderHandle, ModelHandle, free_device_memory, load, load_guider, pick_device
 from ..sampler import stream
 from ..settings import Settings
 from ..trace import SCHEMA_VERSION, Branch
+from ..limits import SLOTS
+from .failures import portable
+from .scheduler import Scheduler
 
 Emit = Callable[[dict], None]
-OOM_ADVICE = ("the GPU ran out of memory; the cache was freed. Try 4-bit quantization, "
-              "a shorter generation length or a smaller block size.")
-LOAD_OOM_ADVICE = ("the GPU has not enough free memory for that model; the previous model is loaded again. "
-                   "Try 4-bit or 8-bit quantization, or close other programs that use the GPU.")
-# Allocation failures that reach Python as a plain RuntimeError (cuBLAS and bitsandbytes workspaces).
-OOM_MARKERS = ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED")
-# Errors after which the CUDA context is unusable: every later call fails with the same error.
-FATAL_MARKERS = ("illegal memory access", "device-side assert", "unspecified launch failure", "misaligned address",
-                 "illegal instruction", "uncorrectable ECC", "CUDA error: unknown error")
-
-
-def failure_kind(exc: BaseException) -> str | None:
-    """"oom" (the cache is freed and the engine goes on), "fatal" (the GPU context is lost: the
-    engine process ends and the next request starts a new one) or None (an ordinary error)."""
-    if isinstance(exc, torch.cuda.OutOfMemoryError):
-        return "oom"
-    if not isinstance(exc, RuntimeError):
-        return None
-    text = str(exc)
-    if any(marker in text for marker in FATAL_MARKERS):
-        return "fatal"
-    if any(marker in text for marker in OOM_MARKERS):
-        return "oom"
-    return None
-
-
 def engine_threads(threads: int = 0) -> int:
     """Torch threads for a model on the CPU: ``threads``, or all cores but one, left to the page
     and the browser on the same machine (an OpenMP team that loses a core to them runs every step
@@ -110,35 +86,27 @@ class Engine:
             self._guider = load_guider(self.guider_name, device=self.handle.device)
         return self._guider
 
+    def events(self, run, settings: Settings, branch: dict | None = None) -> RunEvents:
+        """The events of ``run`` (a ``Run`` alone or in the batch) as the page reads them."""
+        return RunEvents(self.handle, run, settings, branch)
+
     def run(self, prompt, settings: dict | Settings, emit: Emit, branch: dict | None = None) -> None:
-        """Emit ``{"start": header}``, ``{"step": record, "vocab": {id: text}}`` per forward (texts
-        of newly seen tokens), then ``{"end": the trace without its steps}``. ``branch``: a
+        """A run alone: emit ``{"start": header}``, ``{"step": record, "vocab": {id: text}}`` per
+        forward, then ``{"end": the trace without its steps}`` (see ``RunEvents``). ``branch``: a
         ``trace.Branch`` as a dict, the one change a branch makes to the run it repeats."""
         settings = settings if isinstance(settings, Settings) else Settings.from_dict(settings)
         guider = self.guider() if settings.unmask_spec.needs_guider else None
         run = stream(self.handle, prompt, settings, guider, Branch(**branch) if branch else None)
-        tok = self.handle.tokenizer
-        seen: set[int] = set()
-        forced = [branch["token"]] if branch and branch.get("token") is not None else []
-
-        def texts(ids) -> dict:
-            new = {int(i) for i in ids} - seen
-            seen.update(new)
-            return {str(i): tok.decode([i]) for i in new}
-
-        emit({"start": {"prompt_ids": run.prompt_ids, "gen_length": run.answer_length,
-                         "mask_id": self.handle.mask_id, "settings": settings.to_dict(),
-                         "model": self.handle.summary(), "vocab": texts([*run.prompt_ids, self.handle.mask_id, *forced]),
-                         "schema_version": SCHEMA_VERSION, "steps": [], "final_ids": [], "stats": {}, "text": "",
-                         **({"branch": branch} if branch else {})}})
+        events = self.events(run, settings, branch)
+        emit(events.start())
         try:
             for record in run:
-                emit({"step": record.to_dict(), "vocab": texts(record.token_ids())})
+                emit(events.step(record))
                 if self.stop.is_set():
                     run.stop()
         finally:
             run.release()
-        emit({"end": {k: v for k, v in run.result.trace.to_dict().items() if k != "steps"}})
+        emit(events.end())
 
     def sweep(self, task: str, n: int, base: dict, axes: dict[str, list], emit: Emit, seed: int = 1000) -> None:
         """Emit ``{"units": {done, total, throughput}}`` as problems finish, ``{"progress": {done,
@@ -166,18 +134,47 @@ class Engine:
         emit({"report": report})
 
 
-STREAMED = {"run", "sweep"}  # these emit items as they go; the others return one value
-REQUESTS = STREAMED | {"switch_model"}
+
+
+class RunEvents:
+    """One run's events for the page: ``start()`` (the header: prompt ids, lengths, settings,
+    the model), ``step(record)`` per forward with the texts of tokens not seen before in this
+    run, ``end()`` (the trace without its steps)."""
+
+    def __init__(self, handle: ModelHandle, run, settings: Settings, branch: dict | None) -> None:
+        self.handle, self.run, self.settings, self.branch = handle, run, settings, branch
+        self.seen: set[int] = set()
+        self.started = False
+
+    def _texts(self, ids) -> dict:
+        new = {int(i) for i in ids} - self.seen
+        self.seen.update(new)
+        return {str(i): self.handle.tokenizer.decode([i]) for i in new}
+
+    def start(self) -> dict:
+        run, branch = self.run, self.branch
+        self.started = True
+        forced = [branch["token"]] if branch and branch.get("token") is not None else []
+        return {"start": {"prompt_ids": run.prompt_ids, "gen_length": run.answer_length,
+                          "mask_id": self.handle.mask_id, "settings": self.settings.to_dict(),
+                          "model": self.handle.summary(),
+                          "vocab": self._texts([*run.prompt_ids, self.handle.mask_id, *forced]),
+                          "schema_version": SCHEMA_VERSION, "steps": [], "final_ids": [], "stats": {}, "text": "",
+                          **({"branch": branch} if branch else {})}}
+
+    def step(self, record) -> dict:
+        return {"step": record.to_dict(), "vocab": self._texts(record.token_ids())}
+
+    def end(self) -> dict:
+        return {"end": {k: v for k, v in self.run.result.trace.to_dict().items() if k != "steps"}}
 
 
 def serve(conn: Connection, stop: Event, spec: dict) -> None:
-    """The engine process's loop: load the model, say ``ready``, then answer one request at a time.
-
-    A request is ``(method, kwargs)``; the answer is ``("event", item)`` per streamed item and then
-    ``("end", None)``, or one ``("result", value)``, or ``("error", exception)``.
-    """
+    """The engine process: load the model, say ``ready``, then serve every page's requests
+    (``scheduler.Scheduler``: runs batched, the rest one at a time)."""
     engine_threads(spec.pop("threads", 0))
     memory_fraction = spec.pop("memory_fraction", None)
+    slots, max_length = spec.pop("slots", SLOTS), spec.pop("max_length", None)
     # Progress bars (model loading) lock with a thread lock, not tqdm's default cross-process
     # semaphore, which this process would leave behind when the page process ends it.
     tqdm.set_lock(threading.RLock())
@@ -191,50 +188,7 @@ def serve(conn: Connection, stop: Event, spec: dict) -> None:
                 torch.cuda.set_per_process_memory_fraction(float(memory_fraction), index)
         engine = Engine(stop, **spec)
     except BaseException as exc:  # noqa: BLE001 - the page process raises it
-        conn.send(("error", _portable(exc)))
+        conn.send((None, "error", portable(exc)))
         return
-    conn.send(("ready", engine.describe()))
-    while True:
-        try:
-            method, kwargs = conn.recv()
-        except (EOFError, OSError):  # the page process went away
-            return
-        if method == "close":
-            return
-        if method not in REQUESTS:
-            conn.send(("error", DllmError(f"the engine has no request {method!r}")))
-            continue
-        failure = None
-        try:
-            if method in STREAMED:
-                getattr(engine, method)(**kwargs, emit=lambda item: conn.send(("event", item)))
-                conn.send(("end", None))
-            else:
-                conn.send(("result", getattr(engine, method)(**kwargs)))
-        except Exception as exc:  # noqa: BLE001 - every failure goes back as a message; the engine keeps serving
-            failure = failure_kind(exc)
-            if failure is None:
-                conn.send(("error", _portable(exc)))
-            else:
-                detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        # Outside the except block: the traceback no longer holds the run's tensors.
-        if failure == "oom":
-            free_device_memory()
-            conn.send(("error", OutOfMemory(LOAD_OOM_ADVICE if method == "switch_model" else OOM_ADVICE)))
-        elif failure == "fatal":
-            conn.send(("error", EngineError(f"the GPU reported an error it cannot recover from ({detail}); the engine "
-                                            f"process ends, and the next request starts it again with the model")))
-            return
-        if engine.handle is None:  # a failed switch could not bring the old model back either
-            return
-
-
-def _portable(exc: BaseException) -> BaseException:
-    """The exception itself when it survives pickling, else a DllmError naming it; unexpected
-    ones are also printed with their traceback here, for whoever reads the server's log."""
-    if not isinstance(exc, DllmError):
-        traceback.print_exception(exc)
-    try:
-        return pickle.loads(pickle.dumps(exc))
-    except Exception:  # noqa: BLE001
-        return DllmError(f"{type(exc).__name__}: {exc}")
+    conn.send((None, "ready", engine.describe()))
+    Scheduler(engine, conn, slots, max_length).serve()

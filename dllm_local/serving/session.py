@@ -1,11 +1,13 @@
-"""The page's view of the engine: one loaded model, one run at a time, plain-dict records.
+"""The page's view of the engine: one loaded model, many pages' runs at once, plain-dict records.
 
 The model lives in an engine process (``dllm_local.serving.engine``); a ``Session`` starts it, sends it
 requests and streams its answers back. No model work happens in the page process, so its Python
-work (figures, Gradio) never holds the engine's GIL, slows a run or leaks into its timings. Runs
-are never mixed: a second request while one is going raises ``BusyError`` (the page queues its
-events, so they wait their turn instead); ``stop(run_id)`` ends the run or sweep started with that
-``run_id`` within one step, and leaves anyone else's alone.
+work (figures, Gradio) never holds the engine's GIL, slows a run or leaks into its timings. Every
+request carries an id; the engine's answers come back tagged with it, and a reader thread hands
+each to its own request. Runs from different pages decode together in the engine's continuous
+batch (``scheduler``); a sweep or a model switch waits for the batch and then has the engine to
+itself. ``stop(run_id)`` ends the requests started with that ``run_id`` within one step, and
+leaves anyone else's alone.
 """
 from __future__ import annotations
 
@@ -14,10 +16,12 @@ import multiprocessing
 import queue
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from ..errors import BusyError, EngineError
+from ..errors import EngineError
 from ..hub import HUB_MODELS, TINY_FAMILIES
+from ..limits import SLOTS
 from ..policies import registry
 from ..settings import Settings
 from ..trace import fold
@@ -26,22 +30,37 @@ MODEL_CHOICES = ["tiny", "tiny-diffusiongemma", *TINY_FAMILIES, *HUB_MODELS]
 _ENDS = {"end", "result", "error", "dead"}
 
 
+@dataclass
+class Request:
+    """A request the engine is answering, as the session sees it: whose, what, where it stands."""
+    owner: str | None
+    method: str
+    what: str  # a line for the lecturer's list: the prompt's start, or the sweep's task
+    inbox: queue.Queue = field(default_factory=queue.Queue)
+    place: int | None = None  # its place in line while it waits (None: not told yet); 0 once it runs
+    steps: int = 0
+    started: float = field(default_factory=time.time)
+
+
 class Session:
     """Starts the engine process with ``model`` loaded (raises its load error, e.g. an unknown
     model) and talks to it. ``threads``: torch threads for a CPU model, 0 = all cores but one.
     ``memory_fraction``: the share of the GPU's memory the engine may use (None: all of it), for a
     GPU shared with other programs. ``ray``: the Ray cluster the engine runs sweeps on (None: the
-    engine itself; the page process never imports Ray). ``lazy``: return at once and wait for the
-    model (and raise its error) on first use."""
+    engine itself; the page process never imports Ray). ``slots``: runs decoding at once in the
+    engine's batch; ``max_length``: the positions each slot holds (None: the model's maximum).
+    ``lazy``: return at once and wait for the model (and raise its error) on first use."""
 
     def __init__(self, model: str = "tiny", device: str = "auto", quantization: str | None = None,
                  guider: str | None = "tiny-guider", threads: int = 0, lazy: bool = False,
-                 memory_fraction: float | None = None, ray: str | None = None) -> None:
+                 memory_fraction: float | None = None, ray: str | None = None, slots: int = SLOTS,
+                 max_length: int | None = None) -> None:
         self._spec = {"model": model, "device": device, "quantization": quantization, "guider": guider,
                       "ray": ray, "threads": threads, "memory_fraction": memory_fraction,
-                      "policies": registry.load_plugins()}
-        self._lock = threading.Lock()
-        self._owner: str | None = None  # the run_id of the request in progress
+                      "policies": registry.load_plugins(), "slots": slots, "max_length": max_length}
+        self._lock = threading.Lock()  # the open requests, the pipe's sending end, a restart
+        self._open: dict[str, Request] = {}
+        self._ids = itertools.count(1)
         self._start()
         if not lazy:
             self._described  # noqa: B018 - raises the engine's load error (an unknown model) here
@@ -50,16 +69,43 @@ class Session:
     def _start(self) -> None:
         ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked torch or OpenMP state
         self._conn, child_conn = ctx.Pipe()
-        self._stop = ctx.Event()
+        self._stop = ctx.Event()  # set by the engine's reader on a stop of the request that has it alone
         self._process = ctx.Process(target=_serve, args=(child_conn, self._stop, dict(self._spec)),
                                     name="dllm-engine", daemon=True)
         self._process.start()
         child_conn.close()
         # A reader thread drains the pipe at once, so the engine never waits on a page that is drawing.
-        self._inbox: queue.Queue = queue.Queue()
-        threading.Thread(target=_read, args=(self._conn, self._process, self._inbox), daemon=True).start()
+        self._inbox: queue.Queue = queue.Queue()  # the engine's own messages: ready, or its load error
+        threading.Thread(target=self._read, args=(self._conn, self._process, self._inbox), daemon=True).start()
         self._ready: dict | None = None
         self._failure: BaseException | None = None
+
+    def _read(self, conn, process, inbox: queue.Queue) -> None:
+        """Hand each of the engine's messages to its request as it comes; when the engine is gone,
+        tell every request still open, and whoever waits for it to start."""
+        while True:
+            try:
+                request_id, kind, payload = conn.recv()
+            except (EOFError, OSError):
+                process.join(1)
+                dead = ("dead", f"exit code {process.exitcode}")
+                inbox.put(dead)
+                with self._lock:
+                    for request in self._open.values():
+                        request.inbox.put(dead)
+                return
+            if request_id is None:
+                inbox.put((kind, payload))
+                continue
+            request = self._open.get(request_id)
+            if request is None:  # its reader left and stopped waiting for it
+                continue
+            queued = kind == "event" and "queued" in payload
+            request.place = payload["queued"] if queued else 0
+            if kind == "event" and "step" in payload:
+                request.steps += 1
+            if not queued or request.method == "run":  # a run's page shows its place; the others just wait
+                request.inbox.put((kind, payload))
 
     @property
     def _described(self) -> dict:
@@ -78,32 +124,38 @@ class Session:
             raise self._failure
         return self._ready
 
+    def _send(self, message: tuple) -> None:
+        with self._lock:
+            self._conn.send(message)
+
     def _request(self, method: str, on_wait: Callable[[float], None] | None = None, run_id: str | None = None,
-                 **kwargs) -> Iterator:
-        """Send one request under the session lock; yield its streamed items (or its one result).
-        ``run_id`` names who started it (``stop`` takes the same id). A consumer that leaves early
-        stops the work and waits for the engine to finish it."""
-        if not self._lock.acquire(blocking=False):
-            raise BusyError("a run is already going; wait for it or press Stop")
-        self._owner = run_id
-        answer = self._exchange(method, on_wait, kwargs)
+                 options: dict | None = None, what: str = "", **kwargs) -> Iterator:
+        """Send one request; yield its streamed items (or its one result). ``run_id`` names who
+        started it (``stop`` takes the same id). A consumer that leaves early stops the request and
+        waits for the engine to end it."""
+        with self._lock:
+            if not self._process.is_alive() and not self._open:
+                self._start()
+        self._described  # noqa: B018 - the engine has loaded its model
+        request_id = str(next(self._ids))
+        request = Request(run_id, method, what)
+        with self._lock:
+            self._open[request_id] = request
+        answer = self._exchange(request_id, request, method, on_wait, kwargs, options or {})
         # Started at once: errors are raised here, and a dropped iterator still runs its clean-up.
         first = next(answer)
         return itertools.chain([first], answer)
 
-    def _exchange(self, method: str, on_wait, kwargs: dict) -> Iterator:
+    def _exchange(self, request_id: str, request: Request, method: str, on_wait, kwargs: dict,
+                  options: dict) -> Iterator:
         kind = "end"
         try:
-            if not self._process.is_alive():
-                self._start()
-            self._described  # noqa: B018 - the engine has loaded its model
-            self._stop.clear()
-            self._conn.send((method, kwargs))
+            self._send((request_id, method, kwargs, options))
             kind = "sent"
             started = time.perf_counter()
             while True:
                 try:
-                    kind, payload = self._inbox.get(timeout=None if on_wait is None else 0.5)
+                    kind, payload = request.inbox.get(timeout=None if on_wait is None else 0.5)
                 except queue.Empty:
                     on_wait(time.perf_counter() - started)
                     continue
@@ -117,18 +169,18 @@ class Session:
                 if kind in _ENDS:
                     return
         finally:
-            if kind not in _ENDS:  # left early: stop the work and drain its answer
-                self._stop.set()
+            if kind not in _ENDS:  # left early: stop the request and drain its answer
+                self._send((request_id, "stop", {}, {}))
                 while kind not in _ENDS:
-                    kind, _ = self._inbox.get()
-            self._owner = None
-            self._lock.release()
+                    kind, _ = request.inbox.get()
+            with self._lock:
+                self._open.pop(request_id, None)
 
     def close(self) -> None:
-        """End the engine process (it also ends with this one), stopping any run first."""
+        """End the engine process (it also ends with this one), stopping every request first."""
         self._stop.set()
         try:
-            self._conn.send(("close", {}))  # taken once the current request, if any, has ended
+            self._send((None, "close", {}, {}))
         except OSError:
             pass
         self._process.join(10)
@@ -152,61 +204,66 @@ class Session:
 
     def switch_model(self, name: str, quantization: str | None = None,
                      on_wait: Callable[[float], None] | None = None, run_id: str | None = None) -> dict:
-        """Load another model in place of the current one; ``on_wait(seconds)`` is called about
-        twice a second while it loads."""
-        self._ready = next(self._request("switch_model", on_wait, run_id, name=name, quantization=quantization))
+        """Load another model in place of the current one, once the runs going have ended;
+        ``on_wait(seconds)`` is called about twice a second until it has loaded."""
+        self._ready = next(self._request("switch_model", on_wait, run_id, what=f"load {name}", name=name,
+                                         quantization=quantization))
         self._spec.update(model=name, quantization=quantization)
         return self.info()
 
     # ---------------------------------------------------------------- runs
-    def run(self, prompt, settings: dict | Settings, run_id: str | None = None,
-            branch: dict | None = None) -> Iterator[dict]:
+    def run(self, prompt, settings: dict | Settings, run_id: str | None = None, branch: dict | None = None,
+            first: bool = False, alone: bool = False) -> Iterator[dict]:
         """Stream one generation as plain dicts, each with ``"trace"``: the trace so far (see
         ``dllm_local.trace.fold``).
 
-        First ``{"start": header}`` (prompt ids, lengths, settings: enough to draw the empty grid),
-        then ``{"step": record, "vocab": {id: text}}`` per forward (texts of newly seen tokens),
-        then ``{"end": ...}``, whose ``"trace"`` is the whole trace. Bad settings raise here,
-        before anything streams. ``run_id``: who started it, for ``stop(run_id)``. ``branch``: the
-        run repeated with one change after one step (``dllm_local.trace.Branch`` as a dict).
+        ``{"queued": n}`` while it waits (n-th in line), then ``{"start": header}`` (prompt ids,
+        lengths, settings: enough to draw the empty grid), ``{"step": record, "vocab": {id: text}}``
+        per forward (texts of newly seen tokens), then ``{"end": ...}``, whose ``"trace"`` is the
+        whole trace. Bad settings raise here, before anything streams. ``run_id``: who started it,
+        for ``stop(run_id)``. ``branch``: the run repeated with one change after one step
+        (``dllm_local.trace.Branch`` as a dict). ``first``: ahead of the waiting requests (a
+        lecturer's). ``alone``: with the engine to itself, never beside another request (a run
+        whose time is compared).
         """
         settings = settings if isinstance(settings, Settings) else Settings.from_dict(settings)
-        return fold(self._request("run", run_id=run_id, prompt=prompt, settings=settings, branch=branch))  # validation errors raise here
+        what = " ".join(str(prompt if isinstance(prompt, str) else prompt[-1]["content"]).split())[:80]
+        return fold(self._request("run", run_id=run_id, options={"first": first, "alone": alone}, what=what,
+                                  prompt=prompt, settings=settings, branch=branch))  # validation errors raise here
 
     def stop(self, run_id: str | None = None) -> bool:
-        """Stop the run or sweep in progress (within one step / one unit of problems) if it was started
-        with ``run_id``; False, and nothing stopped, when nothing or another id's run is going.
-        ``run_id=None`` stops whatever is going (for a program that owns the session alone)."""
-        if not self._lock.locked() or (run_id is not None and run_id != self._owner):
-            return False
-        self._stop.set()
-        return True
+        """Stop the requests started with ``run_id`` (within one step / one unit of problems); False,
+        and nothing stopped, when none is open. ``run_id=None`` stops every request (for a program
+        that owns the session alone)."""
+        with self._lock:
+            ids = [i for i, request in self._open.items() if run_id is None or request.owner == run_id]
+        for request_id in ids:
+            self._send((request_id, "stop", {}, {}))
+        return bool(ids)
 
     def sweep(self, task: str, n: int, base: dict, axes: dict[str, list], seed: int = 1000,
               run_id: str | None = None) -> Iterator[dict]:
         """Stream a sweep: ``{"units": {done, total, throughput}}`` as problems finish, ``{"progress":
         {done, total, point, row}}`` per grid point, then ``{"report": ...}``."""
-        return self._request("sweep", run_id=run_id, task=task, n=n, base=base, axes=axes, seed=seed)
+        return self._request("sweep", run_id=run_id, what=f"sweep: {task}, {n} problems", task=task, n=n, base=base,
+                             axes=axes, seed=seed)
 
-    def waiting(self) -> int:
-        """Messages the engine has sent that no one has read yet: during a streamed run, the steps
-        it is ahead of the page that reads them."""
-        return self._inbox.qsize()
+    def waiting(self, run_id: str | None = None) -> int:
+        """Messages the engine has sent for ``run_id``'s requests (all, if None) that no one has
+        read yet: during a streamed run, the steps it is ahead of the page that reads them."""
+        with self._lock:
+            return sum(r.inbox.qsize() for r in self._open.values() if run_id is None or r.owner == run_id)
 
-    def owner(self) -> str | None:
-        """The ``run_id`` of the request in progress (None when none, or started without one)."""
-        return self._owner if self._lock.locked() else None
+    def requests(self) -> list[dict]:
+        """The requests open now, oldest first: owner, method, what, place in line (0: going), steps."""
+        with self._lock:
+            return [{"owner": r.owner, "method": r.method, "what": r.what, "place": r.place, "steps": r.steps,
+                     "started": r.started} for r in self._open.values()]
 
-
-def _read(conn, process, inbox: queue.Queue) -> None:
-    """Move the engine's messages into ``inbox`` as they come; say when the engine is gone."""
-    while True:
-        try:
-            inbox.put(conn.recv())
-        except (EOFError, OSError):
-            process.join(1)
-            inbox.put(("dead", f"exit code {process.exitcode}"))
-            return
+    def owns(self, run_id: str) -> bool:
+        """Whether a request started with ``run_id`` is open."""
+        with self._lock:
+            return any(r.owner == run_id for r in self._open.values())
 
 
 def _serve(*args) -> None:

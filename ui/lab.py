@@ -1,0 +1,166 @@
+"""A class on one page: who may run what, and the lecturer's view of the engine.
+
+Every tab's runs decode together in the engine's batch (``dllm_local.serving.scheduler``). The
+lab's limits, set by the lecturer when starting the page (``--max-users``, ``--runs-per-user``,
+``--requests-per-minute``, ``--max-gen-length``), hold per user; a lecturer (a ``lecturer`` of
+the users file, ``ui.signin``) is held by none of them and goes ahead of the waiting runs.
+Without sign-in, each tab is a user of its own and nobody is a lecturer; the Lab tab is then
+open to this machine's one user.
+
+Torch-free: the page process reads it.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import gradio as gr
+
+from dllm_local.errors import DllmError
+
+RATE_WINDOW_S = 60.0
+
+
+def client_of(request) -> str:
+    """Who is asking: the tab's (or gradio_client Client's) session hash; "local" outside Gradio."""
+    return getattr(request, "session_hash", None) or "local"
+
+
+class LabRefusal(DllmError):
+    """A request the lab's limits turn away: said in the status line as it reads."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_users: int | None = None  # users with a request open at once
+    runs_per_user: int | None = None  # a user's requests open at once (running or waiting)
+    requests_per_minute: int | None = None  # a user's requests started in any 60 s
+    max_gen_length: int | None = None  # the longest answer a request may ask for
+
+
+@dataclass(frozen=True)
+class Who:
+    """Who is asking: the signed-in user (or, without sign-in, the tab), and whether a lecturer."""
+    client: str  # the tab: its runs are its own to stop
+    user: str
+    lecturer: bool
+
+
+class Lab:
+    """The lab's limits, and who holds which request now (for the lecturer's list)."""
+
+    def __init__(self, limits: Limits | None = None, roles: dict[str, str] | None = None) -> None:
+        """``roles``: the users file's role by user name (None: no sign-in)."""
+        self.limits, self.roles = limits or Limits(), roles
+        self._lock = threading.Lock()
+        self._open: dict[str, int] = defaultdict(int)  # user -> requests open
+        self._started: dict[str, deque[float]] = defaultdict(deque)  # user -> when its recent requests began
+        self.users_of: dict[str, str] = {}  # client -> user, for the lecturer's list
+
+    @property
+    def signed_in(self) -> bool:
+        return self.roles is not None
+
+    def who(self, request: gr.Request | None) -> Who:
+        client = client_of(request)
+        user = request.username if self.signed_in and request is not None else None
+        return Who(client, user or client, bool(user) and self.roles.get(user) == "lecturer")
+
+    def may_manage(self, who: Who) -> bool:
+        """Whether ``who`` may see every request, stop any, switch the model or sweep: a lecturer,
+        or anyone on a page without sign-in (this machine's own user)."""
+        return who.lecturer or not self.signed_in
+
+    def require_lecturer(self, who: Who, what: str) -> None:
+        if not self.may_manage(who):
+            raise LabRefusal(f"{what} is for the lecturer in a lab: it changes the page for everyone")
+
+    @contextmanager
+    def admitted(self, who: Who, gen_length: int) -> Iterator[None]:
+        """Hold one of ``who``'s requests for as long as it runs, or refuse it with why."""
+        limits, user = self.limits, who.user
+        with self._lock:
+            if not who.lecturer:
+                if limits.max_gen_length is not None and gen_length > limits.max_gen_length:
+                    raise LabRefusal(f"gen_length {gen_length} is beyond this lab's limit of {limits.max_gen_length}; "
+                                     f"choose {limits.max_gen_length} or less")
+                if limits.runs_per_user is not None and self._open[user] >= limits.runs_per_user:
+                    raise LabRefusal(f"you have {self._open[user]} request(s) going, this lab's limit per user; "
+                                     f"wait for it to end or press Stop")
+                started, now = self._started[user], time.monotonic()
+                while started and now - started[0] > RATE_WINDOW_S:
+                    started.popleft()
+                if limits.requests_per_minute is not None and len(started) >= limits.requests_per_minute:
+                    wait = RATE_WINDOW_S - (now - started[0])
+                    raise LabRefusal(f"this lab allows {limits.requests_per_minute} requests a minute per user; "
+                                     f"the next in {wait:.0f} s")
+                active = {u for u, n in self._open.items() if n}
+                if limits.max_users is not None and user not in active and len(active) >= limits.max_users:
+                    raise LabRefusal(f"the lab is full: {len(active)} users have requests going (its limit); "
+                                     f"try again in a moment")
+                started.append(now)
+            self._open[user] += 1
+            self.users_of[who.client] = user
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._open[user] -= 1
+
+    def listing(self, requests: list[dict]) -> list[list]:
+        """The session's open requests (``Session.requests``) as the lecturer's table rows."""
+        now = time.time()
+        return [[self.users_of.get(r["owner"] or "", r["owner"] or "(the page)"), r["method"], r["what"],
+                 f"waiting, {ordinal(r['place'])} in line" if r["place"] else f"step {r['steps']}",
+                 round(now - r["started"], 1), r["owner"] or ""] for r in requests]
+
+
+def ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+COLUMNS = ["user", "request", "what", "state", "seconds", "tab"]
+
+
+class LabTab:
+    """The lecturer's view: every request open on the engine, by user, and Stop for any of them."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.session, self.lab = engine, engine.session, engine.lab
+        gr.Markdown("Every request the engine is answering, whoever's tab it came from. Runs decode together in "
+                    "one batch; a waiting run is told its place in line. Stop ends the chosen tab's requests only.")
+        self.table = gr.Dataframe(headers=COLUMNS, interactive=False, elem_id="lab-requests", wrap=True)
+        with gr.Row():
+            self.tab_box = gr.Textbox(label="Tab to stop (its id from the table)", elem_id="lab-tab")
+            self.stop_btn = gr.Button("Stop its requests", variant="stop")
+            self.refresh_btn = gr.Button("Refresh")
+        self.note = gr.Markdown()
+
+    def wire(self, tab: gr.Tab) -> None:
+        """The list drawn when the tab is opened and on Refresh (no polling: most pages are students')."""
+        tab.select(self.show, None, [self.table, self.note], queue=False, api_visibility="private")
+        self.refresh_btn.click(self.show, None, [self.table, self.note], queue=False, api_name="lab_requests",
+                               show_progress="hidden")
+        self.stop_btn.click(self.stop, [self.tab_box], [self.note], queue=False, api_name="lab_stop")
+
+    def tab_shown(self, request: gr.Request) -> gr.Tab:
+        return gr.Tab(visible=self.lab.may_manage(self.lab.who(request)))
+
+    def show(self, request: gr.Request) -> tuple:
+        who = self.lab.who(request)
+        if not self.lab.may_manage(who):
+            return [], "The Lab view is for the lecturer."
+        return self.lab.listing(self.session.requests()), gr.update()
+
+    def stop(self, tab: str, request: gr.Request) -> str:
+        who = self.lab.who(request)
+        if not self.lab.may_manage(who):
+            return "⚠ Only the lecturer stops another tab's requests."
+        tab = (tab or "").strip()
+        if tab and self.session.stop(tab):
+            return f"Stopping the requests of tab {tab} (user {self.lab.users_of.get(tab, tab)})…"
+        return f"Nothing of tab {tab!r} is going." if tab else "Give the id of a tab from the table."
