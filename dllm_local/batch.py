@@ -195,7 +195,6 @@ class BatchRun:
             i = self.waiting.popleft()
             run = self.runs[i]
             run.start(self.cache.alloc(run.state_length))
-            run.recorder.in_batch(self.cache.slots)
             if budget := run.cache_policy.max_cached():
                 self._budgets[i] = budget
                 self._floors[i] = min(budget, math.ceil(FLOOR_SHARE * run.state_length))
@@ -237,6 +236,7 @@ class BatchRun:
         records = []
         for row, i in enumerate(active):
             runs[i].recorder.count_forward(seconds, counts[row] / len(positions))
+            runs[i].recorder.in_batch(len(active))
             records.append((i, runs[i].after_forward(logits[row])))
         return records
 

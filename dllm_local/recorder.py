@@ -100,8 +100,9 @@ class Recorder:
         return tuple(o for o in (self.counter, self.drift, self.experts) if o is not None)
 
     def in_batch(self, size: int) -> None:
-        """The run decodes in a batch of ``size`` requests (the forwards' time is the batch's)."""
-        self.trace.stats.batch_size = size
+        """A forward of this run packed ``size`` requests (its time is theirs together): the trace
+        keeps the most that ever shared one."""
+        self.trace.stats.batch_size = max(self.trace.stats.batch_size, size)
 
     def _new_step(self) -> None:
         self._model_s = self._exact_s = 0.0

@@ -238,7 +238,7 @@ class Stats:
     content_tokens_per_s: Number = 0.0
     stopped: Flag = False
     revisions: Count = 0  # committed tokens taken back to mask
-    batch_size: Count = 1  # requests decoded together (the forwards' time is the whole batch's)
+    batch_size: Count = 1  # the most requests one of its forwards packed (that forward's time is theirs together)
     encoder_forwards: Count = 0  # a canvas model's encoder passes (apart from ``nfe``, its decoder's)
     encoder_s: Number = 0.0  # of model_s: those passes
     # Block diffusion: forwards that only wrote K/V (the prompt's blocks, each finished block),

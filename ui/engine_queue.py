@@ -102,7 +102,7 @@ def place_text(place: int) -> str:
 
 def throttled(events: Iterable[dict], every: float = REDRAW_EVERY_S, page_share: float = PAGE_SHARE,
               backlog: Callable[[], int] = lambda: 0, heavy: Callable[[], bool] = lambda: False,
-              ) -> Iterator[tuple[dict, bool]]:
+              crowd: Callable[[], int] = lambda: 1) -> Iterator[tuple[dict, bool]]:
     """The growing trace of a session's run events (``Session.run``); yield ``(trace, done)`` at
     most every ``every`` seconds (``({"queued": n}, False)`` while the run waits, n-th in line),
     and always the start (the empty grid), the first step (it sets
@@ -116,6 +116,8 @@ def throttled(events: Iterable[dict], every: float = REDRAW_EVERY_S, page_share:
     redraw would hold back the grid redraws after it.
     ``backlog``: how many events have arrived unread (``Session.waiting``); a redraw that is due
     waits for the last of them, so what is drawn is the newest step the engine has sent.
+    ``crowd``: how many runs the page is drawing at once (a class's tabs): each redraws that
+    many times less often, so drawing them all still takes at most ``page_share`` of the time.
     """
     last, gap = -math.inf, every
     for event in events:
@@ -124,7 +126,7 @@ def throttled(events: Iterable[dict], every: float = REDRAW_EVERY_S, page_share:
             continue
         live, done = event["trace"], "end" in event
         opening = "start" in event or ("step" in event and len(live["steps"]) == 1)  # the empty grid, the first step
-        if done or opening or (time.perf_counter() - last >= gap and not backlog()):
+        if done or opening or (time.perf_counter() - last >= gap * max(1, crowd()) and not backlog()):
             yielded = time.perf_counter()
             yield live, done
             last = time.perf_counter()

@@ -113,7 +113,8 @@ class LiveRun:
         sent, sent_steps = clicked, 0  # the last update: when, and how many steps it showed
         client = who.client
         for live, done in throttled(self.session.run(prompt, settings, run_id=client, first=who.lecturer),
-                                    backlog=lambda: self.session.waiting(client), heavy=lambda: with_plots):
+                                    backlog=lambda: self.session.waiting(client), heavy=lambda: with_plots,
+                                    crowd=lambda: len(self.live)):
             if "queued" in live:
                 yield {self.status: place_text(live["queued"])}
                 continue
@@ -129,7 +130,7 @@ class LiveRun:
                 # Following, or this run not yet on screen in full (Follow live unticked at or
                 # right after the click): the newest step. The grid at every redraw; the plots,
                 # far dearer to draw, less often, and always for a view that is about to hold.
-                with_plots = done or not view.follow or redrawn - plots_drawn >= plots_every
+                with_plots = done or not view.follow or redrawn - plots_drawn >= plots_every * max(1, len(self.live))
                 plots_drawn = redrawn if with_plots else plots_drawn
                 update.update(self._drawn(live, None, view, run_no, done, with_plots, layer, which, kv_view,
                                           font_scale, theme))
