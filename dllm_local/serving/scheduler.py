@@ -152,13 +152,15 @@ class Scheduler:
             self.pending.remove(request)
             self.send(request.id, "error", NeverRanError())
 
+    def _free_slots(self) -> int:
+        return self.batch.slots - (self.batch.cache.in_use if self.batch.cache is not None else 0)
+
     def _tell_places(self) -> None:
         """Each waiting request's place in line, when it changed: those the batch's free slots take
         at its next forward wait for nothing; then the batch's waiting ones, then ``pending``."""
         waiting = []
         if self.batch is not None:
-            free = self.batch.slots - (self.batch.cache.in_use if self.batch.cache is not None else 0)
-            waiting = [self.members[n][0] for n in list(self.batch.waiting)[free:]]
+            waiting = [self.members[n][0] for n in list(self.batch.waiting)[self._free_slots():]]
         for place, request in enumerate([*waiting, *self.pending], start=1):
             if request.told != place:
                 request.told = place
@@ -212,7 +214,10 @@ class Scheduler:
         except Exception as exc:  # noqa: BLE001 - this request's settings: its error alone
             self.send(request.id, "error", portable(exc))
             return True
-        self.members[number] = (request, self.engine.events(self.batch.runs[number], settings, kwargs.get("branch")))
+        self.members[number] = member = (request, self.engine.events(self.batch.runs[number], settings,
+                                                                     kwargs.get("branch")))
+        if list(self.batch.waiting).index(number) < self._free_slots():  # its page draws the empty grid meanwhile
+            self._started(*member)
         return True
 
     def _started(self, request: Request, stream) -> None:
