@@ -7,7 +7,8 @@ the rest one at a time.
 3. A run the batch can take (a LLaDA-family model; no exact drift, no guider, not ``alone``)
    joins the batch: it takes a free slot of ``slots``, or waits for one, and is told its place
    in line (``{"queued": n}``) whenever it changes. Its first forward is packed with the others'.
-4. Anything else (a sweep, a model switch, a run timed alone) waits until the batch has drained,
+4. Anything else (a sweep, a model switch, a run timed alone, a lecturer's run longer than a
+   lab's slots) waits until the batch has drained,
    then has the engine to itself; runs behind it wait for it.
 5. Every step goes back to its own request, ``(request_id, "event", item)``, then
    ``(request_id, "end", None)``, or ``(request_id, "result", value)`` / ``(request_id, "error", exc)``.
@@ -206,11 +207,10 @@ class Scheduler:
                                       finished=self._finished)
                 self.records = iter(self.batch)
             number = self.batch.add(kwargs["prompt"], settings, first=bool(request.options.get("first")), branch=branch)
-        except TooLong as exc:
-            if self.max_length is None:  # the next batch's slots are sized for it
-                return False
-            self.send(request.id, "error", portable(exc))
-            return True
+        except TooLong:  # it waits for the batch to end: the next batch's slots are sized for it, or a
+            # lab's slots (--max-gen-length, which a lecturer may pass) are not: then it runs alone
+            request.options["alone"] = self.max_length is not None
+            return False
         except Exception as exc:  # noqa: BLE001 - this request's settings: its error alone
             self.send(request.id, "error", portable(exc))
             return True
