@@ -47,7 +47,7 @@ def test_the_limits_hold_per_user_and_a_lecturer_is_held_by_none():
         with lab.admitted(ann, 128):
             pass
     with lab.admitted(ann, 64):
-        with pytest.raises(LabRefusal, match="1 request\\(s\\) going"):
+        with pytest.raises(LabRefusal, match="1 request going"):
             with lab.admitted(ann, 64):
                 pass
         with lab.admitted(bob, 64):
@@ -191,11 +191,13 @@ def test_the_labs_limits_refuse_with_why_and_a_lecturer_goes_past_them(lab_page)
         assert time.monotonic() < end
         time.sleep(0.05)
     second = _status(student.predict("Ann has 2 pens. How many now?", api_name="/run"))
-    assert "1 request(s) going, this lab's limit per user" in second
+    assert "you have 1 request going, this lab's limit per user; wait for it to end" in second
     other = _client(url, "student2")
     too_long = _status(other.predict("Ann has 2 pens.", api_name="/run", gen_length=256, block_size=32))
     assert "gen_length 256 is beyond this lab's limit of 128" in too_long
     assert "for the lecturer" in other.predict("tiny", "none", api_name="/load_model")[1]  # the model line, the status
+    assert "would hold every student's run" in other.predict("LLaDA baseline", "LLaDA baseline", "", LONG_PROMPT,
+                                                             api_name="/compare")[-1]
     # The lecturer sees who runs what, and stops a student's run; a student can do neither.
     table, note = lecturer.predict(api_name="/lab_requests")
     rows = table["data"]

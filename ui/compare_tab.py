@@ -160,6 +160,9 @@ class CompareTab:
     def run_compare(self, request: gr.Request, name_a: Choice, name_b: Choice, changes: Text, prompt: Text,
                     repeats: Repeats = REPEATS, **controls: Any) -> Iterator[dict]:
         client = client_of(request)
+        self.engine.lab.require_lecturer(self.engine.lab.who(request), "Compare",
+                                         "its timed runs have the engine to themselves, which would hold every "
+                                         "student's run")
         current, _ = settings_from_controls(controls, self.specs, self.session.info())
         sides, length_note = self._sides(name_a, name_b, changes, current)
         labels = {key: f"{key.upper()}: {settings_line(settings.to_dict())}" for key, settings in sides.items()}

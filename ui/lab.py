@@ -75,9 +75,9 @@ class Lab:
         or anyone on a page without sign-in (this machine's own user)."""
         return who.lecturer or not self.signed_in
 
-    def require_lecturer(self, who: Who, what: str) -> None:
+    def require_lecturer(self, who: Who, what: str, why: str = "it changes the page for everyone") -> None:
         if not self.may_manage(who):
-            raise LabRefusal(f"{what} is for the lecturer in a lab: it changes the page for everyone")
+            raise LabRefusal(f"{what} is for the lecturer in a lab: {why}")
 
     @contextmanager
     def admitted(self, who: Who, gen_length: int) -> Iterator[None]:
@@ -89,8 +89,9 @@ class Lab:
                     raise LabRefusal(f"gen_length {gen_length} is beyond this lab's limit of {limits.max_gen_length}; "
                                      f"choose {limits.max_gen_length} or less")
                 if limits.runs_per_user is not None and self._open[user] >= limits.runs_per_user:
-                    raise LabRefusal(f"you have {self._open[user]} request(s) going, this lab's limit per user; "
-                                     f"wait for it to end or press Stop")
+                    n = self._open[user]
+                    raise LabRefusal(f"you have {n} request{'s' if n != 1 else ''} going, this lab's limit per "
+                                     f"user; wait for {'it' if n == 1 else 'one'} to end or press Stop")
                 started, now = self._started[user], time.monotonic()
                 while started and now - started[0] > RATE_WINDOW_S:
                     started.popleft()
