@@ -209,3 +209,26 @@ def test_the_labs_limits_refuse_with_why_and_a_lecturer_goes_past_them(lab_page)
     # The lecturer is held by no limit: a run longer than the lab's slots (128 + 512) runs alone.
     done = _status(lecturer.predict(LONG_PROMPT, api_name="/run", gen_length=768, block_size=32))
     assert "Done: " in done and "length 768" in done, done  # (after a notice: past the tiny model's training length)
+
+
+def test_in_a_browser_the_lab_tab_is_the_lecturers_only(lab_page):
+    from playwright.sync_api import sync_playwright
+
+    url, _ = lab_page
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
+                                    args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        try:
+            shown = {}
+            for name in ("student1", "lee"):
+                page = browser.new_context().new_page()
+                page.goto(url)
+                page.fill("input[type=text]", name)
+                page.fill("input[type=password]", PASSWORD)
+                page.keyboard.press("Enter")
+                page.wait_for_selector("#run-btn")
+                page.wait_for_timeout(1500)  # the page's load events have answered
+                shown[name] = [t.inner_text() for t in page.locator("button[role=tab]").all() if t.is_visible()]
+        finally:
+            browser.close()
+    assert shown == {"student1": ["Run", "Compare", "Tune"], "lee": ["Run", "Compare", "Tune", "Lab"]}

@@ -91,7 +91,9 @@ def build(session, presets: dict, preset_problems: list[str], default_preset: st
                 compare = CompareTab(engine, presets, run)
             with gr.Tab("Tune", id="tune"):
                 tune = TuneTab(engine, presets, default_preset, run, tabs)
-            with gr.Tab("Lab", id="lab") as lab_tab:
+            # Hidden until the page's load shows it to a lecturer: this Gradio shows a hidden tab on
+            # an update but does not hide a shown one.
+            with gr.Tab("Lab", id="lab", visible=not engine.lab.signed_in) as lab_tab:
                 lab_view = LabTab(engine)
         for tab in (run, compare, tune):
             tab.wire()
