@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 import gradio as gr
 
-from dllm_local.errors import NEVER_RAN
+from dllm_local.errors import NEVER_RAN, DllmError
 
 from .lab import Lab, client_of, ordinal
 
@@ -138,4 +138,5 @@ def error_text(exc: Exception) -> str:
     """An error as the status line says it: the project's own errors by their message alone."""
     name = type(exc).__name__
     text = str(exc) or name
-    return text if name.endswith(("Error", "Memory")) and "dllm" in type(exc).__module__ else f"{name}: {text}"
+    ours = isinstance(exc, DllmError) or (name.endswith(("Error", "Memory")) and "dllm" in type(exc).__module__)
+    return text if ours else f"{name}: {text}"

@@ -135,7 +135,7 @@ class LabTab:
         gr.Markdown("Every request the engine is answering, whoever's tab it came from. Runs decode together in "
                     "one batch; a waiting run is told its place in line. Stop ends the chosen tab's requests only.")
         self.table = gr.Dataframe(headers=COLUMNS, interactive=False, elem_id="lab-requests", wrap=True,
-                                  column_widths=["14%", "6%", "40%", "15%", "7%", "18%"])
+                                  column_widths=["14%", "9%", "37%", "15%", "8%", "17%"])
         with gr.Row():
             self.tab_box = gr.Textbox(label="Tab to stop (its id from the table)", elem_id="lab-tab")
             self.stop_btn = gr.Button("Stop its requests", variant="stop", elem_id="lab-stop")
