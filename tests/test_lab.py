@@ -211,17 +211,17 @@ def test_the_labs_limits_refuse_with_why_and_a_lecturer_goes_past_them(lab_page)
     assert "Done: " in done and "length 768" in done, done  # (after a notice: past the tiny model's training length)
 
 
-def test_in_a_browser_the_lab_tab_is_the_lecturers_only(lab_page):
+def test_in_a_browser_the_lab_tab_is_the_lecturers_only_and_a_row_clicked_is_stopped(lab_page):
     from playwright.sync_api import sync_playwright
 
-    url, _ = lab_page
+    url, session = lab_page
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
                                     args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
         try:
-            shown = {}
+            shown, pages = {}, {}
             for name in ("student1", "lee"):
-                page = browser.new_context().new_page()
+                page = pages[name] = browser.new_context().new_page()
                 page.goto(url)
                 page.fill("input[type=text]", name)
                 page.fill("input[type=password]", PASSWORD)
@@ -229,6 +229,24 @@ def test_in_a_browser_the_lab_tab_is_the_lecturers_only(lab_page):
                 page.wait_for_selector("#run-btn")
                 page.wait_for_timeout(1500)  # the page's load events have answered
                 shown[name] = [t.inner_text() for t in page.locator("button[role=tab]").all() if t.is_visible()]
+            assert shown == {"student1": ["Run", "Compare", "Tune"], "lee": ["Run", "Compare", "Tune", "Lab"]}
+            # The lecturer clicks a student's row and stops it.
+            long = _client(url, "student2").submit(LONG_PROMPT, api_name="/run", **SLOW)
+            end = time.monotonic() + 60
+            while not session.requests():
+                assert time.monotonic() < end
+                time.sleep(0.05)
+            lee = pages["lee"]
+            lee.get_by_role("tab", name="Lab").click()
+            lee.click("#lab-refresh")
+            user_cell = lee.locator("#lab-requests").get_by_test_id("cell-0-0")
+            assert user_cell.inner_text() == "student2"
+            user_cell.click()
+            tab_id = lee.locator("#lab-requests").get_by_test_id("cell-0-5").inner_text()
+            lee.wait_for_function("document.querySelector('#lab-tab textarea, #lab-tab input').value.length > 8")
+            assert lee.locator("#lab-tab textarea, #lab-tab input").first.input_value() == tab_id
+            lee.click("#lab-stop")
+            lee.wait_for_function("document.body.innerText.includes('Stopping the requests of tab')")
         finally:
             browser.close()
-    assert shown == {"student1": ["Run", "Compare", "Tune"], "lee": ["Run", "Compare", "Tune", "Lab"]}
+    assert _status(long.result(timeout=120)).startswith("Stopped")

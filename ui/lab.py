@@ -137,7 +137,7 @@ class LabTab:
         self.table = gr.Dataframe(headers=COLUMNS, interactive=False, elem_id="lab-requests", wrap=True,
                                   column_widths=["14%", "9%", "37%", "15%", "8%", "17%"])
         with gr.Row():
-            self.tab_box = gr.Textbox(label="Tab to stop (its id from the table)", elem_id="lab-tab")
+            self.tab_box = gr.Textbox(label="Tab to stop (click its row in the table)", elem_id="lab-tab")
             self.stop_btn = gr.Button("Stop its requests", variant="stop", elem_id="lab-stop")
             self.refresh_btn = gr.Button("Refresh", elem_id="lab-refresh")
         self.note = gr.Markdown()
@@ -148,6 +148,11 @@ class LabTab:
         self.refresh_btn.click(self.show, None, [self.table, self.note], queue=False, api_name="lab_requests",
                                show_progress="hidden")
         self.stop_btn.click(self.stop, [self.tab_box], [self.note], queue=False, api_name="lab_stop")
+        self.table.select(self.pick, None, [self.tab_box], queue=False, api_visibility="private")
+
+    def pick(self, evt: gr.SelectData) -> str:
+        """A click on a row names its tab for Stop (the last column)."""
+        return str(evt.row_value[-1]) if evt.row_value else gr.update()
 
     def tab_shown(self, request: gr.Request) -> gr.Tab:
         return gr.Tab(visible=self.lab.may_manage(self.lab.who(request)))
