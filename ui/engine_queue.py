@@ -138,5 +138,4 @@ def error_text(exc: Exception) -> str:
     """An error as the status line says it: the project's own errors by their message alone."""
     name = type(exc).__name__
     text = str(exc) or name
-    ours = isinstance(exc, DllmError) or (name.endswith(("Error", "Memory")) and "dllm" in type(exc).__module__)
-    return text if ours else f"{name}: {text}"
+    return text if isinstance(exc, DllmError) else f"{name}: {text}"

@@ -151,8 +151,8 @@ class LabTab:
         self.table.select(self.pick, None, [self.tab_box], queue=False, api_visibility="private")
 
     def pick(self, evt: gr.SelectData) -> str:
-        """A click on a row names its tab for Stop (the last column)."""
-        return str(evt.row_value[-1]) if evt.row_value else gr.update()
+        """A click on a row names its tab for Stop."""
+        return str(evt.row_value[COLUMNS.index("tab")]) if evt.row_value else gr.update()
 
     def tab_shown(self, request: gr.Request) -> gr.Tab:
         return gr.Tab(visible=self.lab.may_manage(self.lab.who(request)))

@@ -91,15 +91,16 @@ def build(session, presets: dict, preset_problems: list[str], default_preset: st
                 compare = CompareTab(engine, presets, run)
             with gr.Tab("Tune", id="tune"):
                 tune = TuneTab(engine, presets, default_preset, run, tabs)
-            # Hidden until the page's load shows it to a lecturer: this Gradio shows a hidden tab on
-            # an update but does not hide a shown one.
+            # The lecturer's (anyone's on a page without sign-in). Signed in, it stays hidden until the
+            # page's load shows it to a lecturer: this Gradio shows a hidden tab on an update but never
+            # hides a shown one.
             with gr.Tab("Lab", id="lab", visible=not engine.lab.signed_in) as lab_tab:
                 lab_view = LabTab(engine)
         for tab in (run, compare, tune):
             tab.wire()
         lab_view.wire(lab_tab)
         page.load(run.show_model, None, [line, *run.kind_boxes()], queue=False, api_visibility="private")
-        # The Lab tab is the lecturer's (anyone's on a page without sign-in).
-        page.load(lab_view.tab_shown, None, [lab_tab], queue=False, api_visibility="private")
+        if engine.lab.signed_in:
+            page.load(lab_view.tab_shown, None, [lab_tab], queue=False, api_visibility="private")
     page.exports, page.control_names = exports, list(run.controls)
     return page
