@@ -16,6 +16,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import dllm_local
 from dllm_local.settings import Settings
 from dllm_local.tiny.tasks import make_problems
+from test_page import browser  # noqa: F401 - the real browser's fixture
 from ui.lab import Lab, LabRefusal, Limits, Who
 from ui.presets import load_presets
 from ui.signin import SignIn, add_user, read_users
@@ -141,6 +142,13 @@ def lab_page(tmp_path_factory):
     page.exports.cleanup()
 
 
+def _wait_for_a_request(session, timeout: float = 60) -> None:
+    end = time.monotonic() + timeout
+    while not session.requests():
+        assert time.monotonic() < end, "no request reached the engine"
+        time.sleep(0.05)
+
+
 def _client(url: str, name: str):
     from gradio_client import Client
 
@@ -191,10 +199,7 @@ def test_the_labs_limits_refuse_with_why_and_a_lecturer_goes_past_them(lab_page)
     url, session = lab_page
     student, lecturer = _client(url, "student1"), _client(url, "lee")
     long = student.submit(LONG_PROMPT, api_name="/run", **STOPPED_RUN)
-    end = time.monotonic() + 60
-    while not session.requests():
-        assert time.monotonic() < end
-        time.sleep(0.05)
+    _wait_for_a_request(session)
     second = _status(student.predict("Ann has 2 pens. How many now?", api_name="/run"))
     assert second.startswith("⚠ you have 1 request going, this lab's limit per user; wait for it to end"), second
     other = _client(url, "student2")
@@ -216,42 +221,36 @@ def test_the_labs_limits_refuse_with_why_and_a_lecturer_goes_past_them(lab_page)
     assert "Done: " in done and "length 768" in done, done  # (after a notice: past the tiny model's training length)
 
 
-def test_in_a_browser_the_lab_tab_is_the_lecturers_only_and_a_row_clicked_is_stopped(lab_page):
-    from playwright.sync_api import sync_playwright
-
+def test_in_a_browser_the_lab_tab_is_the_lecturers_only_and_a_row_clicked_is_stopped(lab_page, browser):  # noqa: F811
     url, session = lab_page
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
-                                    args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        try:
-            shown, pages = {}, {}
-            for name in ("student1", "lee"):
-                page = pages[name] = browser.new_context().new_page()
-                page.goto(url)
-                page.fill("input[type=text]", name)
-                page.fill("input[type=password]", PASSWORD)
-                page.keyboard.press("Enter")
-                page.wait_for_selector("#run-btn")
-                page.wait_for_timeout(1500)  # the page's load events have answered
-                shown[name] = [t.inner_text() for t in page.locator("button[role=tab]").all() if t.is_visible()]
-            assert shown == {"student1": ["Run", "Compare", "Tune"], "lee": ["Run", "Compare", "Tune", "Lab"]}
-            # The lecturer clicks a student's row and stops it.
-            long = _client(url, "student2").submit(LONG_PROMPT, api_name="/run", **STOPPED_RUN)
-            end = time.monotonic() + 60
-            while not session.requests():
-                assert time.monotonic() < end
-                time.sleep(0.05)
-            lee = pages["lee"]
-            lee.get_by_role("tab", name="Lab").click()
-            lee.click("#lab-refresh")
-            user_cell = lee.locator("#lab-requests").get_by_test_id("cell-0-0")
-            assert user_cell.inner_text() == "student2"
-            user_cell.click()
-            tab_id = lee.locator("#lab-requests").get_by_test_id("cell-0-5").inner_text()
-            lee.wait_for_function("document.querySelector('#lab-tab textarea, #lab-tab input').value.length > 8")
-            assert lee.locator("#lab-tab textarea, #lab-tab input").first.input_value() == tab_id
-            lee.click("#lab-stop")
-            lee.wait_for_function("document.body.innerText.includes('Stopping the requests of tab')")
-        finally:
-            browser.close()
+    contexts = {name: browser.new_context() for name in ("student1", "lee")}  # each its own sign-in cookie
+    try:
+        shown, pages = {}, {}
+        for name, context in contexts.items():
+            page = pages[name] = context.new_page()
+            page.goto(url)
+            page.fill("input[type=text]", name)
+            page.fill("input[type=password]", PASSWORD)
+            page.keyboard.press("Enter")
+            page.wait_for_selector("#run-btn")
+            page.wait_for_timeout(1500)  # the page's load events have answered
+            shown[name] = [t.inner_text() for t in page.locator("button[role=tab]").all() if t.is_visible()]
+        assert shown == {"student1": ["Run", "Compare", "Tune"], "lee": ["Run", "Compare", "Tune", "Lab"]}
+        # The lecturer clicks a student's row and stops it.
+        long = _client(url, "student2").submit(LONG_PROMPT, api_name="/run", **STOPPED_RUN)
+        _wait_for_a_request(session)
+        lee = pages["lee"]
+        lee.get_by_role("tab", name="Lab").click()
+        lee.click("#lab-refresh")
+        user_cell = lee.locator("#lab-requests").get_by_test_id("cell-0-0")
+        assert user_cell.inner_text() == "student2"
+        user_cell.click()
+        tab_id = lee.locator("#lab-requests").get_by_test_id("cell-0-5").inner_text()
+        lee.wait_for_function("document.querySelector('#lab-tab textarea, #lab-tab input').value.length > 8")
+        assert lee.locator("#lab-tab textarea, #lab-tab input").first.input_value() == tab_id
+        lee.click("#lab-stop")
+        lee.wait_for_function("document.body.innerText.includes('Stopping the requests of tab')")
+    finally:
+        for context in contexts.values():
+            context.close()
     assert _status(long.result(timeout=120)).startswith("Stopped")

@@ -150,7 +150,7 @@ class LabTab:
         self.stop_btn.click(self.stop, [self.tab_box], [self.note], queue=False, api_name="lab_stop")
         self.table.select(self.pick, None, [self.tab_box], queue=False, api_visibility="private")
 
-    def pick(self, evt: gr.SelectData) -> str:
+    def pick(self, evt: gr.SelectData) -> str | dict:
         """A click on a row names its tab for Stop."""
         return str(evt.row_value[COLUMNS.index("tab")]) if evt.row_value else gr.update()
 
