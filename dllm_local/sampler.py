@@ -1,13 +1,15 @@
 """The decoding loop, as LLaDA's ``generate``: one step record per model forward, yielded as it happens.
 
-For each block, while it has masks (or, when the cache policy slides a window over the undecoded
-positions instead, while the answer has any: ``policies/window.py``):
+For each block, while it has masks (or, when the cache policy gives an order instead of fixed
+blocks, ``CachePolicy.window``, e.g. Flash-Cache's window sliding over the undecoded positions,
+while that window has any left):
 
 1. **plan**: the cache policy picks the positions to recompute; the block's masks (the window) join them.
 2. **forward**: the model computes those positions; the rest are read from the KV cache.
 3. **observe**: the cache policy reads the forward (its signals are computed when it asks).
 4. **draft**: a token and its probability at each of the block's masked positions (the window's).
-5. **select**: the unmasking policy picks the drafts to commit (and may take earlier ones back).
+5. **select**: the unmasking policy picks the drafts to commit (and may take earlier ones back),
+   calling the model through ``model_calls.py`` if it needs more.
 6. **commit**: the picked drafts replace their masks; a sliding window re-ranks its order.
 7. **evict**: the cache policy may drop entries, now that the step's bookkeeping is done.
 8. **record**: the step record is built, timed and yielded.
@@ -28,8 +30,7 @@ from .models.cache import CacheView
 from .models.loader import GuiderHandle, ModelHandle
 from .policies.base import CacheAccess, DecodeState, StepSignals
 from .policies.unmask import Candidates, Selection
-from .policies.window import SlidingWindow
-from .model_calls import run_calls
+from .model_calls import RunModel, run_calls
 from .prompts import Prompt, encode_prompt
 from .recorder import Recorder, Step, timed
 from .result import Result
@@ -85,8 +86,9 @@ class Run:
         self._stop.set()
 
     def release(self) -> None:
-        """Drop the run's device tensors (its KV cache views); the result and trace stay."""
-        self.cache = self._cache_access = self.positions = self.logits = None
+        """Drop the run's device tensors (its KV cache views, and the model calls holding one); the
+        result and trace stay."""
+        self.cache = self._cache_access = self.calls = self.positions = self.logits = None
         if self.recorder is not None:
             self.recorder.shadow = None
 
@@ -144,7 +146,7 @@ class Run:
         if state.window is not None:
             self._decodable[state.window.positions()] = True
             computed |= self._decodable
-            self._decodable[state.window.length :] = False  # step 3 of window.py: scored, never committed
+            self._decodable[state.window.length :] = False  # past the answer's length: scored, never committed
         else:
             block = slice(*(self.cache_policy.decodable(state) or (state.block_start, state.block_end)))
             self._decodable[block] = state.masked[block]
@@ -195,22 +197,21 @@ class Run:
         x[0, :P] = torch.tensor(self.prompt_ids, device=h.device)
         x[0, P + G :] = h.eos_id  # the cache policy's padding
         steps_per_block = (s.steps // self.num_blocks) if s.steps else s.block_size
-        window = (SlidingWindow(L, P, P + G, s.block_size, h.eos_id, h.device)
-                  if s.cache_spec.slides else None)
-        self.state = DecodeState(x, P, G, s.block_size, h.mask_id, steps_per_block, window=window,
-                                 blocks_from=self.blocks_from)
+        self.state = DecodeState(x, P, G, s.block_size, h.mask_id, steps_per_block, blocks_from=self.blocks_from)
+        self.state.window = self.cache_policy.window(self.state, h.eos_id)
         self.cache = cache if cache is not None else h.model.new_cache(1, L).alloc(L)
         self._cache_access = CacheAccess(self.cache, L)
         self.cache_policy.reset(self.state, self._cache_access, h.model)
         self.unmask_policy.start_block(self.state)
         self.rng = torch.Generator(device=h.device).manual_seed(s.seed)
-        self.calls = run_calls(self)
         # Ids a draft may never be: the mask itself (a "committed" mask never finishes its block) and
         # padding rows of the embedding that the tokenizer has no token for.
         rows = h.model.get_input_embeddings().weight.shape[0]
         self._banned = torch.tensor([h.mask_id, *range(len(h.tokenizer), rows)], device=h.device)
         self._max_forwards = G + self.num_blocks
         self.recorder = Recorder(h, s, self.prompt_ids, self.cache, self._banned, G, self.layout, self.blocks_from)
+        self.calls = run_calls(RunModel(h.model, self.layout, self.cache, x, self.recorder, h.device, self.guider,
+                                        self.rng, self.allowed, self.draft_at, self))
         self.observers = (*self.recorder.observers, *self.cache_policy.observers())
         self._store(self.cache_policy.settle(self.state))
         return self.state

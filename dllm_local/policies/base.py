@@ -9,7 +9,6 @@ import torch
 
 from ..softmax import entropy
 from .registry import PolicySpec
-from .window import SlidingWindow
 
 
 class Policy:
@@ -19,6 +18,30 @@ class Policy:
         self.spec = spec
         self.name = spec.name
         self.__dict__.update(params)
+
+
+class Window(Protocol):
+    """An order decoding follows instead of fixed blocks, built by the cache policy
+    (``CachePolicy.window``; Flash-Cache's ``window.SlidingWindow``): what the sampler and the
+    policies read of it."""
+
+    length: int  # the answer's end for the window: nothing at or past it is committed
+    answer_end: int  # the answer's end before any end-of-text (the padding follows)
+    eos_id: int
+    eos_seen: bool  # a committed end-of-text has fixed ``length``
+
+    def positions(self) -> torch.Tensor:
+        """The positions decoded this step."""
+
+    def decoded_order(self) -> torch.Tensor:
+        """The decoded positions in the window's order."""
+
+    def done(self) -> bool:
+        """Whether every position before ``length`` is decoded."""
+
+    def commit(self, ranked: torch.Tensor, committed: torch.Tensor, tokens: torch.Tensor, newest: int,
+               ranking: torch.Tensor | None) -> None:
+        """The step's commits (``ranked``: the window's positions by confidence, best first)."""
 
 
 @dataclass
@@ -34,7 +57,7 @@ class DecodeState:
     block: int = 0
     step: int = 0  # forwards so far (0-based index of the step being planned)
     step_in_block: int = 0
-    window: SlidingWindow | None = None  # decoding slides over the undecoded positions instead of fixed blocks
+    window: Window | None = None  # the cache policy's order instead of fixed blocks (a sliding window)
     # Where block 0 starts: the answer's first position (masked diffusion), or for block diffusion
     # the block holding it, blocks sitting at absolute positions (a prompt's tail decodes with it).
     blocks_from: int | None = None

@@ -13,7 +13,7 @@ import torch
 from ..devices import DEVICES, measure_device, reuse_beats_recompute
 from ..models.attention import ForwardObserver
 from ..models.footprint import arithmetic_parameters
-from .base import CacheAccess, DecodeState, Policy, StepSignals
+from .base import CacheAccess, DecodeState, Policy, StepSignals, Window
 
 
 @dataclass
@@ -30,6 +30,11 @@ class CachePolicy(Policy):
     def padding(self, prompt_len: int, gen_length: int) -> int:
         """End-of-text positions after the answer that every forward attends (context, never decoded)."""
         return 0
+
+    def window(self, state: DecodeState, eos_id: int) -> Window | None:
+        """The order decoding follows instead of fixed blocks, built as the run starts (its spec
+        says ``slides``: Flash-Cache's sliding window); None: block by block."""
+        return None
 
     def ranking(self) -> torch.Tensor | None:
         """A score per position after the step: a sliding window orders its decoded positions by

@@ -28,6 +28,7 @@ import torch
 from ..models.attention import ForwardObserver
 from .cache import CachePolicy, Plan
 from .unmask import Selection, UnmaskPolicy
+from .window import SlidingWindow
 
 SCORED_FROM_LAYER = 2  # the released generator skips layers 0 and 1 when it scores attention
 
@@ -61,16 +62,20 @@ class FlashCache(CachePolicy):
         end = prompt_len + gen_length
         return (end // self.pad_to + 1) * self.pad_to - end  # as released: at least one, a whole pad_to on a multiple
 
+    def window(self, state, eos_id):
+        self._window = SlidingWindow(state.total_len, state.prompt_len, state.prompt_len + state.gen_length,
+                                     state.block_size, eos_id, state.x.device)
+        return self._window
+
     def reset(self, state, cache, model):
         self._attention = WindowAttention(state.total_len, state.x.device)
         self._tracked = state.x.new_zeros(0)
-        self._window = state.window
 
     def observers(self):
         return (self._attention,)
 
     def plan(self, state, cache):
-        window = state.window
+        window = self._window  # the run's state.window
         self._attention.window = window.positions().clone()  # the order moves on; the record reads these after
         decoded = window.decoded_order()
         if state.step == 0 or self.track_num < 0:  # everything recomputed: the decoded positions too
