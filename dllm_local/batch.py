@@ -221,7 +221,9 @@ class BatchRun:
         """One forward for the ``active`` requests' planned positions, packed; then each takes its rows."""
         runs, h = self.runs, self.handle
         planned = [runs[i].plan() for i in active]
-        segments = [Segment(runs[i].cache, p, runs[i].observers) for i, p in zip(active, planned)]
+        # Each request attends under its own run's layout (a block-diffusion run's block size, which
+        # requests of one batch may set apart): the segment carries it, Attention masks each row by its own.
+        segments = [Segment(runs[i].cache, p, runs[i].observers, runs[i].layout) for i, p in zip(active, planned)]
         counts = [len(p) for p in planned]
         positions = torch.cat(planned)
         ids = torch.cat([runs[i].state.x[0, p] for i, p in zip(active, planned)])[None]

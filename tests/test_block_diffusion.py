@@ -13,6 +13,7 @@ from dllm_local import Settings, SettingsError
 from dllm_local.cli import main as cli_main
 from dllm_local.hub import TINY_FAMILIES
 from dllm_local.prompts import encode_prompt
+from dllm_local.batch import generate_batch
 from dllm_local.sampler import generate
 from dllm_local.trace import Trace
 
@@ -64,6 +65,21 @@ def test_the_block_cache_is_exact(sdar, unmask, params):
             held = layer["k"][: cached.trace.blocks_from + 4 * step.block]
             assert held and None not in held and min(held) >= 1 - 1e-5  # every stored entry, exact
             assert all(c is None for c in layer["k"][cached.trace.blocks_from + 4 * (step.block + 1):])  # not held yet
+
+
+@pytest.mark.parametrize("block_sizes", [(8, 8, 8), (8, 16, 8)])
+def test_a_batch_decodes_each_request_at_its_own_block_size_as_alone(sdar, block_sizes):
+    """A batch's packed forward attends each request under its own run's layout: at block sizes other
+    than the checkpoint's (4), all one or each its own, every request gives the tokens, denoising
+    forwards and store forwards it gives alone."""
+    assert sdar.model.block_size == 4
+    prompts = [PROMPT, "Deal a poker hand and name it.", "hi"]
+    settings = [Settings(gen_length=16, block_size=b, cache="block", unmask="threshold", seed=i)
+                for i, b in enumerate(block_sizes)]
+    batch = generate_batch(sdar, prompts, settings, share_budget=False)
+    alone = [generate(sdar, p, s) for p, s in zip(prompts, settings)]
+    assert [r.token_ids for r in batch] == [r.token_ids for r in alone]
+    assert [(r.stats.nfe, r.stats.store_forwards) for r in batch] == [(r.stats.nfe, r.stats.store_forwards) for r in alone]
 
 
 @torch.inference_mode()

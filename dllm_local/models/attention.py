@@ -1,13 +1,12 @@
 """How one forward's positions attend: the model's layout, the cache writes, and who watches.
 
-A forward computes some positions of one or several requests (``Segment``: a request's cache view,
-its positions, its observers). ``Attention`` is built once per forward by the model, from the
-segments and the model's ``AttentionLayout``; each layer then calls it with its fresh Q/K/V. It
-writes the fresh K/V into each request's slot, attends each request's queries over its own valid
-entries as the layout allows, and lets the observers see the forward (before each write, and each
-layer's queries and keys). Several segments are packed one after another in the forward's one
-row (``[n_1 + n_2 + ...]``): every matmul runs on exactly the positions the requests compute, with
-no padding; only attention lays the queries out by request.
+A forward computes some positions of one or several requests (``Segment``: a request's cache view, its
+positions, its observers, its layout). ``Attention`` is built once per forward by the model, from the segments
+and the forward's ``AttentionLayout``; each layer then calls it with its fresh Q/K/V. It writes the fresh K/V
+into each request's slot, attends each request's queries over its own valid entries as its layout allows, and
+lets the observers see the forward (before each write, and each layer's queries and keys). Several segments are
+packed one after another in the forward's one row (``[n_1 + n_2 + ...]``): every matmul runs on exactly the
+positions the requests compute, with no padding; only attention lays the queries out by request.
 """
 from __future__ import annotations
 
@@ -86,22 +85,23 @@ class BlockCausal:
 
 @dataclass
 class Segment:
-    """One request's part of a forward: its cache (a view, or a fork that writes nothing), the
-    sorted positions it computes, and its observers."""
+    """One request's part of a forward: its cache (a view, or a fork that writes nothing), the sorted
+    positions it computes, its observers, and its layout (None: the forward's; a batch's may differ)."""
 
     cache: CacheView | CacheFork
     positions: torch.Tensor
     observers: Sequence[ForwardObserver] = field(default_factory=tuple)
+    layout: AttentionLayout | None = None
 
 
 class Attention:
     """One forward's attention; ``attention(layer, q, k, v)`` in each layer (Q/K/V rotated).
 
-    No segment: a plain full forward, the keys are the given positions. One segment over a view:
-    its slot is read and written in place (a run of positions as a slice: a view instead of a
-    gather). One fork: each variant row attends the view's entries plus its own fresh K/V (or one
-    query attends the view's other entries and its own rows, as the fork's ``visible`` says). Several
-    segments: packed rows, each request's queries over its own slot.
+    No segment: a plain full forward, the keys are the given positions. One segment over a view: its slot is
+    read and written in place (a run of positions as a slice: a view instead of a gather). One fork: each
+    variant row attends the view's entries plus its own fresh K/V (or one query attends the view's other entries
+    and its own rows, as the fork's ``visible`` says). Several segments: packed rows, each request's queries
+    over its own slot, under its own layout.
     """
 
     def __init__(self, positions: torch.Tensor, bounds: tuple[int, int], segments: Sequence[Segment],
@@ -124,6 +124,7 @@ class Attention:
     def _begin_one(self, segment: Segment, lo: int, hi: int) -> None:
         """``lo``, ``hi``: the least and greatest position (the positions are sorted)."""
         cache, positions = segment.cache, segment.positions
+        self.layout = segment.layout or self.layout
         if isinstance(cache, CacheFork):
             view = cache.parent
             live = view.valid[: view.seq_len].clone()
@@ -171,10 +172,15 @@ class Attention:
         self._max_n = max(counts)
         queries = torch.zeros(len(slots), self._max_n, dtype=positions.dtype, device=device)  # padding: never read
         queries[token_row, token_at] = positions
-        self._key_mask = self.layout.key_mask(live, queries, _key_positions(live))
+        layouts, keys = [s.layout or self.layout for s in self.segments], _key_positions(live)
+        if all(layout == layouts[0] for layout in layouts):  # one layout (a batch at one block size): every row at once
+            self._key_mask = layouts[0].key_mask(live, queries, keys)
+        else:  # each row under its own request's layout, [1, 1, n, keys] each (a layout's None: every key)
+            masks = [layout.key_mask(live[r : r + 1], queries[r : r + 1], keys) for r, layout in enumerate(layouts)]
+            full = live.new_ones(1, 1, self._max_n, live.shape[-1])
+            self._key_mask = torch.cat([full if m is None else m.expand_as(full) for m in masks])
         self._per_device[device] = (token_slot, positions, token_row, token_at, self._key_mask, self._rows)
-        self._spans = []
-        begin = 0
+        self._spans, begin = [], 0
         for s, count in zip(self.segments, counts):
             s.positions = positions[begin : begin + count]
             self._spans.append((begin, count))
@@ -185,9 +191,8 @@ class Attention:
     def _on(self, device: torch.device) -> tuple:
         """This forward's indices and mask on ``device`` (copied once to each other device)."""
         if device not in self._per_device:
-            first = next(iter(self._per_device.values()))
             self._per_device[device] = tuple(t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) else t
-                                             for t in first)
+                                             for t in next(iter(self._per_device.values())))
         return self._per_device[device]
 
     def routed(self, layer: int, experts: torch.Tensor) -> None:
@@ -218,8 +223,7 @@ class Attention:
         return out.transpose(1, 2).flatten(2)
 
     def _one(self, layer: int, q, k, v) -> torch.Tensor:
-        segment = self.segments[0]
-        cache = segment.cache
+        segment, cache = self.segments[0], self.segments[0].cache
         k_rows, v_rows = cache.store.k[layer][cache.slot : cache.slot + 1], cache.store.v[layer][cache.slot : cache.slot + 1]
         k, v = k.to(k_rows.dtype), v.to(v_rows.dtype)
         index, key_mask = self._on(k_rows.device)

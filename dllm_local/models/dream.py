@@ -10,10 +10,9 @@ import torch
 import torch.nn as nn
 from transformers import PretrainedConfig
 
-from .attention import BIDIRECTIONAL, Attention, AttentionLayout, ForwardObserver, begin
+from .attention import BIDIRECTIONAL, Attention
 from .cache import CacheFork, CacheView
-from .layers import RMSNorm, SwiGLU, attend, check_positions, rope_cos_sin
-from .llada import DiffusionLMOutput
+from .layers import RMSNorm, SwiGLU, attend
 from .stack import LayerStackLM
 
 
@@ -118,25 +117,11 @@ class DreamModel(LayerStackLM):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor | None = None,
-        cache: CacheView | CacheFork | None = None,
-        observers: tuple[ForwardObserver, ...] = (),
-        sequence: torch.Tensor | None = None,
-        layout: AttentionLayout | None = None,
-        **unused,
-    ) -> DiffusionLMOutput:
-        """Logits ``[batch, n, vocab]``: the predictions for the ``n`` given positions.
-
-        The prediction for position p needs hidden state p-1. When p-1 is not among the given
+    def run_inputs(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: CacheView | CacheFork | None,
+                   sequence: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prediction for position p needs hidden state p-1. When p-1 is not among the given
         positions it is recomputed too (exact, since recomputing a cached position is) from its
-        token in ``sequence`` (the whole sequence, ``[batch, L]``), and only the requested
-        positions' logits are returned.
-        """
-        if positions is None:
-            positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        token in ``sequence`` (the whole sequence, ``[batch, L]``); the run is sorted by position."""
         run_positions, run_ids = positions, input_ids
         if cache is not None:
             missing = _missing_predecessors(positions)
@@ -147,18 +132,14 @@ class DreamModel(LayerStackLM):
                 run_positions = torch.cat([positions, missing])
                 run_ids = torch.cat([input_ids, extra_ids], dim=1)
         order = torch.argsort(run_positions)
-        run_positions, run_ids = run_positions[order], run_ids[:, order]
-        bounds = check_positions(run_positions, self.config.max_positions)
-        attention = begin(run_positions, bounds, cache, observers, None, layout or self.layout)
-        rope = rope_cos_sin(run_positions, self.config.head_dim, self.config.rope_theta)
-        x = self.model.embed_tokens(run_ids)
-        for layer in self.model.layers:
-            x = layer(x, rope, attention)
-        logits = self.lm_head(self.model.norm(x))
-        # Shift: row j of the sorted run predicts the position after it; position 0 keeps its own.
+        return run_ids[:, order], run_positions[order]
+
+    def read_logits(self, logits: torch.Tensor, positions: torch.Tensor, run_positions: torch.Tensor) -> torch.Tensor:
+        """Only the requested positions' logits, shifted: row j of the sorted run predicts the
+        position after it; position 0 keeps its own."""
         predecessor = torch.where(positions > 0, positions - 1, positions)
         take = torch.searchsorted(run_positions, predecessor).to(logits.device)
-        return DiffusionLMOutput(logits=logits[:, take])
+        return logits[:, take]
 
 
 def _missing_predecessors(positions: torch.Tensor) -> torch.Tensor:

@@ -5,17 +5,14 @@ and so on), so the unmodified ``config.json`` and safetensors load without remot
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from transformers import PretrainedConfig, PreTrainedModel
-from transformers.utils import ModelOutput
+from transformers import PretrainedConfig
 
-from .attention import BIDIRECTIONAL, Attention, AttentionLayout, ForwardObserver, Segment, begin
-from .cache import CacheFork, CacheView, KVCache
-from .layers import RMSNorm, attend, check_positions, layer_devices, rope_cos_sin
+from .attention import Attention
+from .layers import RMSNorm, attend
+from .stack import LayerStackLM
 
 
 class LLaDAConfig(PretrainedConfig):
@@ -73,11 +70,6 @@ class LLaDAConfig(PretrainedConfig):
         return self.max_sequence_length
 
 
-@dataclass
-class DiffusionLMOutput(ModelOutput):
-    logits: torch.Tensor | None = None
-
-
 class LLaDABlock(nn.Module):
     def __init__(self, config: LLaDAConfig, index: int) -> None:
         super().__init__()
@@ -121,18 +113,13 @@ class LLaDAModel(nn.Module):
         self.transformer = LLaDATransformer(config)
 
 
-class LLaDAModelLM(PreTrainedModel):
+class LLaDAModelLM(LayerStackLM):
+    """The layer stack under the released names: ``transformer.wte``, ``.blocks``, ``.ln_f``, and
+    ``ff_out`` as the head (or ``wte`` itself, with ``weight_tying``). Every layer but attention
+    is per position, so a forward may pack several requests (``packs_requests``)."""
+
     config_class = LLaDAConfig
-    base_model_prefix = "model"
     _no_split_modules = ["LLaDABlock"]
-    _supports_sdpa = True
-    # A forward may pack several requests' positions (segments): every layer but attention is per
-    # position. (Dream is not: its shifted logits read each position's predecessor.)
-    packs_requests = True
-    layout = BIDIRECTIONAL
-    block_size = None  # bidirectional: no block of its own
-    experts = None  # dense
-    sub_block: int | None = None  # block diffusion decoded in sub-blocks, as released (Fast-dLLM v2)
 
     def __init__(self, config: LLaDAConfig) -> None:
         super().__init__(config)
@@ -152,38 +139,16 @@ class LLaDAModelLM(PreTrainedModel):
     def get_output_embeddings(self) -> nn.Module | None:
         return None if self.config.weight_tying else self.model.transformer.ff_out
 
-    def new_cache(self, slots: int = 1, max_len: int | None = None) -> KVCache:
-        c = self.config
-        ref = self.model.transformer.wte.weight
-        dtype = ref.dtype if ref.is_floating_point() else torch.bfloat16
-        return KVCache(c.n_layers, slots, c.n_kv_heads, max_len or c.max_sequence_length, c.head_dim, dtype,
-                       layer_devices(self.model.transformer.blocks))
+    def stack(self) -> nn.ModuleList:
+        return self.model.transformer.blocks
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor | None = None,
-        cache: CacheView | CacheFork | None = None,
-        observers: tuple[ForwardObserver, ...] = (),
-        segments: list[Segment] | None = None,
-        layout: AttentionLayout | None = None,
-        **unused,
-    ) -> DiffusionLMOutput:
-        """Logits ``[batch, n, vocab]`` for the ``n`` given tokens at absolute ``positions``.
+    def final_norm(self) -> nn.Module:
+        return self.model.transformer.ln_f
 
-        With a cache, only these positions are recomputed: their K/V are written into the cache
-        and they attend over every valid cached position (``observers`` watching). ``segments``:
-        several requests packed in one row, each over its own cache. Without either, a full forward.
-        """
+    def head(self, x: torch.Tensor) -> torch.Tensor:
         t = self.model.transformer
-        if positions is None:
-            positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-        bounds = check_positions(positions, self.config.max_positions)
-        attention = begin(positions, bounds, cache, observers, segments, layout or self.layout)
-        rope = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
-        x = t.wte(input_ids)
-        for block in t.blocks:
-            x = block(x, rope, attention)
-        x = t.ln_f(x)
-        logits = F.linear(x, t.wte.weight) if self.config.weight_tying else t.ff_out(x)
-        return DiffusionLMOutput(logits=logits)
+        return F.linear(x, t.wte.weight) if self.config.weight_tying else t.ff_out(x)
+
+    def cache_sizes(self) -> tuple[int, int, int, int]:
+        c = self.config
+        return c.n_layers, c.n_kv_heads, c.max_sequence_length, c.head_dim

@@ -18,7 +18,6 @@ from transformers import PretrainedConfig
 
 from .attention import Attention, BlockCausal
 from .layers import RMSNorm, SwiGLU, apply_rope
-from .llada import DiffusionLMOutput
 from .stack import LayerStackLM
 
 # The block LLaDA2 was trained with and its released generate decodes by (block_length=32); the
@@ -233,9 +232,9 @@ class LLaDA2MoeModelLM(LayerStackLM):
     def rope_dim(self) -> int:
         return self.config.rope_dim
 
-    def forward(self, input_ids: torch.Tensor, *args, **kwargs) -> DiffusionLMOutput:
-        """As every layer stack's, in float32 (the reference's ``.float()``)."""
-        return DiffusionLMOutput(logits=super().forward(input_ids, *args, **kwargs).logits.float())
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits in float32 (the reference's ``.float()``)."""
+        return self.lm_head(x).float()
 
 WEIGHTS = ("model.word_embeddings.weight", re.compile(r"model\.layers\.(\d+)\."),
            lambda c: ([c.vocab_size, c.hidden_size], c.num_hidden_layers))

@@ -1,16 +1,18 @@
 """What every model family offers the engine: the ``DiffusionLM`` protocol and its config's.
 
 LLaDA (``llada.LLaDAModelLM``) and Dream (``dream.DreamModel``) both keep it; the loader, the
-handle, the footprint and the engine type a model by it, not by probing the object. A structural
-type only: nothing here is checked at run time.
+handle, the footprint and the engine type a model by it, not by probing the object. Structural
+types, never checked at run time, and ``DiffusionLMOutput``, what every family's forward returns.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Protocol, Sequence
 
-if TYPE_CHECKING:
-    import torch
+import torch
+from transformers.utils import ModelOutput
 
+if TYPE_CHECKING:
     from .attention import AttentionLayout, ForwardObserver, Segment
     from .cache import CacheFork, CacheView, KVCache
 
@@ -34,6 +36,13 @@ class FamilyConfig(Protocol):
     @property
     def tie_word_embeddings(self) -> bool:
         """The output head reuses the input embedding's weight (LLaDA's is F.linear on it)."""
+
+
+@dataclass
+class DiffusionLMOutput(ModelOutput):
+    """A forward's output (a ``ForwardOutput``): the logits, ``[batch, n, vocab]``."""
+
+    logits: torch.Tensor | None = None
 
 
 class ForwardOutput(Protocol):

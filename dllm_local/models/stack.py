@@ -1,6 +1,9 @@
-"""What the families built as embedding, layers, final norm and output head share (Dream, SDAR,
-LLaDA2, LLaDA-MoE, Fast-dLLM v2): weight init, the embeddings, the KV cache, and the forward
-around the layers. Each family's file keeps what is its own: config, attention, MLP or experts."""
+"""The one forward and KV cache of every family built as embedding, layers, norm and output head.
+
+LLaDA, Dream, SDAR, LLaDA2, LLaDA-MoE and Fast-dLLM v2 share weight init, the embeddings, the KV
+cache, and the forward around the layers. Each family's file keeps what is its own: config,
+attention, MLP or experts, and the hooks that name its parts (LLaDA's ``transformer.blocks``) or
+read its head (Dream's shifted logits)."""
 from __future__ import annotations
 
 import torch
@@ -10,13 +13,15 @@ from transformers import PreTrainedModel
 from .attention import BIDIRECTIONAL, AttentionLayout, ForwardObserver, Segment, begin
 from .cache import CacheFork, CacheView, KVCache
 from .layers import RMSNorm, check_positions, layer_devices, rope_cos_sin
-from .llada import DiffusionLMOutput
+from .protocol import DiffusionLMOutput
 
 
 class LayerStackLM(PreTrainedModel):
-    """``self.model`` holds ``embed_tokens`` (or the family's name for it, ``get_input_embeddings``),
-    ``layers`` and ``norm``; ``self.lm_head`` the output head. Each layer is called as
-    ``layer(x, rope, attention)``."""
+    """By default ``self.model`` holds ``embed_tokens`` (or the family's name for it,
+    ``get_input_embeddings``), ``layers`` and ``norm``; ``self.lm_head`` the output head. A family
+    whose parts have other names says so in the hooks (``stack``, ``final_norm``, ``head``,
+    ``cache_sizes``, ``rope_dim``); one whose head reads other positions than it returns, in
+    ``run_inputs`` and ``read_logits``. Each layer is called as ``layer(x, rope, attention)``."""
 
     base_model_prefix = "model"
     _supports_sdpa = True
@@ -41,15 +46,44 @@ class LayerStackLM(PreTrainedModel):
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 
+    # ---------------------------------------------------------------- the hooks: a family's names
+    def stack(self) -> nn.ModuleList:
+        """The layers, in order."""
+        return self.model.layers
+
+    def final_norm(self) -> nn.Module:
+        return self.model.norm
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits of the final norm's output ``x``."""
+        return self.lm_head(x)
+
+    def cache_sizes(self) -> tuple[int, int, int, int]:
+        """Layers, K/V heads, positions (the default cache length) and head dim, as the config names them."""
+        c = self.config
+        return c.num_hidden_layers, c.num_key_value_heads, c.max_positions, c.head_dim
+
     def rope_dim(self) -> int:
         """The channels of a head that rotate (all of them unless the family says fewer)."""
         return self.config.head_dim
 
+    # ---------------------------------------------------------------- the hooks: a head that reads elsewhere
+    def run_inputs(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: CacheView | CacheFork | None,
+                   sequence: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ids and positions the layers compute for the requested ones: the same, unless the
+        head reads positions not requested (Dream's, each position's predecessor)."""
+        return input_ids, positions
+
+    def read_logits(self, logits: torch.Tensor, positions: torch.Tensor, run_positions: torch.Tensor) -> torch.Tensor:
+        """The requested ``positions``' logits from those of the computed ``run_positions``."""
+        return logits
+
+    # ---------------------------------------------------------------- the cache and the forward
     def new_cache(self, slots: int = 1, max_len: int | None = None) -> KVCache:
-        c, ref = self.config, self.get_input_embeddings().weight
+        layers, kv_heads, positions, head_dim = self.cache_sizes()
+        ref = self.get_input_embeddings().weight
         dtype = ref.dtype if ref.is_floating_point() else torch.bfloat16  # a quantized embedding: bf16 K/V
-        return KVCache(c.num_hidden_layers, slots, c.num_key_value_heads, max_len or c.max_positions, c.head_dim, dtype,
-                       layer_devices(self.model.layers))
+        return KVCache(layers, slots, kv_heads, max_len or positions, head_dim, dtype, layer_devices(self.stack()))
 
     def forward(
         self,
@@ -59,18 +93,22 @@ class LayerStackLM(PreTrainedModel):
         observers: tuple[ForwardObserver, ...] = (),
         segments: list[Segment] | None = None,
         layout: AttentionLayout | None = None,
+        sequence: torch.Tensor | None = None,
         **unused,
     ) -> DiffusionLMOutput:
         """Logits ``[batch, n, vocab]`` for the ``n`` given tokens at absolute ``positions``, under
         ``layout`` (default: the model's own). With a cache only these positions are computed,
         their K/V written, each attending every valid entry the layout allows (``observers``
-        watching); ``segments``: several requests packed in one row; without, a full forward."""
+        watching); ``segments``: several requests packed in one row; without, a full forward.
+        ``sequence``: the whole sequence ``[batch, L]``, for a head that reads positions not given."""
         if positions is None:
             positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-        bounds = check_positions(positions, self.config.max_positions)
-        attention = begin(positions, bounds, cache, observers, segments, layout or self.layout)
-        rope = rope_cos_sin(positions, self.rope_dim(), self.config.rope_theta)
-        x = self.get_input_embeddings()(input_ids)
-        for layer in self.model.layers:
+        run_ids, run_positions = self.run_inputs(input_ids, positions, cache, sequence)
+        bounds = check_positions(run_positions, self.config.max_positions)
+        attention = begin(run_positions, bounds, cache, observers, segments, layout or self.layout)
+        rope = rope_cos_sin(run_positions, self.rope_dim(), self.config.rope_theta)
+        x = self.get_input_embeddings()(run_ids)
+        for layer in self.stack():
             x = layer(x, rope, attention)
-        return DiffusionLMOutput(logits=self.lm_head(self.model.norm(x)))
+        logits = self.head(self.final_norm()(x))
+        return DiffusionLMOutput(logits=self.read_logits(logits, positions, run_positions))
