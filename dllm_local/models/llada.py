@@ -15,6 +15,7 @@ from transformers.utils import ModelOutput
 
 from .attention import BIDIRECTIONAL, Attention, AttentionLayout, ForwardObserver, Segment, begin
 from .cache import CacheFork, CacheView, KVCache
+from .family import FamilySpec, WeightNames, register
 from .layers import RMSNorm, attend, check_positions, layer_devices, rope_cos_sin
 
 
@@ -187,3 +188,10 @@ class LLaDAModelLM(PreTrainedModel):
         x = t.ln_f(x)
         logits = F.linear(x, t.wte.weight) if self.config.weight_tying else t.ff_out(x)
         return DiffusionLMOutput(logits=logits)
+
+
+register(FamilySpec(
+    config=LLaDAConfig, model=LLaDAModelLM, kind="masked",
+    weights=WeightNames("model.transformer.wte.weight", r"model\.transformer\.blocks\.(\d+)\.",
+                        lambda c: ([c.embedding_size or c.vocab_size, c.d_model], c.n_layers)),
+    tokenizer="PreTrainedTokenizerFast", size_keys=("d_model", "n_heads", "n_kv_heads")))
