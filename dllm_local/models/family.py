@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
@@ -32,7 +32,7 @@ class WeightNames:
     # From the config: the input embedding's shape (vocabulary x width) and the number of blocks.
     sizes: Callable[[Any], tuple[list[int], int]]
 
-    def block_indices(self, names) -> set[int]:
+    def block_indices(self, names: Iterable[str]) -> set[int]:
         """The block indices the weight ``names`` hold."""
         return {int(m.group(1)) for m in map(re.compile(self.blocks).match, names) if m}
 
@@ -88,6 +88,7 @@ def get(model_type: str) -> FamilySpec:
 
 
 def known(model_type: Any) -> bool:
+    """Whether ``model_type`` (a config.json value, of any JSON type) names a registered family."""
     return isinstance(model_type, str) and model_type in _FAMILIES
 
 
