@@ -29,7 +29,7 @@ import dllm_local
 from dllm_local import Settings
 from dllm_local.devices import DeviceProfile
 from dllm_local.experiments.costmodel import TARGET_MODELS, TargetModel, counted_target
-from dllm_local.models import FAMILIES
+from dllm_local.models import family as families
 from dllm_local.models.footprint import logical_parameters, weight_read_bytes
 from dllm_local.models.loader import ModelHandle, free_device_memory
 from dllm_local.tiny import llada2, sdar
@@ -63,9 +63,9 @@ def random_handle(shape: BlockShape, layers: int, device: torch.device, folder: 
     tiny = dllm_local.load(str(shape.build_tiny(folder)), device=str(device), dtype="bfloat16")
     raw = {**json.loads((folder / "config.json").read_text()), **shape.sizes, "num_hidden_layers": layers,
            "max_window_layers": layers}
-    config_cls, model_cls = FAMILIES[tiny.family]
+    spec = families.get(tiny.family)
     with torch.device(device):
-        model = model_cls(config_cls.from_dict(raw)).to(torch.bfloat16).eval()
+        model = spec.model(spec.config.from_dict(raw)).to(torch.bfloat16).eval()
     draw_weights(model, device)
     return dataclasses.replace(tiny, model=model, experts=model.experts, num_parameters=logical_parameters(model),
                                memory_bytes=model.get_memory_footprint(), weight_read_bytes=weight_read_bytes(model))

@@ -83,6 +83,7 @@ from dllm_local.experiments.costmodel import (  # noqa: E402
 from dllm_local.models.footprint import (  # noqa: E402
     loaded_bytes, logical_parameters, stored_bytes, weight_read_bytes)
 from dllm_local.models import LLaDAConfig, LLaDAModelLM  # noqa: E402
+from dllm_local.models import family as families  # noqa: E402
 from dllm_local.models.loader import ASSETS, TINY_MODEL, ModelHandle, free_device_memory, load_tokenizer  # noqa: E402
 from dllm_local.policies import registry  # noqa: E402
 from dllm_local.prompts import encode_prompt  # noqa: E402
@@ -123,7 +124,7 @@ def build_random(config: LLaDAConfig, device: torch.device | str, dtype: torch.d
 
 def make_handle(model: torch.nn.Module, name: str, path: Path, quantization: str | None = None) -> ModelHandle:
     """A handle for a model built here rather than loaded, with the tiny model's tokenizer."""
-    tokenizer = load_tokenizer(TINY_MODEL, "llada")
+    tokenizer = load_tokenizer(TINY_MODEL, families.get("llada"))
     vocab = tokenizer.get_vocab()
     eos = tokenizer.eos_token_id
     param = next(model.parameters())
@@ -147,7 +148,7 @@ def write_checkpoint(path: Path, layers: int = 4, tiny: bool = False, device: st
     model = build_random(reference_config(tiny, n_layers=layers), device, torch.bfloat16)
     state = {k: v.to("cpu") for k, v in model.state_dict().items()}
     model.save_pretrained(path, state_dict=state)
-    load_tokenizer(TINY_MODEL, "llada").save_pretrained(path)
+    load_tokenizer(TINY_MODEL, families.get("llada")).save_pretrained(path)
     del model, state
     free_device_memory()
     return path

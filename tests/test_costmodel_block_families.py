@@ -13,7 +13,7 @@ from dllm_local import Settings
 from dllm_local.devices import DEVICES
 from dllm_local.experiments.costmodel import TARGET_MODELS, project
 from dllm_local.hub import TINY_FAMILIES
-from dllm_local.models import FAMILIES
+from dllm_local.models import family as families
 from dllm_local.tiny import llada2, llada_moe, sdar
 from ui import tables
 from ui.canvas_controls import FAMILY_TARGETS, cost_target
@@ -43,9 +43,9 @@ RELEASES = [("SDAR-8B-Chat", "sdar", QWEN3_8B, 8.2, 8.2, True),
 @pytest.mark.parametrize("name, family, raw, total_b, active_b, with_embedding", RELEASES)
 def test_each_target_is_its_release_counted_by_the_models_own_class(name, family, raw, total_b, active_b,
                                                                     with_embedding):
-    config_cls, model_cls = FAMILIES[family]
+    spec = families.get(family)
     with torch.device("meta"):
-        model = model_cls(config_cls.from_dict(raw))
+        model = spec.model(spec.config.from_dict(raw))
     total = sum(p.numel() for p in model.parameters())
     embedding = model.get_input_embeddings().weight.numel()
     experts = [p.numel() for n, p in model.named_parameters() if ".experts." in n]

@@ -8,65 +8,54 @@ import torch
 from huggingface_hub.errors import StrictDataclassError
 
 from ..errors import ModelLoadError
-from . import FAMILIES, FAMILY_MODULES
+from .family import FamilySpec
 from .protocol import DiffusionLM, FamilyConfig
 
 if TYPE_CHECKING:
     from transformers import BitsAndBytesConfig, PreTrainedTokenizerBase
 
 
-def family_config(raw: dict, family: str, config_file: Path) -> FamilyConfig:
+def family_config(raw: dict, family: FamilySpec, config_file: Path) -> FamilyConfig:
     """The family's config class made from config.json's object ``raw``."""
-    config_cls, _ = FAMILIES[family]
     try:
-        return config_cls.from_dict(raw)
+        return family.config.from_dict(raw)
     except (ValueError, TypeError, StrictDataclassError) as exc:
-        raise ModelLoadError(f"{config_file} is not a valid {family} config: {exc}") from exc
+        raise ModelLoadError(f"{config_file} is not a valid {family.model_type} config: {exc}") from exc
 
 
-def _native_tokenizer(family: str) -> type[PreTrainedTokenizerBase]:
-    """What a family's tokenizer files are, for a tokenizer_config.json that names a remote-code
-    class (Dream's does), which AutoTokenizer refuses without trust_remote_code."""
-    from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
-
-    classes = {"PreTrainedTokenizerFast": PreTrainedTokenizerFast, "Qwen2Tokenizer": Qwen2Tokenizer}
-    if family in FAMILY_MODULES:
-        return classes[FAMILY_MODULES[family].TOKENIZER]
-    return {"llada": PreTrainedTokenizerFast, "Dream": Qwen2Tokenizer, "diffusion_gemma": PreTrainedTokenizerFast}[family]
-
-
-def load_tokenizer(path: Path, family: str) -> PreTrainedTokenizerBase:
-    """The tokenizer in ``path``: as its files say, else as the family's own tokenizer class."""
+def load_tokenizer(path: Path, family: FamilySpec) -> PreTrainedTokenizerBase:
+    """The tokenizer in ``path``: as its files say, else as the family's own tokenizer class (its
+    spec's ``tokenizer``: for a tokenizer_config.json that names a remote-code class, as Dream's
+    does, which AutoTokenizer refuses without trust_remote_code)."""
     import transformers
 
     try:
         return transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     except (ValueError, OSError, AttributeError):
         pass
-    native = _native_tokenizer(family)
+    native = getattr(transformers, family.tokenizer)
     try:
         return native.from_pretrained(path)
     except (ValueError, OSError, AttributeError, TypeError) as exc:
-        raise ModelLoadError(f"this app runs no remote code; {family} is supported natively, but the tokenizer in "
-                             f"{path} does not load as {native.__name__} either ({str(exc).splitlines()[0]}); check its tokenizer files") from exc
+        raise ModelLoadError(f"this app runs no remote code; {family.model_type} is supported natively, but the "
+                             f"tokenizer in {path} does not load as {native.__name__} either ({str(exc).splitlines()[0]}); check its tokenizer files") from exc
 
 
-def build_model(path: Path, family: str, config: FamilyConfig, dtype: torch.dtype, device: torch.device,
+def build_model(path: Path, family: FamilySpec, config: FamilyConfig, dtype: torch.dtype, device: torch.device,
                 qconfig: BitsAndBytesConfig | None, device_map: str | dict | None) -> DiffusionLM:
     """The family's model with the weights in ``path``, in ``dtype`` (quantized by ``qconfig``),
     on ``device`` or spread by ``device_map``, in eval mode. Weights that leave a parameter unset,
     or name one the architecture lacks, are refused."""
-    _, model_cls = FAMILIES[family]
     kwargs: dict[str, Any] = {"config": config, "dtype": dtype}
     if qconfig is not None:
         kwargs["quantization_config"] = qconfig
         kwargs["device_map"] = device_map or {"": (device.index or 0) if device.type == "cuda" else "cpu"}
     elif device_map is not None:
         kwargs["device_map"] = device_map
-    model, info = model_cls.from_pretrained(path, output_loading_info=True, **kwargs)
+    model, info = family.model.from_pretrained(path, output_loading_info=True, **kwargs)
     bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
     if bad:
-        raise ModelLoadError(f"weights in {path} do not match the {family} architecture: {bad}")
+        raise ModelLoadError(f"weights in {path} do not match the {family.model_type} architecture: {bad}")
     if qconfig is None and device_map is None:
         model = model.to(device)
     return model.eval()

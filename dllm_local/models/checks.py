@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,7 +16,7 @@ import torch
 
 from ..errors import ModelLoadError
 from ..hub import OPENED_SUFFIXES
-from . import FAMILIES, FAMILY_MODULES
+from .family import FamilySpec, all_specs, known, of_config
 from .protocol import FamilyConfig
 from .quantize import BYTES_PER_VALUE, FULL_PRECISION
 
@@ -156,40 +155,31 @@ def _check_offsets(f: Path, entries: dict[str, dict], data_bytes: int) -> None:
                              "safetensors data ends where its last tensor does")
 
 
-# Each family's input embedding and block names in its weights, and the config sizes they must have.
-_LAYOUT = {
-    "llada": ("model.transformer.wte.weight", re.compile(r"model\.transformer\.blocks\.(\d+)\."),
-              lambda c: ([c.embedding_size or c.vocab_size, c.d_model], c.n_layers)),
-    "Dream": ("model.embed_tokens.weight", re.compile(r"model\.layers\.(\d+)\."),
-              lambda c: ([c.vocab_size, c.hidden_size], c.num_hidden_layers)),
-    # The encoder's weights are the decoder's (tied): the file holds the decoder's.
-    "diffusion_gemma": ("model.decoder.embed_tokens.weight", re.compile(r"model\.decoder\.layers\.(\d+)\."),
-                        lambda c: ([c.text_config.vocab_size, c.text_config.hidden_size],
-                                   c.text_config.num_hidden_layers)),
-    **{family: module.WEIGHTS for family, module in FAMILY_MODULES.items()},
-}
 FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
 
 
-def check_tensors(family: str, config: Any, tensors: dict[str, dict], path: Path) -> None:
+def check_tensors(family: FamilySpec, config: Any, tensors: dict[str, dict], path: Path) -> None:
     """The weights against the config before a model is built: floating point, of this family
-    (its embedding's name), with the embedding's shape and the number of blocks the config says.
+    (its ``weights``: the embedding's name), with the embedding's shape and the number of blocks
+    the config says.
     A checkpoint of another family, or a config of other sizes, would otherwise allocate a model
     of the config's size and fail (or load garbage) inside transformers."""
     ints = sorted(k for k, v in tensors.items() if v.get("dtype") not in FLOAT_DTYPES)
     if ints:
         raise ModelLoadError(f"the weights in {path} hold {tensors[ints[0]].get('dtype')} tensors ({ints[0]} and "
                              f"{len(ints) - 1} more): a checkpoint's weights are floating point (BF16, F16 or F32)")
-    embedding, block, sizes = _LAYOUT[family]
+    weights = family.weights
+    embedding = weights.embedding
     if embedding not in tensors:
-        others = [f for f, (name, _, _) in _LAYOUT.items() if f != family and name in tensors]
-        raise ModelLoadError(f"the weights in {path} have no {embedding}: they are not a {family} checkpoint's"
-                             + (f" but a {others[0]} one's: config.json's model_type is wrong" if others else ""))
-    shape, layers = sizes(config)
+        others = [s.model_type for s in all_specs() if s is not family and s.weights.embedding in tensors]
+        raise ModelLoadError(f"the weights in {path} have no {embedding}: they are not a {family.model_type} "
+                             "checkpoint's" + (f" but a {others[0]} one's: config.json's model_type is wrong"
+                                               if others else ""))
+    shape, layers = weights.sizes(config)
     if list(tensors[embedding].get("shape") or []) != shape:
         raise ModelLoadError(f"config.json in {path} makes the embedding {shape} (vocabulary x width), the weights' is "
                              f"{tensors[embedding].get('shape')}: the config and the weights are of different models")
-    found = {int(m.group(1)) for m in map(block.match, tensors) if m}
+    found = weights.block_indices(tensors)
     if found != set(range(layers)):
         raise ModelLoadError(f"config.json in {path} says {layers} layers, the weights have {len(found)}: the config "
                              "and the weights are of different models")
@@ -222,16 +212,15 @@ def _remote_code_note(raw: dict) -> str:
     return "; its auto_map names remote code, and this app runs no remote code" if "auto_map" in raw else ""
 
 
-def check_family(raw: dict, config_file: Path) -> str:
-    """The config's model_type when it is one of ours; the released configs' auto_map (remote code
-    for the same architecture) is ignored, since our own classes implement it."""
-    family = raw.get("model_type")
-    if family == "llada" and "expert_intermediate_size" in raw:
-        return "lladamoe"  # LLaDA-MoE's released config says "llada", its expert sizes tell it apart
-    if isinstance(family, str) and family in FAMILIES:
+def check_family(raw: dict, config_file: Path) -> FamilySpec:
+    """The registered family the config is (``family.of_config``: its model_type's, or one that
+    claims it); the released configs' auto_map (remote code for the same architecture) is
+    ignored, since our own classes implement it."""
+    family = of_config(raw)
+    if family is not None:
         return family
-    raise ModelLoadError(f"unsupported model_type {family!r} in {config_file}{_remote_code_note(raw)}; "
-                         f"supported natively: {', '.join(FAMILIES)}")
+    raise ModelLoadError(f"unsupported model_type {raw.get('model_type')!r} in {config_file}{_remote_code_note(raw)}; "
+                         f"supported natively: {', '.join(s.model_type for s in all_specs())}")
 
 
 def check_guider_type(raw: dict, name: str, config_file: Path) -> None:
@@ -239,7 +228,7 @@ def check_guider_type(raw: dict, name: str, config_file: Path) -> None:
     from transformers import CONFIG_MAPPING
 
     model_type = raw.get("model_type")
-    if isinstance(model_type, str) and model_type in FAMILIES:
+    if known(model_type):
         raise ModelLoadError(f"{name} is a diffusion model ({model_type}); a guider, or --autoregressive, "
                              "takes an autoregressive (causal) LM such as Llama or Qwen2, like tiny-guider")
     if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:

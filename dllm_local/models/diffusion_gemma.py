@@ -1,12 +1,16 @@
 """DiffusionGemma as transformers ships it (``transformers.models.diffusion_gemma``): what the
 loader and the canvas loop read from its config and its ``generation_config.json``. The model
-itself is transformers' ``DiffusionGemmaForBlockDiffusion``, never re-implemented here."""
+itself is transformers' ``DiffusionGemmaForBlockDiffusion``, never re-implemented here; its spec
+names transformers' classes."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
+
 from ..errors import ModelLoadError
+from .family import FamilySpec, WeightNames, register
 
 
 def _ids(value: Any) -> list[int]:
@@ -52,3 +56,12 @@ def knob_defaults(model: Any) -> dict:
     return {"max_denoising_steps": config.max_denoising_steps, "canvas_length": model.config.canvas_length,
             "entropy_bound": config.sampler_config.entropy_bound, "t_max": config.t_max, "t_min": config.t_min,
             "stability_threshold": config.stability_threshold, "confidence_threshold": config.confidence_threshold}
+
+
+register(FamilySpec(
+    config=DiffusionGemmaConfig, model=DiffusionGemmaForBlockDiffusion, kind="canvas",
+    # The encoder's weights are the decoder's (tied): the file holds the decoder's.
+    weights=WeightNames("model.decoder.embed_tokens.weight", r"model\.decoder\.layers\.(\d+)\.",
+                        lambda c: ([c.text_config.vocab_size, c.text_config.hidden_size],
+                                   c.text_config.num_hidden_layers)),
+    tokenizer="PreTrainedTokenizerFast", transformers_own=True))

@@ -12,6 +12,7 @@ from transformers import PretrainedConfig
 
 from .attention import BIDIRECTIONAL, Attention
 from .cache import CacheFork, CacheView
+from .family import QWEN2_WEIGHTS, FamilySpec, register
 from .layers import RMSNorm, SwiGLU, attend
 from .stack import LayerStackLM
 
@@ -146,3 +147,7 @@ def _missing_predecessors(positions: torch.Tensor) -> torch.Tensor:
     """The positions p - 1 that are not given, for the given p > 0 (sorted, without repeats)."""
     before = torch.unique(positions[positions > 0] - 1)
     return before[~torch.isin(before, positions)]
+
+
+register(FamilySpec(config=DreamConfig, model=DreamModel, kind="masked", weights=QWEN2_WEIGHTS,
+                    tokenizer="Qwen2Tokenizer"))  # its tokenizer_config.json names a remote-code class

@@ -13,10 +13,9 @@ taken from the store forward's last row) is the engine's business, not the model
 """
 from __future__ import annotations
 
-import re
-
 from .attention import BlockCausal
 from .dream import DreamConfig, DreamModel
+from .family import QWEN2_WEIGHTS, FamilySpec, register
 
 
 class FastDLLMv2Config(DreamConfig):
@@ -60,7 +59,7 @@ class FastDLLMv2ForCausalLM(DreamModel):
         self.sub_block = RELEASED_SUB_BLOCK
 
 
-WEIGHTS = ("model.embed_tokens.weight", re.compile(r"model\.layers\.(\d+)\."),
-           lambda c: ([c.vocab_size, c.hidden_size], c.num_hidden_layers))
-TOKENIZER = "Qwen2Tokenizer"
-MASK_TOKEN = "|<MASK>|"  # id 151665 in the released tokenizers (added_tokens.json)
+register(FamilySpec(
+    config=FastDLLMv2Config, model=FastDLLMv2ForCausalLM, kind="block", weights=QWEN2_WEIGHTS,
+    tokenizer="Qwen2Tokenizer",
+    mask_token="|<MASK>|"))  # id 151665 in the released tokenizers (added_tokens.json)

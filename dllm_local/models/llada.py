@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from transformers import PretrainedConfig
 
 from .attention import Attention
+from .family import FamilySpec, WeightNames, register
 from .layers import RMSNorm, attend
 from .stack import LayerStackLM
 
@@ -152,3 +153,10 @@ class LLaDAModelLM(LayerStackLM):
     def cache_sizes(self) -> tuple[int, int, int, int]:
         c = self.config
         return c.n_layers, c.n_kv_heads, c.max_sequence_length, c.head_dim
+
+
+register(FamilySpec(
+    config=LLaDAConfig, model=LLaDAModelLM, kind="masked",
+    weights=WeightNames("model.transformer.wte.weight", r"model\.transformer\.blocks\.(\d+)\.",
+                        lambda c: ([c.embedding_size or c.vocab_size, c.d_model], c.n_layers)),
+    tokenizer="PreTrainedTokenizerFast", size_keys=("d_model", "n_heads", "n_kv_heads")))

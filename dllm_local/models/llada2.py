@@ -9,14 +9,13 @@ per-head RMSNorm on queries and keys, rotary embeddings on the first half of eac
 """
 from __future__ import annotations
 
-import re
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from transformers import PretrainedConfig
 
 from .attention import Attention, BlockCausal
+from .family import FamilySpec, WeightNames, register
 from .layers import RMSNorm, SwiGLU, apply_rope
 from .stack import LayerStackLM
 
@@ -236,7 +235,10 @@ class LLaDA2MoeModelLM(LayerStackLM):
         """The logits in float32 (the reference's ``.float()``)."""
         return self.lm_head(x).float()
 
-WEIGHTS = ("model.word_embeddings.weight", re.compile(r"model\.layers\.(\d+)\."),
-           lambda c: ([c.vocab_size, c.hidden_size], c.num_hidden_layers))
-TOKENIZER = "PreTrainedTokenizerFast"
-MASK_TOKEN = "<|mask|>"  # id 156895 in the release; config.json names no mask_token_id
+
+register(FamilySpec(
+    config=LLaDA2MoeConfig, model=LLaDA2MoeModelLM, kind="block",
+    weights=WeightNames("model.word_embeddings.weight", r"model\.layers\.(\d+)\.",
+                        lambda c: ([c.vocab_size, c.hidden_size], c.num_hidden_layers)),
+    tokenizer="PreTrainedTokenizerFast",
+    mask_token="<|mask|>"))  # id 156895 in the release; config.json names no mask_token_id

@@ -12,14 +12,13 @@ released code casts them to the activations' dtype first: identical in float32).
 """
 from __future__ import annotations
 
-import re
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from transformers import PretrainedConfig
 
 from .attention import Attention
+from .family import QWEN2_WEIGHTS, FamilySpec, register
 from .layers import RMSNorm, SwiGLU, apply_rope, mix_experts
 from .stack import LayerStackLM
 
@@ -197,8 +196,10 @@ class LLaDAMoEModelLM(LayerStackLM):
     def rope_dim(self) -> int:
         return self.config.rotary_dim
 
-# The loader's facts: input embedding, a layer's tensors, the sizes the config gives them.
-WEIGHTS = ("model.embed_tokens.weight", re.compile(r"model\.layers\.(\d+)\."),
-           lambda c: ([c.vocab_size, c.hidden_size], c.num_hidden_layers))
-TOKENIZER = "PreTrainedTokenizerFast"  # Ling's byte-level BPE in tokenizer.json
-MASK_TOKEN = "<|mask|>"  # the released config.json names no mask_token_id; the tokenizer's <|mask|> is 156895
+
+register(FamilySpec(
+    config=LLaDAMoEConfig, model=LLaDAMoEModelLM, kind="masked", weights=QWEN2_WEIGHTS,
+    tokenizer="PreTrainedTokenizerFast",  # Ling's byte-level BPE in tokenizer.json
+    mask_token="<|mask|>",  # the released config.json names no mask_token_id; the tokenizer's <|mask|> is 156895
+    # The released config.json says "llada", as the dense LLaDA's does; its expert sizes tell it apart.
+    claims=lambda raw: raw.get("model_type") == "llada" and "expert_intermediate_size" in raw))

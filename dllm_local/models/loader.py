@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ..errors import ModelLoadError, SettingsError
-from . import FAMILY_MODULES, KINDS, diffusion_gemma
+from . import diffusion_gemma
 from .build import build_model, family_config, load_tokenizer
 from .checks import (check_chat_template, check_family, check_folder, check_guider_type, check_mask_id, check_memory,
                      check_tensors, check_weights, needed_bytes, read_json_object)
@@ -158,8 +158,8 @@ def decoding_facts(name_or_path: str) -> dict:
     block-diffusion model, the block and sub-block its class declares (built on the meta device)."""
     path, config_file, raw = _open(name_or_path)
     family = check_family(raw, config_file)
-    if KINDS[family] != "block":
-        return {"kind": KINDS[family]}
+    if family.kind != "block":
+        return {"kind": family.kind}
     model = meta_model(family, family_config(raw, family, config_file), config_file)
     return {"kind": "block", "block_size": model.block_size, "sub_block": model.sub_block}
 
@@ -177,13 +177,12 @@ def load(
     family = check_family(raw, config_file)
     config = family_config(raw, family, config_file)
     check_config_sizes(family, config, config_file)
-    canvas = KINDS[family] == "canvas"
+    canvas = family.kind == "canvas"
     tensors = check_weights(path)
     check_tensors(family, config, tensors, path)
     check_shapes(family, config, tensors, config_file)
     tokenizer = load_tokenizer(path, family)
-    mask_token = FAMILY_MODULES[family].MASK_TOKEN if family in FAMILY_MODULES else None
-    mask_id = None if canvas else check_mask_id(raw, config, config_file, tokenizer, mask_token)
+    mask_id = None if canvas else check_mask_id(raw, config, config_file, tokenizer, family.mask_token)
     check_chat_template(tokenizer, path)
     dev = pick_device(device)
     dtype = pick_dtype(dtype, dev, quantization)
@@ -192,20 +191,21 @@ def load(
     qconfig = quantization_config(quantization, dtype)
     model = build_model(path, family, config, dtype, dev, qconfig, device_map)
     if canvas:
-        return _canvas_handle(name_or_path, path, family, model, tokenizer, dtype, quantization if qconfig else None)
+        return _canvas_handle(name_or_path, path, family.model_type, model, tokenizer, dtype,
+                              quantization if qconfig else None)
     eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else config.eos_token_id
     if type(eos_id) is not int:
         raise ModelLoadError(f"{path} names no end-of-text token: set eos_token_id in {config_file}")
     vocab = tokenizer.get_vocab()
     stop_ids = tuple(dict.fromkeys([eos_id] + [vocab[t] for t in _STOP_TOKENS if t in vocab]))
     return ModelHandle(
-        name=name_or_path, path=path, family=family, model=model, tokenizer=tokenizer,
+        name=name_or_path, path=path, family=family.model_type, model=model, tokenizer=tokenizer,
         mask_id=mask_id, eos_id=eos_id, stop_ids=stop_ids,
         device=next(model.parameters()).device, dtype=dtype, quantization=None if qconfig is None else quantization,
         num_parameters=logical_parameters(model),  # a 4-bit weight's numel counts packed pairs
         memory_bytes=model.get_memory_footprint(), max_length=config.max_positions,
         trained_length=_trained_length(raw), weight_read_bytes=weight_read_bytes(model),
-        kind=KINDS[family], experts=model.experts, block_size=model.block_size,
+        kind=family.kind, experts=model.experts, block_size=model.block_size,
     )
 
 

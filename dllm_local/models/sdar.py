@@ -9,14 +9,13 @@ released checkpoints', so their unmodified files load without remote code.
 """
 from __future__ import annotations
 
-import re
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from transformers import PretrainedConfig
 
 from .attention import Attention, BlockCausal
+from .family import QWEN2_WEIGHTS, FamilySpec, register
 from .layers import RMSNorm, SwiGLU, attend, mix_experts
 from .stack import LayerStackLM
 
@@ -199,9 +198,10 @@ class SDARMoeForCausalLM(SDARForCausalLM):
         self.experts = (config.num_experts, config.num_experts_per_tok)
 
 
-WEIGHTS = ("model.embed_tokens.weight", re.compile(r"model\.layers\.(\d+)\."),
-           lambda c: ([c.vocab_size, c.hidden_size], c.num_hidden_layers))
-TOKENIZER = "Qwen2Tokenizer"  # tokenizer_config.json names the remote tokenization_qwen2 module
-# The tokenizer's mask token (id 151669 in the released vocabulary), for a config.json without
-# mask_token_id (the first uploads had none; block_size was added with it).
-MASK_TOKEN = "<|MASK|>"
+# Its tokenizer_config.json names the remote tokenization_qwen2 module; the tokenizer's mask token
+# (id 151669 in the released vocabulary) is for a config.json without mask_token_id (the first
+# uploads had none; block_size was added with it).
+register(FamilySpec(config=SDARConfig, model=SDARForCausalLM, kind="block", weights=QWEN2_WEIGHTS,
+                    tokenizer="Qwen2Tokenizer", mask_token="<|MASK|>"))
+register(FamilySpec(config=SDARMoeConfig, model=SDARMoeForCausalLM, kind="block", weights=QWEN2_WEIGHTS,
+                    tokenizer="Qwen2Tokenizer", mask_token="<|MASK|>"))

@@ -15,21 +15,17 @@ from pathlib import Path
 import torch
 
 from ..errors import ModelLoadError
-from . import FAMILIES
+from .family import FamilySpec
 from .protocol import DiffusionLM, FamilyConfig
 
-# The attention's sizes by their config.json names: LLaDA's own, every other family's Qwen2's.
-_ATTENTION_KEYS = {"llada": ("d_model", "n_heads", "n_kv_heads")}
-_QWEN_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads")
-
-
-def check_config_sizes(family: str, config: FamilyConfig, config_file: Path) -> None:
+def check_config_sizes(family: FamilySpec, config: FamilyConfig, config_file: Path) -> None:
     """Heads that divide the width (unless the config names head_dim), key/value heads that divide
-    the heads, and no token id past the embedding's rows (LLaDA's embedding_size)."""
+    the heads, and no token id past the embedding's rows (LLaDA's embedding_size); the attention's
+    sizes by the names the family's spec gives (``size_keys``)."""
     text = config.get_text_config()  # a composite config (DiffusionGemma) keeps its sizes in text_config
     values = text.to_dict()
     prefix = "" if text is config else "text_config."
-    keys = _ATTENTION_KEYS.get(family, _QWEN_KEYS)
+    keys = family.size_keys
     width, heads, kv_heads = (values.get(key) for key in keys)
     named = ", ".join(f"{prefix}{key} {values.get(key)!r}" for key in keys)
     if not all(type(size) is int and size > 0 for size in (width, heads, kv_heads)):
@@ -46,17 +42,17 @@ def check_config_sizes(family: str, config: FamilyConfig, config_file: Path) -> 
                              "needs a row of the embedding")
 
 
-def meta_model(family: str, config: FamilyConfig, config_file: Path) -> DiffusionLM:
+def meta_model(family: FamilySpec, config: FamilyConfig, config_file: Path) -> DiffusionLM:
     """The family's model built from ``config`` on the meta device: its tensors' names and shapes
     at no memory cost. A config the model's code cannot build is a ModelLoadError naming config.json."""
     try:
         with torch.device("meta"):
-            return FAMILIES[family][1](copy.deepcopy(config))  # building may write to its config
+            return family.model(copy.deepcopy(config))  # building may write to its config
     except ModelLoadError:
         raise
     except Exception as exc:  # noqa: BLE001 - a model's code raises many classes; its message is the point
         first = str(exc).splitlines()[0][:160] if str(exc) else ""
-        raise ModelLoadError(f"{config_file} does not make a {family} model ({type(exc).__name__}: {first}); "
+        raise ModelLoadError(f"{config_file} does not make a {family.model_type} model ({type(exc).__name__}: {first}); "
                              "fix its sizes") from None
 
 
@@ -68,7 +64,7 @@ def _more(names: list[str]) -> str:
     return f" (and {len(names) - 1} more)" if len(names) > 1 else ""
 
 
-def check_shapes(family: str, config: FamilyConfig, tensors: dict[str, dict], config_file: Path) -> None:
+def check_shapes(family: FamilySpec, config: FamilyConfig, tensors: dict[str, dict], config_file: Path) -> None:
     """Every tensor of the weights (``check_weights``'s headers) has the shape the config's model
     gives it, and the model has every tensor, as transformers loads them: a tied tensor (a head
     that is the embedding) may be absent, and the names its class ignores are ignored."""
@@ -83,9 +79,9 @@ def check_shapes(family: str, config: FamilyConfig, tensors: dict[str, dict], co
                and not _matches(model._keys_to_ignore_on_load_missing, name)]
     if missing:
         raise ModelLoadError(f"the weights in {config_file.parent} have no {missing[0]}{_more(missing)}, which the "
-                             f"{family} model of {config_file.name} has: the weights are not this config's")
+                             f"{family.model_type} model of {config_file.name} has: the weights are not this config's")
     extra = [name for name in tensors if name not in expected
              and not _matches(model._keys_to_ignore_on_load_unexpected, name)]
     if extra:
         raise ModelLoadError(f"weight file {tensors[extra[0]]['file']}: {extra[0]}{_more(extra)} has no place in the "
-                             f"{family} model of {config_file.name}: the weights are not this config's")
+                             f"{family.model_type} model of {config_file.name}: the weights are not this config's")

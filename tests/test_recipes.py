@@ -1,0 +1,108 @@
+"""The worked example of docs/development.md that is part of the package, not a script, run as the
+recipe says: a model family.
+
+Its blocks say where they go in their ``readme-test: skip`` note: the family's file as
+``dllm_local/models/mini.py``, a line at the end of ``dllm_local/models/__init__.py``, and a script
+to run once the family is registered. In a fresh process, ``dllm_local.models`` is imported from
+the package's own files with that line added and the new file beside them (a temporary folder on
+the package's path: nothing is written into the repository); the package alone must register the
+family, and the script must load a checkpoint saved with ``save_pretrained`` and print what the
+recipe shows. Then every cache and unmasking policy decodes with it, one request and batched.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from test_readme import ROOT, Block, assert_prints, readme_blocks
+
+DOC = ROOT / "docs" / "development.md"
+# "tests/test_recipes.py runs it as PATH", "... at the end of PATH", "... once the family above is registered"
+ROLE = re.compile(r"tests/test_recipes\.py runs it (as|at the end of|once the family above is registered)\s*(\S*)")
+RUNNER = r'''
+import importlib.util, sys
+from pathlib import Path
+
+import dllm_local
+
+folder, models = Path(sys.argv[1]), Path(sys.argv[2])
+spec = importlib.util.spec_from_file_location("dllm_local.models", folder / "__init__.py",
+                                              submodule_search_locations=[str(models), str(folder)])
+package = importlib.util.module_from_spec(spec)
+sys.modules["dllm_local.models"] = dllm_local.models = package
+spec.loader.exec_module(package)
+
+from transformers import AutoConfig
+
+from dllm_local.models import family
+
+if not family.known("mini"):
+    sys.exit(f"importing dllm_local.models does not register mini; it knows {[s.model_type for s in family.all_specs()]}")
+assert type(AutoConfig.for_model("mini")).__name__ == "MiniConfig", "mini is not registered with the Auto classes"
+exec(compile((folder / "script.py").read_text(), "the recipe's script", "exec"), {"__name__": "__main__"})
+'''
+# Run after the recipe's script, in its namespace (``handle``, ``dllm_local``, ``Settings``).
+CHECKS = r'''
+from dllm_local.policies import registry
+
+runs = 0
+for cache in registry.for_model("masked", registry.CACHE):
+    for unmask, spec in registry.for_model("masked", registry.UNMASK).items():
+        if spec.needs_guider or registry.pair_problem(registry.get("cache", cache), spec):
+            continue
+        settings = Settings(gen_length=16, block_size=8, cache=cache, unmask=unmask)
+        assert len(dllm_local.generate(handle, "What is 2 + 3?", settings).token_ids) == 16, (cache, unmask)
+        runs += 1
+batch = dllm_local.generate_batch(handle, ["What is 2 + 3?", "Hello! How are you?"], Settings(gen_length=16, block_size=8))
+assert [len(r.token_ids) for r in batch] == [16, 16]
+print(runs, "runs decoded")
+'''
+
+
+def recipe_blocks() -> dict[str, Block]:
+    """The family recipe's blocks by role: "file" (its path in the note), "init" and "script"."""
+    found: dict[str, Block] = {}
+    for block in readme_blocks(DOC.read_text(), "docs/development.md"):
+        match = ROLE.search(block.skip or "")
+        if match:
+            role = {"as": "file", "at the end of": "init"}.get(match.group(1), "script")
+            assert role not in found, f"{block.where}: a second {role} block of the family recipe"
+            found[role] = block
+    assert set(found) == {"file", "init", "script"}, f"the family recipe's blocks in {DOC.name}: {sorted(found)}"
+    assert ROLE.search(found["file"].skip).group(2) == "dllm_local/models/mini.py"
+    assert ROLE.search(found["init"].skip).group(2) == "dllm_local/models/__init__.py"
+    return found
+
+
+def follow(tmp_path: Path, blocks: dict[str, Block], checks: str = "") -> subprocess.CompletedProcess:
+    """The recipe followed in a fresh process: the package's __init__ with the init block at its
+    end, the family's file beside the package's own, then the script (and ``checks`` after it)."""
+    init = (ROOT / "dllm_local" / "models" / "__init__.py").read_text()
+    (tmp_path / "__init__.py").write_text(init.rstrip("\n") + "\n" + blocks["init"].text + "\n")
+    (tmp_path / "mini.py").write_text(blocks["file"].text + "\n")
+    (tmp_path / "script.py").write_text(blocks["script"].text + "\n" + checks)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-c", RUNNER, str(tmp_path), str(ROOT / "dllm_local" / "models")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_the_family_recipe_registers_loads_and_decodes_as_written(tmp_path):
+    blocks = recipe_blocks()
+    done = follow(tmp_path, blocks, CHECKS)
+    assert done.returncode == 0, f"the family recipe of {DOC.name} failed:\n{done.stderr[-4000:]}"
+    assert blocks["script"].output, "the recipe's script shows what it prints"
+    assert_prints([line.strip() for line in blocks["script"].output.splitlines() if line.strip()], done.stdout,
+                  blocks["script"].where)
+    runs = int(re.search(r"(\d+) runs decoded", done.stdout).group(1))
+    assert runs > 10, done.stdout
+
+
+def test_the_recipe_without_its_init_line_leaves_the_family_unregistered(tmp_path):
+    # What the test above stands on: a recipe that forgets the import is caught.
+    blocks = recipe_blocks()
+    blocks["init"] = Block("python", 0, "", None)
+    done = follow(tmp_path, blocks)
+    assert done.returncode != 0 and "does not register mini" in done.stderr, done.stderr[-2000:]
