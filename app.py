@@ -122,10 +122,10 @@ def create(args: argparse.Namespace, roles: dict[str, str] | None = None):
                       threads=args.threads, lazy=True, memory_fraction=getattr(args, "gpu_memory_fraction", None),
                       ray=getattr(args, "ray", None), slots=args.slots,
                       max_length=args.max_gen_length and args.max_gen_length + SLOT_PROMPT_ROOM)
-    from ui.lab import Lab, Limits
-    from ui.model_access import ModelAccess
+    from ui.lab.classroom import Lab, Limits
+    from ui.model.access import ModelAccess
     from ui.page import build
-    from ui.presets import load_presets
+    from ui.parts.presets import load_presets
 
     presets, problems = load_presets()
     models = ModelAccess(getattr(args, "models_dir", None), getattr(args, "allow_downloads", False))

@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dllm_local.devices import machine_name  # noqa: E402
-from dllm_local.experiments.frontier import policy_curves  # noqa: E402
+from dllm_local.analysis.frontier import policy_curves  # noqa: E402
 from dllm_local.experiments.sweep import point_row  # noqa: E402
 from dllm_local.experiments.cluster import Cluster, ClusterRunner  # noqa: E402
 from dllm_local.experiments.units import (Job, LocalRunner, ModelSpec, Results, Worker, plan_units,  # noqa: E402

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dllm_local  # noqa: E402
 from continuous_batching import workload  # noqa: E402
-from dllm_local.batch import BatchRun  # noqa: E402
+from dllm_local.decoding.batch import BatchRun  # noqa: E402
 from dllm_local.devices import machine_name  # noqa: E402
 from dllm_local.models.loader import ASSETS  # noqa: E402
 from dllm_local.softmax import CHUNK_ELEMENTS  # noqa: E402

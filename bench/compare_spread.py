@@ -6,7 +6,7 @@ For a few pairs of settings (no cache vs DualCache, DualCache vs the adaptive ca
 adaptive preset's settings, PrefixCache vs DualCache), each side runs as the Compare tab runs it:
 in the engine process, once untimed (the "one run" column: what a Run-tab click shows), then in
 ``--repeats`` interleaved timed repeats (a, b, a, b, ...). The table gives each side's one-run
-speed next to its median and min–max, and the verdict of ``ui.timing.speedup`` (the page's own
+speed next to its median and min–max, and the verdict of ``ui.parts.timing.speedup`` (the page's own
 function): the ratio of the medians, claimed only when the exact Mann–Whitney rank test puts the
 two sides' times apart (p < 0.05). A benchmark, not a test: the figures are this machine's at this
 moment, so the machine's load is printed with them.
@@ -25,10 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dllm_local.serving.session import Session  # noqa: E402
 from dllm_local.settings import Settings  # noqa: E402
-from ui.presets import load_presets  # noqa: E402
-from ui.comparison import compare  # noqa: E402
-from ui.replay import numbers  # noqa: E402
-from ui.timing import MAX_REPEATS, MIN_REPEATS, REPEATS, speedup, spread_text  # noqa: E402
+from ui.parts.presets import load_presets  # noqa: E402
+from ui.compare.comparison import compare  # noqa: E402
+from ui.run.replay import numbers  # noqa: E402
+from ui.parts.timing import MAX_REPEATS, MIN_REPEATS, REPEATS, speedup, spread_text  # noqa: E402
 
 DUAL, PREFIX, ADAPTIVE = "DualCache, blocks of several steps", "Fast-dLLM PrefixCache", "Adaptive I/O-aware cache"
 

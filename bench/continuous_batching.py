@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import dllm_local  # noqa: E402
 from dllm_local import Settings  # noqa: E402
-from dllm_local.batch import BatchRun, batches  # noqa: E402
+from dllm_local.decoding.batch import BatchRun, batches  # noqa: E402
 from dllm_local.devices import machine_name  # noqa: E402
 from dllm_local.models.placement import apply_threads  # noqa: E402
 from dllm_local.tiny.tasks import TASKS, make_problems  # noqa: E402

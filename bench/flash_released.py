@@ -17,7 +17,7 @@ Held-out problems (problem seed 1000, problem i decoded with seed i, as ``eval``
 bench/aup_table.py). Times are interleaved: problem by problem, every pair decodes it once, the
 order rotated from one problem to the next, so whatever else the machine does hits every pair
 alike. Each pair decodes problem 0 once untimed first. AUP is the project's (d3LLM's definition,
-``dllm_local.experiments.frontier.policy_curves``, content tokens per forward against accuracy,
+``dllm_local.analysis.frontier.policy_curves``, content tokens per forward against accuracy,
 y_max the best accuracy of the rows); one point per pair, so a pair's AUP is its content tau
 times its accuracy (d3LLM's weight applies from a curve's second point on).
 """
@@ -33,9 +33,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dllm_local.experiments.bench import BASELINE, FAST_DLLM, Strategy  # noqa: E402
+from dllm_local.experiments.side_by_side import BASELINE, FAST_DLLM, Strategy  # noqa: E402
 from dllm_local.devices import machine_name  # noqa: E402
-from dllm_local.experiments.frontier import policy_curves, policy_of  # noqa: E402
+from dllm_local.analysis.frontier import policy_curves, policy_of  # noqa: E402
 from dllm_local.settings import Settings  # noqa: E402
 from dllm_local.tiny.tasks import TASKS  # noqa: E402
 

@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dllm_local.devices import machine_name  # noqa: E402
 from dllm_local.models import LLaDAConfig, LLaDAModelLM  # noqa: E402
-from dllm_local.tiny.train import REFERENCE_CONFIG  # noqa: E402
+from dllm_local.tiny_checkpoints.train import REFERENCE_CONFIG  # noqa: E402
 
 
 @torch.no_grad()

@@ -33,7 +33,7 @@ follows beside Fast-dLLM's pair (``dual`` + ``threshold`` 0.9) and the released 
 verify forward (``flash`` + ``threshold`` 0.9), on the bf16 model: batch 1 at every length, and the
 other ``--released-batches`` (default 32) at the first. Each forward is timed apart, so a step's
 main forward (packed for the whole batch) and its verify forwards (one per request, as
-``dllm_local.batch`` runs an unmasking policy's extra forwards) show separately.
+``dllm_local.decoding.batch`` runs an unmasking policy's extra forwards) show separately.
 
 A DiffusionGemma-shaped random model (``--diffusiongemma``, CUDA only): transformers'
 DiffusionGemmaConfig with gemma-4-26B-A4B's layer sizes (costmodel.DIFFUSIONGEMMA_26B_A4B_TEXT: 128
@@ -78,8 +78,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # its block-diffusion 
 import dllm_local  # noqa: E402
 from dllm_local import Settings  # noqa: E402
 from dllm_local.devices import DEVICES, DeviceProfile, machine_name, measure_device  # noqa: E402
-from dllm_local.experiments.costmodel import (  # noqa: E402
-    DIFFUSIONGEMMA_26B_A4B_TEXT, Experts, TargetModel, step_floor_s)
+from dllm_local.analysis.costmodel import DIFFUSIONGEMMA_26B_A4B_TEXT, Experts, TargetModel, step_floor_s
 from dllm_local.models.footprint import (  # noqa: E402
     loaded_bytes, logical_parameters, stored_bytes, weight_read_bytes)
 from dllm_local.models import LLaDAConfig, LLaDAModelLM  # noqa: E402

@@ -9,7 +9,7 @@ the full trace, one token per step (the fixed schedule, steps = gen_length) and 
 Per layer and K or V, the table gives the cache-vs-exact cosine of every entry the cache reused
 (positions not recomputed at that step; a full refresh reuses nothing), pooled over the run, by
 position kind: the prompt, answer positions decoded before the step, answer positions still
-masked. The figures and the verdict are ``ui.lessons.kv_reuse_verdict``'s, the page's own.
+masked. The figures and the verdict are ``ui.lessons.verdicts.kv_reuse_verdict``'s, the page's own.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import torch  # noqa: E402
 
 import dllm_local  # noqa: E402
 from dllm_local import Settings  # noqa: E402
-from ui.lessons import KINDS, kv_reuse_verdict  # noqa: E402
+from ui.lessons.verdicts import KINDS, kv_reuse_verdict  # noqa: E402
 
 PROMPTS = {
     "arithmetic": "Mia has 4 boxes of 5 shells and 3 loose shells. How many in all?",

@@ -31,10 +31,10 @@ sys.path.insert(0, str(ROOT))
 import dllm_local  # noqa: E402
 from dllm_local import Settings  # noqa: E402
 from dllm_local.devices import DEVICES, machine_name  # noqa: E402
-from dllm_local.experiments.costmodel import TARGET_MODELS, concurrency_crossovers, concurrency_curve  # noqa: E402
+from dllm_local.analysis.costmodel import TARGET_MODELS, concurrency_crossovers, concurrency_curve  # noqa: E402
 from dllm_local.limits import SLOTS  # noqa: E402
 from dllm_local.tiny.tasks import TASKS, make_problems  # noqa: E402
-from ui.presets import load_presets  # noqa: E402
+from ui.parts.presets import load_presets  # noqa: E402
 
 DEFAULT_PRESET = "Fast-dLLM DualCache (paper default)"  # what Run decodes with when only a prompt is given
 ANSWER = re.compile(r"\*\*Answer:\*\* (.*?)(?: — [✓✗] \*\*|$)", re.S)

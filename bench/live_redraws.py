@@ -49,13 +49,13 @@ WATCH_GRIDS = """(prev) => {
 
 
 class ServerClock:
-    """Wraps the live run's ``throttled`` and ``draw`` (``ui.live_run``'s names for them) to note
+    """Wraps the live run's ``throttled`` and ``draw`` (``ui.run.live``'s names for them) to note
     what each redraw costs the server: the time from handing the page a trace to its asking for
     the next one (drawing the views, Gradio's diff and send), by kind (the grid alone, or the
     plots too), and the time ``draw`` took of it."""
 
     def __init__(self) -> None:
-        import ui.live_run as live_run
+        import ui.run.live as live_run
 
         self.redraw_s: dict[bool, list[float]] = {False: [], True: []}  # by "the plots too"
         self.draw_s: dict[bool, list[float]] = {False: [], True: []}
@@ -111,8 +111,8 @@ def main() -> int:
     from dllm_local.settings import Settings
     from playwright.sync_api import sync_playwright
 
-    from ui.controls import controls_from_settings, settings_from_controls
-    from ui.presets import load_presets
+    from ui.run.controls import controls_from_settings, settings_from_controls
+    from ui.parts.presets import load_presets
 
     name = "LLaDA baseline"
     preset = load_presets()[0][name]

@@ -89,8 +89,8 @@ def main() -> int:
     from dllm_local.settings import Settings
     from playwright.sync_api import sync_playwright
 
-    from ui.controls import controls_from_settings, settings_from_controls
-    from ui.presets import load_presets
+    from ui.run.controls import controls_from_settings, settings_from_controls
+    from ui.parts.presets import load_presets
 
     presets = load_presets()[0]
     name = args.preset or next(iter(presets))

@@ -15,8 +15,8 @@ _EXPORTS = {
     "TraceError": "errors", "DecodingError": "errors",
     "ModelHandle": "models.loader", "GuiderHandle": "models.loader", "load": "models.loader", "load_guider": "models.loader",
     "Settings": "settings", "Trace": "trace", "StepRecord": "trace",
-    "generate": "sampler", "stream": "sampler", "Result": "sampler",
-    "generate_batch": "batch", "stream_batch": "batch", "BatchRun": "batch",
+    "generate": "decoding.sampler", "stream": "decoding.sampler", "Result": "decoding.sampler",
+    "generate_batch": "decoding.batch", "stream_batch": "decoding.batch", "BatchRun": "decoding.batch",
 }
 __all__ = sorted(_EXPORTS)
 

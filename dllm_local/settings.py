@@ -15,7 +15,7 @@ from pydantic import TypeAdapter
 from pydantic.fields import FieldInfo
 from typing_extensions import TypedDict
 
-from .canvas_settings import check_canvas_params
+from .canvas.settings import check_canvas_params
 from .errors import SettingsError, listed
 from .limits import MAX_GEN_LENGTH, SEED_MAX
 from .policies import registry

@@ -18,7 +18,7 @@ from pydantic import (AfterValidator, BeforeValidator, ConfigDict, Field, PlainV
 from pydantic_core import PydanticCustomError
 from typing_extensions import TypedDict
 
-from .canvas_trace import Canvas, Count
+from .canvas.trace import Canvas, Count
 from .errors import TraceError, schema_message
 from .files import parse_json, read_json
 from .limits import MAX_GEN_LENGTH, MAX_TRACE_BYTES

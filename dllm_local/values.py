@@ -5,7 +5,7 @@ pass as numbers, numbers are finite and within their declared bounds, and a refu
 SettingsError naming the value's place and the rule it breaks. Files go through ``Count``,
 ``Number``, ``Flag``, ``Text``: strict (a bool is not a number, text is not parsed), so a file reads
 back as it was written; their schemas live beside what they describe (``trace.py``,
-``experiments/units.py``, ``experiments/reports.py``, ``ui/presets.py``)."""
+``experiments/units.py``, ``experiments/reports.py``, ``ui/parts/presets.py``)."""
 from __future__ import annotations
 
 import math

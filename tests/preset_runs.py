@@ -6,7 +6,7 @@ from functools import cache
 
 import dllm_local
 from dllm_local import Settings
-from ui.presets import load_presets
+from ui.parts.presets import load_presets
 
 PRESETS, _ = load_presets()
 

@@ -10,8 +10,8 @@ from described_session import DescribedSession
 from dllm_local.policies import registry
 from dllm_local.policies.registry import Param, PolicySpec
 from dllm_local.settings import Settings
-from ui.controls import controls_from_settings, policy_choices, settings_from_controls, visible_knobs
-from ui.presets import load_presets
+from ui.run.controls import controls_from_settings, policy_choices, settings_from_controls, visible_knobs
+from ui.parts.presets import load_presets
 
 class ToyUnmask:
     """Stands for a policy's behaviour: nothing here runs it."""

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from dllm_local.experiments.frontier import aup, aup_weight, policy_curves
+from dllm_local.analysis.frontier import aup, aup_weight, policy_curves
 
 
 def test_one_point_is_its_rectangle():
@@ -59,9 +59,9 @@ def test_each_policy_gets_its_curve_and_an_aup_against_the_best_of_all():
 
 
 def test_the_tune_charts_shaded_region_has_the_aup_as_its_area_where_weights_and_the_cut_apply():
-    """The Tune tab shades the AUP (ui.tune_aup.aup_area): a rectangle, then trapezoids under the
+    """The Tune tab shades the AUP (ui.tune.aup.aup_area): a rectangle, then trapezoids under the
     weighted accuracies of the counted points; a point past the cut adds nothing."""
-    from ui.tune_aup import aup_area
+    from ui.tune.aup import aup_area
 
     def row(cache, tau, acc):
         return {"settings": {"cache": cache, "unmask": "threshold"}, "tau_content": tau, "accuracy": acc}

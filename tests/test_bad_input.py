@@ -298,7 +298,7 @@ def test_the_prompt_of_a_crafted_trace_is_read_in_linear_time(prompt_text, expec
     17 s on an 18 kB trace; these inputs are ten times longer."""
     import time
 
-    from ui.replay import prompt_of
+    from ui.run.replay import prompt_of
 
     trace = {"vocab": {"0": prompt_text}, "prompt_ids": [0]}
     start = time.perf_counter()
@@ -313,7 +313,7 @@ def test_sizes_a_user_sets_are_bounded_before_anything_is_built():
     import time
 
     from dllm_local.errors import DllmError
-    from dllm_local.experiments.reports import add_points
+    from dllm_local.analysis.reports import add_points
     from dllm_local.experiments.sweep import plan
     from dllm_local.tiny.tasks import make_problems
 
@@ -342,7 +342,7 @@ def test_an_added_report_is_read_through_its_schema_and_a_failure_names_the_fiel
     """"Add results" used fields the check did not look at: a negative accuracy or a dict label
     ended in a traceback, a row's bad settings in a failure when the row was clicked."""
     from dllm_local.errors import DllmError
-    from dllm_local.experiments.reports import add_points
+    from dllm_local.analysis.reports import add_points
 
     good = {"point": {"threshold": 0.9}, "accuracy": 0.5, "model_tok_s": 10.0, "nfe": 4}
     with pytest.raises(DllmError, match=re.escape(message)):

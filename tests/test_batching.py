@@ -19,7 +19,7 @@ from dllm_local import (
 )
 from dllm_local.models.attention import Segment
 from dllm_local.policies import registry
-from dllm_local.batch import FLOOR_SHARE, BatchRun, QuotaPool, generate_all
+from dllm_local.decoding.batch import FLOOR_SHARE, BatchRun, QuotaPool, generate_all
 
 # Different lengths on purpose: the rows of a batch are not aligned anywhere.
 PROMPTS = ["What is 12 + 7?", "Deal a poker hand and name it.", "What is 3 + 4 + 5 + 6 + 7 + 8 + 9 + 10 + 11?", "hi"]
@@ -297,7 +297,7 @@ def test_eval_with_a_batch_size_scores_the_same_as_one_at_a_time(tiny):
 
 
 def test_bench_with_a_batch_size_scores_the_same_and_answers_the_four_questions(tiny):
-    from dllm_local.experiments.bench import STRATEGY_SETS, format_table, run_bench
+    from dllm_local.experiments.side_by_side import STRATEGY_SETS, format_table, run_bench
     from dllm_local.experiments.problems import task_problems
 
     problems = task_problems("arithmetic", 6, 1000)

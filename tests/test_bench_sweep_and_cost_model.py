@@ -6,10 +6,10 @@ import threading
 
 import pytest
 
-from dllm_local.experiments.bench import Strategy, format_table, run_bench
+from dllm_local.experiments.side_by_side import Strategy, format_table, run_bench
 from dllm_local.experiments.problems import SCORERS, jsonl_problems, task_problems
 from dllm_local.devices import DEVICES, reuse_beats_recompute
-from dllm_local.experiments.costmodel import TARGET_MODELS, crossover_positions, project, step_floor_s
+from dllm_local.analysis.costmodel import TARGET_MODELS, crossover_positions, project, step_floor_s
 from dllm_local.errors import DllmError, SettingsError
 from dllm_local.settings import Settings
 from dllm_local.experiments.sweep import apply, grid, pareto, run_sweep, sweep_job

@@ -13,8 +13,8 @@ from dllm_local import Settings, SettingsError
 from dllm_local.cli import main as cli_main
 from dllm_local.hub import TINY_FAMILIES
 from dllm_local.prompts import encode_prompt
-from dllm_local.batch import generate_batch
-from dllm_local.sampler import generate
+from dllm_local.decoding.batch import generate_batch
+from dllm_local.decoding.sampler import generate
 from dllm_local.trace import Trace
 
 PROMPT = "What is 12 + 7?"  # 17 tokens on tiny-sdar: it ends inside a block

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 
 from dllm_local.policies import registry
-from dllm_local.tiny.sdar import build_checkpoint
-from ui.block_parts import EXACT_WORDS
-from ui.block_lessons import CLAIM
-from ui.run_figures.stored import LEGEND
+from dllm_local.tiny_checkpoints.random_sdar import build_checkpoint
+from ui.block.parts import EXACT_WORDS
+from ui.block.lessons import CLAIM
+from ui.figures.stored import LEGEND
 
 from test_page import OUT, _choose, _free_port, _wait_run_ended, browser  # noqa: F401
 

@@ -14,21 +14,22 @@ import pytest
 
 import dllm_local
 from dllm_local.policies import registry
-from dllm_local.sampler import generate
+from dllm_local.decoding.sampler import generate
 from dllm_local.settings import Settings
-from dllm_local.tiny.llada_moe import build_checkpoint
-from ui import run_figures, tables
-from ui.block_lessons import stored_verdict
-from ui.block_parts import EXACT_WORDS
-from ui.control_widgets import run_controls
-from ui.controls import cache_choices, controls_from_settings, fit_to_model, kind_values
-from ui.lessons import HOLDS, FAILS, kv_reuse_verdict
-from ui.model_box import model_line
-from ui.position_panel import position_panel_html
-from ui.replay import numbers, prompt_len, what_if
-from ui.run_figures.stored import LEGEND
-from ui.status_line import work_line
-from ui.trace_parts import block_span, block_start
+from dllm_local.tiny_checkpoints.random_llada_moe import build_checkpoint
+from ui import figures
+from ui.parts import tables
+from ui.block.lessons import stored_verdict
+from ui.block.parts import EXACT_WORDS
+from ui.run.widgets import run_controls
+from ui.run.controls import cache_choices, controls_from_settings, fit_to_model, kind_values
+from ui.lessons.verdicts import HOLDS, FAILS, kv_reuse_verdict
+from ui.model.box import model_line
+from ui.run.position_panel import position_panel_html
+from ui.run.replay import numbers, prompt_len, what_if
+from ui.figures.stored import LEGEND
+from ui.run.status_line import work_line
+from ui.parts.trace_parts import block_span, block_start
 
 PROMPT = "What is 12+7?"  # 17 prompt tokens with the chat template: the prompt ends inside block 4 (16-19)
 B = 4
@@ -88,7 +89,7 @@ def test_the_kv_view_draws_the_stored_entries_exact_from_the_runs_spans(block_tr
     last = len(block_trace["steps"]) - 1
     expected = _expected_exact(block_trace, last)
     assert expected, "the run stored a finished answer block"
-    fig = run_figures.kv_heatmap(block_trace, layer="mean", which="v", upto_step=last, view=view)
+    fig = figures.kv_heatmap(block_trace, layer="mean", which="v", upto_step=last, view=view)
     layers = {t.name: t for t in fig.data}
     exact = np.array(layers[LEGEND].z, dtype=float)
     assert {tuple(c) for c in np.argwhere(~np.isnan(exact))} == expected
@@ -104,9 +105,9 @@ def test_the_kv_view_draws_the_stored_entries_exact_from_the_runs_spans(block_tr
                    for name in ("cached", view, LEGEND) if name in layers)
     # Before the first answer block is stored nothing is drawn exact; without stored spans, never.
     first = min(s for s, _ in expected)
-    assert LEGEND not in {t.name for t in run_figures.kv_heatmap(block_trace, "mean", "v", first - 1, view).data}
-    assert LEGEND not in {t.name for t in run_figures.kv_heatmap(_masked(block_trace), "mean", "v", last, view).data}
-    assert EXACT_WORDS in run_figures.BLOCK_CAPTIONS["kv"] and EXACT_WORDS not in run_figures.CAPTIONS["kv"]
+    assert LEGEND not in {t.name for t in figures.kv_heatmap(block_trace, "mean", "v", first - 1, view).data}
+    assert LEGEND not in {t.name for t in figures.kv_heatmap(_masked(block_trace), "mean", "v", last, view).data}
+    assert EXACT_WORDS in figures.BLOCK_CAPTIONS["kv"] and EXACT_WORDS not in figures.CAPTIONS["kv"]
 
 
 def test_the_verdicts_and_the_position_panel_say_the_stored_blocks_are_exact(block_trace):
@@ -139,14 +140,14 @@ def test_store_forwards_are_shown_apart_from_nfe(block_trace):
 def test_the_experts_panel_lists_each_steps_routed_experts(moe_trace, block_trace):
     total = moe_trace["model"]["experts"]
     for step, record in enumerate(moe_trace["steps"]):
-        panel = run_figures.experts_html(moe_trace, step)
+        panel = figures.experts_html(moe_trace, step)
         assert f'data-step="{step}"' in panel
         for layer, ids in record["experts"].items():
             assert f'data-layer="{layer}" data-distinct="{len(ids)}"' in panel
             assert f"{len(ids)} of {total} experts" in panel
             assert panel.count('(routed)"') >= len(ids)
-    assert run_figures.experts_html(block_trace, 0) == ""  # a dense model: no panel
-    views = run_figures.experts_html(moe_trace)  # the last step by default
+    assert figures.experts_html(block_trace, 0) == ""  # a dense model: no panel
+    views = figures.experts_html(moe_trace)  # the last step by default
     assert f'data-step="{len(moe_trace["steps"]) - 1}"' in views
 
 

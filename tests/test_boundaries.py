@@ -20,12 +20,12 @@ from dllm_local import Settings
 from dllm_local.cli import main as cli_main
 from dllm_local.errors import MAX_MESSAGE, DllmError, SettingsError, TraceError
 from dllm_local.experiments.ray_address import reach_head
-from dllm_local.experiments.reports import add_points
+from dllm_local.analysis.reports import add_points
 from dllm_local.experiments.sweep import sweep_job
 from dllm_local.experiments.units import ModelSpec, Results
 from dllm_local.files import MAX_DEPTH, FileRefused, read_json
 from dllm_local.trace import load_trace_file, parse_trace
-from ui.presets import CURRENT_RUN, load_presets
+from ui.parts.presets import CURRENT_RUN, load_presets
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_TRACE = ROOT / "tests" / "data" / "trace_small.json"

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from dllm_local.errors import SettingsError
-from dllm_local.sampler import generate
+from dllm_local.decoding.sampler import generate
 from dllm_local.settings import Settings
 from dllm_local.trace import Branch, Trace
-from ui.replay import state_at
+from ui.run.replay import state_at
 
 PROMPT = "Mia has 4 boxes of 5 shells and 3 loose shells. How many in all?"
 SETTINGS = dict(gen_length=32, block_size=8, cache="dual", unmask="fixed", steps=16, seed=3)
@@ -95,9 +95,9 @@ def test_changes_the_run_cannot_take_are_one_message(tiny, original):
 def test_the_views_draw_a_forced_token_as_forced(tiny, original):
     from xml.etree import ElementTree
 
-    from ui.grid import token_grid_html
-    from ui.position_panel import position_panel_html
-    from ui.slides import grid_svg
+    from ui.grid.tokens import token_grid_html
+    from ui.run.position_panel import position_panel_html
+    from ui.run.slides import grid_svg
 
     step = 1
     position = masked_after(original, step)[0]

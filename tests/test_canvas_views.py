@@ -16,16 +16,16 @@ import pytest
 
 import dllm_local
 from dllm_local.models.loader import load
-from dllm_local.sampler import generate
+from dllm_local.decoding.sampler import generate
 from dllm_local.settings import Settings
-from ui import lessons
-from ui.grid import token_grid_html, token_label
-from ui.position_panel import position_panel_html
-from ui.replay import numbers
-from ui.run_figures import cache_panel, confidence_heatmap, kv_heatmap
-from ui.run_figures.canvas_kv import ENCODER_EXACT
-from ui.canvas_views import ACCEPTED, RENOISED
-from ui.run_views import draw
+from ui.lessons import verdicts as lessons
+from ui.grid.tokens import token_grid_html, token_label
+from ui.run.position_panel import position_panel_html
+from ui.run.replay import numbers
+from ui.figures import cache_panel, confidence_heatmap, kv_heatmap
+from ui.figures.canvas_kv import ENCODER_EXACT
+from ui.canvas.views import ACCEPTED, RENOISED
+from ui.run.views import draw
 
 PROMPT = "What is 2 plus 3?"
 # Every canvas ends early: the sampler keeps nearly every sample at a low temperature, so the draft
@@ -270,7 +270,7 @@ def test_a_slide_of_a_canvas_step_draws_its_drafts_and_the_samplers_decision(run
     not started; control bytes a random model draws stay valid XML (shown as their pictures)."""
     from xml.dom.minidom import parseString
 
-    from ui.slides import grid_svg
+    from ui.run.slides import grid_svg
 
     trace = runs["stops"]
     P = len(trace["prompt_ids"])

@@ -12,7 +12,7 @@ import torch
 
 from dllm_local import Settings, SettingsError
 from dllm_local.cli import EXAMPLES, main as cli_main
-from dllm_local.experiments.bench import SPREAD_WARNING, Strategy, format_table, run_bench
+from dllm_local.experiments.side_by_side import SPREAD_WARNING, Strategy, format_table, run_bench
 from dllm_local.experiments.problems import task_problems
 
 
@@ -54,7 +54,7 @@ def test_progress_bar_with_eta_and_quiet(capsys, keep_threads):
 
 
 def test_bench_repeats_three_times_and_warns_when_repeats_disagree(tiny, monkeypatch, keep_threads):
-    from dllm_local import batch, sampler
+    from dllm_local.decoding import batch, sampler
 
     calls = []
     real = sampler.generate

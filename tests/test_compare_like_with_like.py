@@ -11,9 +11,9 @@ import pytest
 
 import dllm_local
 from dllm_local.settings import Settings
-from ui.compare_tab import at_length
-from ui.comparison import answers_compared, compare, compare_html
-from ui.presets import load_presets
+from ui.compare.tab import at_length
+from ui.compare.comparison import answers_compared, compare, compare_html
+from ui.parts.presets import load_presets
 
 PRESETS = load_presets()[0]
 PROMPT = PRESETS["Fast-dLLM DualCache (paper default)"]["prompt"]  # Compare's default prompt: the Run tab's
@@ -28,7 +28,7 @@ def one_answer_two_lengths(tiny) -> dict[int, dict]:
 
 
 def answer_tokens(trace: dict) -> list[int]:
-    """The tokens before the first stop token, found apart from ``ui.trace_parts``."""
+    """The tokens before the first stop token, found apart from ``ui.parts.trace_parts``."""
     stops = set(trace["model"]["stop_ids"])
     ids = trace["final_ids"]
     return ids[:next((i for i, t in enumerate(ids) if t in stops), len(ids))]

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from ui.timing import ALPHA, NO_DIFFERENCE, rank_test, repeats_needed, smallest_p, speedup
+from ui.parts.timing import ALPHA, NO_DIFFERENCE, rank_test, repeats_needed, smallest_p, speedup
 
 # A steady 2× gap with one slow repeat of B (a busy moment): B's slowest, 1.97 s, is slower than
 # A's two fastest, so the min–max ranges overlap, yet every other pair of runs is 2× apart.
@@ -88,7 +88,7 @@ def test_too_few_runs_cannot_tell_even_when_apart_and_unequal_counts_are_named()
 def test_the_exact_test_stays_instant_at_the_most_repeats():
     import time
 
-    from ui.timing import MAX_REPEATS
+    from ui.parts.timing import MAX_REPEATS
     rng = random.Random(7)
     a = [rng.random() for _ in range(MAX_REPEATS)]
     b = [rng.random() + 0.5 for _ in range(MAX_REPEATS)]

@@ -13,10 +13,11 @@ import pytest
 
 from test_compare_like_with_like import answer_tokens
 from test_page import OUT, _wait_done, browser, page, server  # noqa: F401 - the real page's fixtures
-from ui import replay, tables
-from ui.presets import CURRENT_RUN
-from ui.comparison import compare, compare_html
-from ui.timing import NO_DIFFERENCE, REPEATS, speedup, spread, spread_text
+from ui.run import replay
+from ui.parts import tables
+from ui.parts.presets import CURRENT_RUN
+from ui.compare.comparison import compare, compare_html
+from ui.parts.timing import NO_DIFFERENCE, REPEATS, speedup, spread, spread_text
 
 TRACE_PATH = Path(__file__).parent / "data" / "trace_small.json"
 STRAIGHT_HOUSE = "Teaching: straight house"
@@ -111,7 +112,7 @@ def test_browser_compare_runs_the_chosen_presets_prompt(page, tiny):  # noqa: F8
     arithmetic one (the stale state of issue 29)."""
     import dllm_local
     from dllm_local.settings import Settings
-    from ui.presets import load_presets
+    from ui.parts.presets import load_presets
 
     preset = load_presets()[0][STRAIGHT_HOUSE]
     run_prompt = page.input_value("#prompt textarea")
@@ -168,7 +169,7 @@ def test_the_default_pair_runs_b_at_a_length_and_compares_the_answers(server, ti
 
     import dllm_local
     from dllm_local.settings import Settings
-    from ui.presets import load_presets
+    from ui.parts.presets import load_presets
 
     presets = load_presets()[0]
     prompt = presets[DEFAULT]["prompt"]

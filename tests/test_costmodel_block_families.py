@@ -11,12 +11,12 @@ import torch
 import dllm_local
 from dllm_local import Settings
 from dllm_local.devices import DEVICES
-from dllm_local.experiments.costmodel import TARGET_MODELS, project
+from dllm_local.analysis.costmodel import TARGET_MODELS, project
 from dllm_local.hub import TINY_FAMILIES
 from dllm_local.models import family as families
-from dllm_local.tiny import llada2, llada_moe, sdar
-from ui import tables
-from ui.canvas_controls import FAMILY_TARGETS, cost_target
+from dllm_local.tiny_checkpoints import random_llada2, random_llada_moe, random_sdar as sdar
+from ui.parts import tables
+from ui.canvas.controls import FAMILY_TARGETS, cost_target
 
 QWEN3_8B = {**sdar.DENSE, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
             "max_window_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
@@ -24,7 +24,7 @@ QWEN3_8B = {**sdar.DENSE, "hidden_size": 4096, "intermediate_size": 12288, "num_
 QWEN3_30B_A3B = {**QWEN3_8B, **sdar.MOE, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 48,
                  "max_window_layers": 48, "num_key_value_heads": 4, "num_experts": 128, "num_experts_per_tok": 8,
                  "moe_intermediate_size": 768}
-LLADA_MOE_7B = llada_moe.released_config(157184, 156892, hidden_size=2048, num_attention_heads=16,
+LLADA_MOE_7B = random_llada_moe.released_config(157184, 156892, hidden_size=2048, num_attention_heads=16,
                                          num_key_value_heads=16, num_hidden_layers=16, dense_intermediate_size=8192,
                                          expert_intermediate_size=1024, num_experts=64, num_experts_per_tok=8,
                                          max_position_embeddings=8192)
@@ -35,7 +35,7 @@ QWEN25_7B = dict(model_type="Fast_dLLM_Qwen", hidden_size=3584, intermediate_siz
 # 1.4B do, LLaDA-MoE's 1.4B does not)
 RELEASES = [("SDAR-8B-Chat", "sdar", QWEN3_8B, 8.2, 8.2, True),
             ("SDAR-30B-A3B-Chat", "sdar_moe", QWEN3_30B_A3B, 30.5, 3.3, True),
-            ("LLaDA2.0-mini", "llada2_moe", llada2.RELEASED, 16.0, 1.4, True),
+            ("LLaDA2.0-mini", "llada2_moe", random_llada2.RELEASED, 16.0, 1.4, True),
             ("LLaDA-MoE-7B-A1B", "lladamoe", LLADA_MOE_7B, 7.0, 1.4, False),
             ("Fast-dLLM-v2-7B", "Fast_dLLM_Qwen", QWEN25_7B, 7.6, 7.6, True)]
 

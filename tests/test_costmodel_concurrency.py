@@ -12,14 +12,8 @@ import math
 import pytest
 
 from dllm_local.devices import DEVICES
-from dllm_local.experiments.costmodel import (
-    CONCURRENCY_MODELS,
-    TARGET_MODELS,
-    TEACHING_EXAMPLE,
-    TEACHING_MODEL,
-    concurrency_crossovers,
-    concurrency_curve,
-)
+from dllm_local.analysis.costmodel import (CONCURRENCY_MODELS, TARGET_MODELS, TEACHING_EXAMPLE, TEACHING_MODEL,
+                                           concurrency_crossovers, concurrency_curve)
 
 H100 = DEVICES["H100"]
 B_ALL = list(range(1, 1025))
@@ -161,7 +155,7 @@ def test_impossible_g_or_tau_is_refused(g, tau):
 ])
 def test_the_concurrency_view_answers_any_number_with_a_message(g, tau, message):
     """Called directly (an API client), G = 1e308 passed the check and ended in a math domain error."""
-    from ui.tune_tab import show_concurrency
+    from ui.tune.tab import show_concurrency
 
     plot, line = show_concurrency("H100", "LLaDA-8B-Instruct", g, tau)
     assert line == f"⚠ {message}"

@@ -14,8 +14,8 @@ import torch
 import dllm_local
 from dllm_local import Settings
 from dllm_local.devices import DEVICES
-from dllm_local.experiments.costmodel import (DIFFUSIONGEMMA_26B_A4B_TEXT, TARGET_MODELS, Experts, TargetModel,
-                                              concurrency_crossovers, concurrency_curve, project)
+from dllm_local.analysis.costmodel import (DIFFUSIONGEMMA_26B_A4B_TEXT, TARGET_MODELS, Experts, TargetModel,
+                                           concurrency_crossovers, concurrency_curve, project)
 from dllm_local.models.footprint import loaded_bytes, quantized_linears, stored_bytes, weight_read_bytes
 from dllm_local.models.loader import load
 
@@ -172,7 +172,7 @@ def test_gpu_check_builds_and_counts_a_diffusiongemma_on_the_cpu_at_tiny_sizes()
     import gpu_check
     from transformers import Gemma4VisionConfig
 
-    from dllm_local.tiny.diffusion_gemma import TEXT_SIZES, VISION_SIZES
+    from dllm_local.tiny_checkpoints.random_diffusion_gemma import TEXT_SIZES, VISION_SIZES
 
     args = gpu_check.parse_args(["--device", "cpu"])
     assert gpu_check.diffusiongemma_rows(args, torch.device("cpu"), H100) == []  # CUDA only

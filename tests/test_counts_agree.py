@@ -12,8 +12,11 @@ import dllm_local
 from dllm_local import Settings
 from dllm_local.tiny.tasks import verdict
 from dllm_local.trace import parse_trace
-from ui import grid, lessons, replay, status_line, tables
-from ui.presets import load_presets
+from ui.grid import tokens as grid
+from ui.lessons import verdicts
+from ui.run import replay, status_line
+from ui.parts import tables
+from ui.parts.presets import load_presets
 
 PRESETS, _ = load_presets()
 RED = "#d73027"
@@ -42,7 +45,7 @@ def _text(fragment: str) -> str:
 def _page(trace: dict) -> str:
     """The status line, the numbers cards and the cache verdict of a finished run, as one text."""
     return " ".join([status_line.run_status(trace, "", None, True), _text(tables.numbers_html(replay.numbers(trace))),
-                     lessons.cache_saves_verdict(trace).text])
+                     verdicts.cache_saves_verdict(trace).text])
 
 
 def test_self_verify_counts_its_forwards_alike_everywhere(self_verify):
@@ -75,19 +78,19 @@ def test_self_verify_theorem1_is_told_for_the_commits_it_kept(self_verify):
         return len(kept) > 1 and (len(kept) + 1) * (1 - min(kept)) > 1
 
     for i in sent_back:
-        verdict_at = lessons.theorem1_verdict(self_verify, i)
+        verdict_at = verdicts.theorem1_verdict(self_verify, i)
         # n counts what the text says it counts: the positions the step committed.
         for step, n in re.findall(r"step (\d+): (?:guaranteed|no guarantee), n = (\d+)", verdict_at.text):
             assert int(n) == len(steps[int(step)]["committed"]), verdict_at.text
         assert "n counts every position the step committed" in verdict_at.text
         failing = any(unguaranteed(record) for record in steps[: i + 1])
-        assert (verdict_at.status == lessons.FAILS) == failing
-        assert ("✗" in lessons.verdicts_html([verdict_at])) == failing, verdict_at.text
+        assert (verdict_at.status == verdicts.FAILS) == failing
+        assert ("✗" in verdicts.verdicts_html([verdict_at])) == failing, verdict_at.text
         # The line under the grid is red only where the commits kept at that step have no guarantee.
         line = re.search(r'class="dl-theorem"[^>]*color:(#\w+)', grid.token_grid_html(self_verify, i)).group(1)
         assert (line == RED) == unguaranteed(steps[i]), (i, line)
     # What the drafts sent back would have risked is still said, apart.
-    told = lessons.theorem1_verdict(self_verify, len(steps) - 1)
+    told = verdicts.theorem1_verdict(self_verify, len(steps) - 1)
     assert told.numbers["drafts_without_guarantee"] and "self-verify sent" in told.text
 
 
@@ -104,8 +107,8 @@ def test_a_stopped_run_is_said_stopped_and_not_graded(tiny, tiny_guider):
         status = status_line.run_status(trace, "", None, True)
         assert status.startswith("Stopped: ") and "not graded" in status, status
         assert not re.search(r"[✓✗]|\b(right|wrong|valid|invalid)\b", status.split("**Answer:**")[1]), status
-        answer = lessons.answer_verdict(trace)
-        assert answer.status == lessons.UNMEASURABLE and "stopped" in answer.detail and "not graded" in answer.detail
+        answer = verdicts.answer_verdict(trace)
+        assert answer.status == verdicts.UNMEASURABLE and "stopped" in answer.detail and "not graded" in answer.detail
 
 
 def test_guided_counts_the_guiders_forwards_apart_from_the_models(guided):
@@ -133,9 +136,9 @@ def test_a_trace_without_per_step_guider_counts_still_loads_and_says_what_it_kno
 
 
 def test_the_confidence_plots_theorem_marks_say_what_the_verdicts_say(self_verify):
-    from ui import run_figures
+    from ui import figures
 
-    fig = run_figures.confidence_heatmap(self_verify)
+    fig = figures.confidence_heatmap(self_verify)
     marked = {verdict: set(trace.y) for trace in fig.data if (trace.name or "").startswith("Theorem 1: ")
               for verdict in [trace.name.removeprefix("Theorem 1: ")]}
     kept = {i: replay.theorem1(record)["verdict"] for i, record in enumerate(self_verify["steps"])}

@@ -16,9 +16,9 @@ from dllm_local.cli import main as cli_main
 from dllm_local.errors import ModelLoadError
 from dllm_local.models.loader import load
 from dllm_local.prompts import encode_prompt
-from dllm_local.sampler import generate
+from dllm_local.decoding.sampler import generate
 from dllm_local.serving.engine import Engine
-from dllm_local.tiny.diffusion_gemma import build_checkpoint
+from dllm_local.tiny_checkpoints.random_diffusion_gemma import build_checkpoint
 from dllm_local.trace import Trace, fold
 
 PROMPT = "Tom has 3 apples. He gets 4 more. How many apples does he have?"
@@ -252,7 +252,7 @@ def test_in_bfloat16_the_trace_holds_the_entropies_the_sampler_used(checkpoint):
 
 
 def test_a_run_stopped_before_its_first_pass_answers_nothing(handle):
-    from dllm_local.sampler import stream
+    from dllm_local.decoding.sampler import stream
 
     run = stream(handle, PROMPT, Settings(gen_length=32, block_size=8))
     run.stop()

@@ -13,7 +13,7 @@ import pytest
 
 import dllm_local
 from dllm_local.settings import Settings
-from ui import run_figures
+from ui import figures
 
 from test_page import OUT, _choose, _shown_run, _status, _wait_run_ended, browser, export_trace, server  # noqa: F401
 
@@ -60,7 +60,7 @@ def _canvas_controls_shown(pg) -> None:
         assert pg.locator(selector).first.is_disabled(), selector
     for selector in CANVAS_BOXES:
         assert _text_box(pg, selector).is_visible() and _text_box(pg, selector).is_enabled(), selector
-    _captions_say(pg, run_figures.CANVAS_CAPTIONS)
+    _captions_say(pg, figures.CANVAS_CAPTIONS)
 
 
 def _captions_say(pg, captions: dict[str, str]) -> None:
@@ -154,4 +154,4 @@ def test_a_canvas_model_loads_runs_and_shows_its_steps_on_the_page(pg, browser, 
         assert pg.locator(selector).first.is_enabled(), selector
     for selector in CANVAS_BOXES:
         assert not _text_box(pg, selector).is_visible(), selector
-    _captions_say(pg, run_figures.CAPTIONS)
+    _captions_say(pg, figures.CAPTIONS)

@@ -19,7 +19,7 @@ from fake_hub import FakeHub
 
 from dllm_local import hub as dl_hub
 from dllm_local.errors import ModelLoadError
-from ui.downloads import size_text
+from ui.model.downloads import size_text
 
 REPO = "org/tiny-llada"
 
@@ -104,7 +104,7 @@ def test_a_hub_that_cannot_answer_is_a_message(fake_hub, cache, monkeypatch):
 
 
 def test_model_box_asks_for_a_download_only_with_allow_downloads(fake_hub, cache):
-    from ui.model_access import DownloadNeeded, ModelAccess
+    from ui.model.access import DownloadNeeded, ModelAccess
 
     with pytest.raises(ModelLoadError, match="loading hub model 'org/tiny-llada' from the page is off"):
         ModelAccess().check(REPO)

@@ -6,7 +6,7 @@ import pytest
 import dllm_local
 from dllm_local import Settings, SettingsError
 from dllm_local.tiny.tasks import make_problems
-from ui.presets import load_presets
+from ui.parts.presets import load_presets
 
 PROMPT = make_problems("arithmetic", 1, 7)[0].prompt
 BASE = Settings(gen_length=64, block_size=16, unmask="threshold", unmask_params={"threshold": 0.9}, trace="full")
@@ -45,11 +45,11 @@ def test_the_drift_decides_the_refresh_and_is_in_the_trace(tiny):
 
 
 def test_the_kv_panel_marks_each_decision_next_to_its_drift(tiny):
-    from ui import run_figures
+    from ui import figures
 
     preset = next(p for p in load_presets()[0].values() if p["settings"]["cache"] == "drift_refresh")
     trace = dllm_local.generate(tiny, preset["prompt"], Settings.from_dict(preset["settings"])).trace.to_dict()
-    probe = next(t for t in run_figures.kv_heatmap(trace, layer=3).data if t.name == "attention drift probe")
+    probe = next(t for t in figures.kv_heatmap(trace, layer=3).data if t.name == "attention drift probe")
     measured = [(i, s["policy"]["drift"], s["policy"]["refresh_next"]) for i, s in enumerate(trace["steps"])
                 if s["policy"].get("drift") is not None]
     assert list(probe.y) == [i for i, _, _ in measured]

@@ -10,13 +10,13 @@ import pytest
 
 import dllm_local
 from dllm_local import Settings
-from dllm_local.sampler import generate
-from dllm_local.tiny import llada2 as tiny
-from ui import run_views
-from ui.edit_lessons import CLAIM, edit_verdict
-from ui.grid import token_label
-from ui.position_panel import position_panel_html
-from ui.replay import prompt_len, state_at
+from dllm_local.decoding.sampler import generate
+from dllm_local.tiny_checkpoints import random_llada2 as tiny
+from ui.run import views as run_views
+from ui.block.edit_lessons import CLAIM, edit_verdict
+from ui.grid.tokens import token_label
+from ui.run.position_panel import position_panel_html
+from ui.run.replay import prompt_len, state_at
 
 PROMPT = [{"role": "user", "content": "What is 12 + 7?"}]
 

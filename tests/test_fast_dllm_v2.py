@@ -13,7 +13,7 @@ from fast_dllm_v2_reference import Reference, generate, shift
 import dllm_local
 from dllm_local.models.attention import BlockCausal
 from dllm_local.models.fast_dllm_v2 import FastDLLMv2Config
-from dllm_local.tiny.fast_dllm_v2 import build_checkpoint
+from dllm_local.tiny_checkpoints.random_fast_dllm_v2 import build_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 # config.json's keys as released (Qwen2.5-Instruct's, with bd_size, layer_types, auto_map).
@@ -154,7 +154,7 @@ PROMPTS = ["hi", "What is 12 + 30? Answer with the number only, then explain the
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_decoding_equals_the_released_generate(folder, prompt, threshold, sub_block_cache):
     from dllm_local.prompts import encode_prompt
-    from dllm_local.sampler import generate as engine_generate
+    from dllm_local.decoding.sampler import generate as engine_generate
     from dllm_local.settings import Settings
 
     handle = dllm_local.load(str(folder), device="cpu", dtype="float32")

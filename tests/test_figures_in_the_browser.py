@@ -11,8 +11,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dllm_local.experiments.reports import add_points  # noqa: E402
-from ui import run_figures, tune_figures  # noqa: E402
+from dllm_local.analysis.reports import add_points  # noqa: E402
+from ui import figures as run_figures
+from ui.tune import figures as tune_figures  # noqa: E402
 
 WIDTH = 1240  # a full-width plot on the page at 1280 × 720
 

@@ -9,7 +9,7 @@ import torch
 import dllm_local
 from dllm_local import Settings, SettingsError
 from dllm_local.errors import SequenceTooLongError
-from dllm_local.policies.flash import _verify_visibility
+from dllm_local.policies.flash_dllm import _verify_visibility
 from dllm_local.prompts import encode_prompt
 from dllm_local.tiny.tasks import make_problems
 

@@ -13,10 +13,13 @@ import pytest
 
 import dllm_local
 from dllm_local.settings import Settings
-from ui import acceptance, grid, lessons, policy_marks, replay, run_figures
-from ui.presets import load_presets
-from ui.run_figures import tracked
-from ui.run_views import draw
+from ui.lessons import acceptance, verdicts
+from ui.grid import tokens as grid, policy_marks
+from ui.run import replay
+from ui import figures
+from ui.parts.presets import load_presets
+from ui.figures import tracked
+from ui.run.views import draw
 
 PRESET = load_presets()[0]["Flash-dLLM as released"]
 BOX = re.compile(r'<span class="(dl-tok[^"]*)" title="pos (\d+) ')
@@ -91,14 +94,14 @@ def test_cache_panel_maps_window_tracked_next_masks_and_reads(trace, other):
     P, n = len(trace["prompt_ids"]), trace["gen_length"]
     steps = trace["steps"]
     for upto in range(len(steps)):
-        fig = run_figures.cache_panel(trace, upto)
+        fig = figures.cache_panel(trace, upto)
         assert fig.layout.height == tracked.HEIGHT
         window, kept = _cells(fig, "window"), _cells(fig, "tracked")
         assert len(window) == upto + 1
         for row, record in enumerate(steps[: upto + 1]):
             assert window[row] == sorted(p - P for p in record["policy"]["window"])
             assert (kept[row] if kept else []) == sorted(p - P for p in record["policy"]["tracked"])
-    fig = run_figures.cache_panel(trace)
+    fig = figures.cache_panel(trace)
     reads = _cells(fig, "read from cache")
     masks = _cells(fig, next(name for name, _, _ in tracked.KINDS if name.startswith("next masks")))
     for row, record in enumerate(steps):
@@ -109,14 +112,14 @@ def test_cache_panel_maps_window_tracked_next_masks_and_reads(trace, other):
     assert any(reads), "positions past the next masks are read from the cache"
     key = next(a.text for a in fig.layout.annotations if "Positions each step" in a.text)
     assert all(name in key for name, _, _ in tracked.KINDS)
-    assert not any(t.type == "heatmap" for t in run_figures.cache_panel(other).data)
+    assert not any(t.type == "heatmap" for t in figures.cache_panel(other).data)
 
 
 def test_a_summary_trace_maps_window_and_tracked_and_says_the_rest_needs_a_full_trace(trace):
     summary = json.loads(json.dumps(trace))
     for s in summary["steps"]:
         s["recomputed"] = None
-    fig = run_figures.cache_panel(summary)
+    fig = figures.cache_panel(summary)
     assert {t.name for t in fig.data if t.type == "heatmap"} == {"window", "tracked"}
     assert any("a full trace lists the rest" in a.text for a in fig.layout.annotations)
 
@@ -127,7 +130,7 @@ def test_acceptance_verdict_counts_accepted_drafts_and_verify_forwards(trace, ot
     forwards = sum(s["forwards"] - 1 for s in steps)  # a verify forward is a step's second
     checked = sum(s["policy"]["verify_candidates"] for s in steps)
     verdict = acceptance.acceptance_verdict(trace)
-    assert verdict.status == lessons.HOLDS
+    assert verdict.status == verdicts.HOLDS
     assert verdict.numbers == {"accepted": sum(accepted.values()), "checked": checked, "verify_forwards": forwards,
                                "accepted_at_steps": accepted}
     total = sum(accepted.values())
@@ -150,15 +153,15 @@ def _verify_trace(per_step: list[tuple[int, int]]) -> dict:
 
 def test_acceptance_verdict_summarises_many_steps_and_says_when_nothing_was_accepted_or_checked():
     many = acceptance.acceptance_verdict(_verify_trace([(1, 2), (3, 4), (0, 1), (3, 3), (1, 1), (2, 2), (0, 0)]))
-    assert many.status == lessons.HOLDS
+    assert many.status == verdicts.HOLDS
     assert many.detail == ("10 drafts accepted over 6 verify forwards (13 checked), at 5 steps; "
                            "most at steps 1 (3), 3 (3), 5 (2)")
     few = acceptance.acceptance_verdict(_verify_trace([(0, 2), (2, 3)]))
     assert few.detail == "2 drafts accepted over 2 verify forwards (5 checked): 2 at step 1"
     none = acceptance.acceptance_verdict(_verify_trace([(0, 2), (0, 1)]))
-    assert none.status == lessons.FAILS and none.detail.startswith("0 drafts accepted over 2 verify forwards")
+    assert none.status == verdicts.FAILS and none.detail.startswith("0 drafts accepted over 2 verify forwards")
     idle = acceptance.acceptance_verdict(_verify_trace([(0, 0)]))
-    assert idle.status == lessons.UNMEASURABLE and "no verify forward up to step 0" in idle.detail
+    assert idle.status == verdicts.UNMEASURABLE and "no verify forward up to step 0" in idle.detail
 
 
 def test_what_if_replays_the_threshold_over_the_window(trace):

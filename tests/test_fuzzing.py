@@ -15,15 +15,15 @@ from hypothesis import strategies as st
 import dllm_local
 from dllm_local import Settings
 from dllm_local.errors import DllmError
-from dllm_local.experiments.reports import add_points
+from dllm_local.analysis.reports import add_points
 from dllm_local.experiments.sweep import sweep_job
 from dllm_local.experiments.units import Results
 from dllm_local.prompts import encode_prompt
 from dllm_local.trace import parse_trace
-from ui.inputs import Choice, ColorBy, Fraction, KVView, PageState, StepIndex, Which, checked
-from ui.presets import read_preset
-from ui.run_tab import show_cost
-from ui.tune_tab import show_concurrency
+from ui.parts.inputs import Choice, ColorBy, Fraction, KVView, PageState, StepIndex, Which, checked
+from ui.parts.presets import read_preset
+from ui.run.tab import show_cost
+from ui.tune.tab import show_concurrency
 
 BOUNDED = settings(max_examples=150, derandomize=True, deadline=None, database=None,
                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -161,7 +161,7 @@ def test_a_results_file_of_any_lines_resumes_or_is_refused(job, tmp_path_factory
 @given(trace=JSON, model=SCALARS | st.sampled_from(["LLaDA-8B-Instruct", "Dream-v0-Instruct-7B"]),
        device=SCALARS | st.sampled_from(["H100", "A100"]), g=SCALARS, tau=SCALARS)
 def test_page_endpoints_answer_any_json_or_refuse_it_naming_the_input(trace, model, device, g, tau):
-    """The page's endpoints as an API client may call them (``ui/inputs.py``): the cost model and
+    """The page's endpoints as an API client may call them (``ui/parts/inputs.py``): the cost model and
     the concurrency view, and a handler of every value type the page's endpoints take."""
     @checked
     def view(state: PageState, step: StepIndex, color_by: ColorBy, layer: Choice, which: Which, kv_view: KVView,

@@ -9,7 +9,8 @@ import re
 import pytest
 
 from preset_runs import preset_trace
-from ui import grid, replay
+from ui.grid import tokens as grid
+from ui.run import replay
 
 BOX = re.compile(r'<span class="(dl-tok[^"]*)" title="([^"]*)" data-pos="(\d+)"(?: data-token="(\d+)")? style="([^"]*)"')
 FOLD = re.compile(r'<details class="dl-pad"[^>]*>(<summary[^>]*>[^<]*</summary>)(.*?)</details>', re.S)

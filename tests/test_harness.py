@@ -11,7 +11,7 @@ pytest.importorskip("lm_eval")
 
 from dllm_local import DllmError, Settings  # noqa: E402
 from dllm_local.experiments.evaluate import evaluate  # noqa: E402
-from dllm_local.experiments.reports import add_points  # noqa: E402
+from dllm_local.analysis.reports import add_points  # noqa: E402
 from dllm_local.experiments.harness import run_harness  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from preset_runs import preset_trace
-from ui import replay, run_figures
-from ui.run_figures import axes
-from ui.run_figures.cosine_scale import COS_SCALE, NINES, nines
+from ui.run import replay
+from ui import figures
+from ui.figures import axes
+from ui.figures.cosine_scale import COS_SCALE, NINES, nines
 
 
 def _named(fig, name):
@@ -31,7 +32,7 @@ def _colour(scale, t: float) -> np.ndarray:
 
 
 def test_the_kv_colour_bar_spends_itself_on_cosines_near_one_and_agrees_with_the_cells():
-    fig = run_figures.kv_heatmap(preset_trace("several steps"), which="v")
+    fig = figures.kv_heatmap(preset_trace("several steps"), which="v")
     heat, bar = _named(fig, "drift"), next(t for t in fig.data if t.type == "scatter" and t.marker.showscale)
     assert not heat.showscale and (heat.zmin, heat.zmax) == (0.0, 1.0)  # the cells keep the cosine itself
     low, high = bar.marker.cmin, bar.marker.cmax
@@ -51,15 +52,15 @@ def test_the_kv_colour_bar_spends_itself_on_cosines_near_one_and_agrees_with_the
 
 
 def test_white_cells_are_named_where_they_occur():
-    adaptive = run_figures.kv_heatmap(preset_trace("adaptive"), which="v")
+    adaptive = figures.kv_heatmap(preset_trace("adaptive"), which="v")
     layers = [np.asarray(t.z, dtype=float) for t in adaptive.data if t.type == "heatmap"]
     white = np.logical_and.reduce([np.isnan(z) for z in layers])
     assert white[1:].sum() > 0, "the budget's evictions leave cells white after the first forward"
     legend = [t.name for t in adaptive.data if t.name and t.name.startswith("white:")]
     assert len(legend) == 1 and "evicted" in legend[0]
-    assert "evicted" in run_figures.CAPTIONS["kv"] and "White cells" in run_figures.CAPTIONS["kv"]
+    assert "evicted" in figures.CAPTIONS["kv"] and "White cells" in figures.CAPTIONS["kv"]
     # no white cell, no legend entry: cache vs exact on DualCache compares every cell
-    lesson = run_figures.kv_heatmap(preset_trace("several steps", exact_drift=True), which="v", view="cache_error")
+    lesson = figures.kv_heatmap(preset_trace("several steps", exact_drift=True), which="v", view="cache_error")
     lesson_layers = [np.asarray(t.z, dtype=float) for t in lesson.data if t.type == "heatmap"]
     assert not np.logical_and.reduce([np.isnan(z) for z in lesson_layers]).any()
     assert not any(t.name and t.name.startswith("white:") for t in lesson.data)
@@ -77,7 +78,7 @@ def _beside_the_grid(fig, name: str) -> None:
 def test_marks_of_different_kinds_never_share_a_place_and_dense_ones_stay_apart(word):
     trace = preset_trace(word)
     n, rows = replay.answer_length(trace), len(trace["steps"])
-    fig = run_figures.confidence_heatmap(trace)
+    fig = figures.confidence_heatmap(trace)
     for verdict in ("guaranteed", "no guarantee"):
         if any(t.name == f"Theorem 1: {verdict}" for t in fig.data):
             _beside_the_grid(fig, f"Theorem 1: {verdict}")
@@ -88,7 +89,7 @@ def test_marks_of_different_kinds_never_share_a_place_and_dense_ones_stay_apart(
         assert dots.marker.line.color == "white"  # outlined: touching dots stay apart
     cell = min(axes.PLOT_ROWS_HEIGHT / rows, axes.PLOT_WIDTH * (1 - axes.MARK_COLUMN) / n)
     assert _named(fig, "commit").marker.size <= max(3, cell)
-    kv = run_figures.kv_heatmap(trace)
+    kv = figures.kv_heatmap(trace)
     if list(_named(kv, "refresh").y):
         _beside_the_grid(kv, "refresh")
     # the step axis is drawn at the figure's edge, outside the column of marks
@@ -97,20 +98,20 @@ def test_marks_of_different_kinds_never_share_a_place_and_dense_ones_stay_apart(
 
 def test_the_empty_kv_figure_claims_no_layer():
     for layer in ("mean", 3):
-        title = run_figures.kv_heatmap({}, layer=layer, which="v").layout.title.text
+        title = figures.kv_heatmap({}, layer=layer, which="v").layout.title.text
         assert "layer" not in title and title.endswith("· V"), title
     # with steps the title names the layer shown
     trace = preset_trace("several steps")
-    assert "layer 3" in run_figures.kv_heatmap(trace, layer=3, which="v").layout.title.text
+    assert "layer 3" in figures.kv_heatmap(trace, layer=3, which="v").layout.title.text
 
 
 @pytest.mark.parametrize("word, forwards", (("self-verifying", "1–2 forwards"), ("paper default", "1 forward each")))
 def test_the_confidence_plot_says_what_a_row_is(word, forwards):
     trace = preset_trace(word)
-    fig = run_figures.confidence_heatmap(trace)
+    fig = figures.confidence_heatmap(trace)
     ran = [s["forwards"] + s.get("guider_forwards", 0) for s in trace["steps"]]
     assert len(_named(fig, "confidence").z) == len(trace["steps"])  # a row per step, whatever its forwards
     assert fig.layout.yaxis.title.text.startswith("step") and forwards in fig.layout.yaxis.title.text
     assert (max(ran) > 1) == ("–" in fig.layout.yaxis.title.text)
-    caption = run_figures.CAPTIONS["confidence"]
+    caption = figures.CAPTIONS["confidence"]
     assert "one step, not one forward" in caption and "each row is one forward" not in caption.lower()

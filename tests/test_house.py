@@ -7,6 +7,7 @@ and ``ui/``, so a file mid-edit is reported, not crashed on.
 from __future__ import annotations
 
 import ast
+import re
 from collections import deque
 from dataclasses import dataclass, field
 from functools import cache
@@ -20,52 +21,49 @@ PACKAGES = ("app", "dllm_local", "ui")  # the project's top-level names; any oth
 # never up. A module takes the rank of its longest entry below (its own name, else its package's);
 # the root package "dllm_local" matches only itself, so a new top-level module has to be placed here.
 LAYERS = {
-    "app": 0,                          # the page server's entry point
-    "dllm_local.__main__": 0,          # ``python -m dllm_local``: hands over to the CLI package
-    "dllm_local.cli": 0,               # the CLI's entry point, a module per command: drives experiments, sampler, loader
-    "ui": 1,                           # the page (torch-free)
-    "dllm_local.serving": 2,           # session and engine process: the engine runs sweeps, so above experiments
-    "dllm_local": 3,                   # the root __init__: the public API, re-exporting batch, sampler, loader
-    "dllm_local.experiments": 3,       # bench, sweep, eval, cluster, cost model: built on batch and sampler
-    "dllm_local.tiny.train": 3,        # a training script: builds LLaDA models
-    "dllm_local.tiny.block": 3,        # carries the tiny LLaDA into LLaDA2's format and fine-tunes it block by block
-    "dllm_local.tiny.diffusion_gemma": 3,  # writes a random DiffusionGemma checkpoint with transformers' classes
-    "dllm_local.tiny.llada_moe": 3,    # writes a random LLaDA-MoE checkpoint in the released format
-    "dllm_local.tiny.sdar": 3,         # writes a random SDAR (dense or MoE) checkpoint in the released format
-    "dllm_local.tiny.llada2": 3,       # writes a random LLaDA2 MoE checkpoint in the released format
-    "dllm_local.tiny.fast_dllm_v2": 3, # writes a random Fast-dLLM v2 checkpoint in the released format
-    "dllm_local.batch": 4,             # BatchRun: several Runs over one packed forward
-    "dllm_local.sampler": 5,           # Run: the decoding loop
-    "dllm_local.run_blocks": 6,        # where a run's blocks sit by the model's kind
-    "dllm_local.canvas": 5,            # CanvasRun: a canvas model's loop over transformers' step functions
-    "dllm_local.canvas_watch": 6,      # hooks that read a canvas model's decoder for the trace
-    "dllm_local.model_calls": 5,       # the model calls a run's policies make (StepCalls)
-    "dllm_local.recorder": 6,          # one Step per step -> the trace
-    "dllm_local.policies": 7,          # cache and unmasking behaviour, the decoding state they read
-    "dllm_local.models": 8,            # families, KV cache, loader
-    "dllm_local.models.attention": 8,  # a forward's attention: the model's layout, the cache writes, the observers
-    "dllm_local.models.observers": 8,  # instruments of the forward: counts, KV drift, an attention probe
-    "dllm_local.models.protocol": 8,   # DiffusionLM: what every family offers the engine
+    "app": 0,                                   # the page server's entry point
+    "dllm_local.__main__": 0,                   # ``python -m dllm_local``: hands over to the CLI package
+    "dllm_local.cli": 0,                        # the CLI's entry point, a module per command: drives experiments, decoding, loader
+    "ui": 1,                                    # the page (torch-free)
+    "dllm_local.serving": 2,                    # session and engine process: the engine runs sweeps, so above experiments
+    "dllm_local": 3,                            # the root __init__: the public API, re-exporting batch, sampler, loader
+    "dllm_local.experiments": 3,                # bench, sweep, eval, cluster: built on batch and sampler
+    "dllm_local.tiny_checkpoints": 3,           # writers of the tiny checkpoints: they build models
+    "dllm_local.decoding": 4,                   # the decoding core's package docstring
+    "dllm_local.decoding.batch": 4,             # BatchRun: several Runs over one packed forward
+    "dllm_local.decoding.sampler": 5,           # Run: the decoding loop
+    "dllm_local.decoding.model_calls": 5,       # the model calls a run's policies make (StepCalls)
+    "dllm_local.canvas.run": 5,                 # CanvasRun: a canvas model's loop over transformers' step functions
+    "dllm_local.decoding.run_blocks": 6,        # where a run's blocks sit by the model's kind
+    "dllm_local.decoding.recorder": 6,          # one Step per step -> the trace
+    "dllm_local.canvas.watch": 6,               # hooks that read a canvas model's decoder for the trace
+    "dllm_local.policies": 7,                   # cache and unmasking behaviour, the decoding state they read
+    "dllm_local.models": 8,                     # families, KV cache, loader
+    "dllm_local.models.attention": 8,           # a forward's attention: the model's layout, the cache writes, the observers
+    "dllm_local.models.observers": 8,           # instruments of the forward: counts, KV drift, an attention probe
+    "dllm_local.models.protocol": 8,            # DiffusionLM: what every family offers the engine
     # leaves: specs and records, read by every layer above and by the page
-    "dllm_local.policies.registry": 9,  # torch-free specs; behaviours named "module:Class", imported on use
+    "dllm_local.policies.registry": 9,          # torch-free specs; behaviours named "module:Class", imported on use
+    "dllm_local.analysis": 9,                   # cost model, frontier, report rows: torch-free, the page reads them
     "dllm_local.settings": 9,
     "dllm_local.trace": 9,
-    "dllm_local.canvas_trace": 9,      # a canvas step's record, part of the trace's schema
-    "dllm_local.canvas_settings": 9,   # a canvas model's knobs, part of the settings' schema
-    "dllm_local.result": 9,            # a finished run's result: its trace
+    "dllm_local.canvas": 9,                     # the canvas package's docstring, and its two leaves below
+    "dllm_local.canvas.trace": 9,               # a canvas step's record, part of the trace's schema
+    "dllm_local.canvas.settings": 9,            # a canvas model's knobs, part of the settings' schema
+    "dllm_local.result": 9,                     # a finished run's result: its trace
     "dllm_local.prompts": 9,
     "dllm_local.softmax": 9,
     "dllm_local.hub": 9,
-    "dllm_local.tiny": 9,              # tasks and scorers, the tiny tokenizer
+    "dllm_local.tiny": 9,                       # tasks and scorers, the tiny tokenizer
     # foundations: what the leaves themselves are made of
     "dllm_local.errors": 10,
     "dllm_local.values": 10,
-    "dllm_local.files": 10,            # every file a user names, read with a bound
-    "dllm_local.offline": 10,          # no outbound traffic unless a download was asked for
-    "dllm_local.limits": 10,           # the bounds and defaults several layers share; imports nothing of the project
+    "dllm_local.files": 10,                     # every file a user names, read with a bound
+    "dllm_local.offline": 10,                   # no outbound traffic unless a download was asked for
+    "dllm_local.limits": 10,                    # the bounds and defaults several layers share; imports nothing of the project
     "dllm_local.devices": 10,
 }
-ROOT_ONLY = {"dllm_local"}  # entries that match only the module itself, not its submodules
+ROOT_ONLY = {"dllm_local", "dllm_local.decoding", "dllm_local.canvas"}  # entries that match only the module itself, not its submodules
 
 
 def rank(module: str) -> int | None:
@@ -347,13 +345,13 @@ def test_no_arrow_runs_up_the_layers():
 # is not a string literal is keyed by its source text. An entry nothing matches any more fails too.
 PROBES_ALLOWED = {
     ("dllm_local/models/llada.py", "init_std"): "optional field of a transformers config",
-    ("dllm_local/tiny/train.py", "trained_gen_length"): "our own optional key in a transformers config",
+    ("dllm_local/tiny_checkpoints/train.py", "trained_gen_length"): "our own optional key in a transformers config",
     ("dllm_local/models/layers.py", "_hf_hook"): "accelerate sets the hook only on dispatched modules",
     ("dllm_local/models/layers.py", "execution_device"): "an accelerate hook's field, absent on some hooks",
     ("dllm_local/models/footprint.py", "quant_state"): "bitsandbytes Params4bit's state (bnb is optional)",
     ("dllm_local/models/footprint.py", "SCB"): "bitsandbytes Int8Params' scales (bnb is optional)",
     ("dllm_local/models/placement.py", "dtype"): "a dtype name looked up in the torch module",
-    ("ui/lab.py", "session_hash"): "gradio's Request, or None outside Gradio",
+    ("ui/lab/classroom.py", "session_hash"): "gradio's Request, or None outside Gradio",
 }
 
 
@@ -397,7 +395,7 @@ LONG_FILES_ALLOWED = {
                                  "policy fields the specs declare into it; one module for one input boundary"),
     "dllm_local/policies/registry.py": (425, "the spec types and the built-in policies' Param tables "
                                              "(declarative data: one register call per policy)"),
-    "dllm_local/sampler.py": (345, "the decoding loop on one screen, its eight stages, a branch's one change "
+    "dllm_local/decoding/sampler.py": (345, "the decoding loop on one screen, its eight stages, a branch's one change "
                                    "between two of them and block diffusion's store forward (split, the loop "
                                    "would be read across files)"),
 }
@@ -436,3 +434,70 @@ def test_every_module_says_its_job_in_a_first_docstring_line():
         if not first:
             missing.append(rel(path))
     assert not missing, f"{len(missing)} module(s) without a docstring's first line:\n  " + "\n  ".join(missing)
+
+
+# --- the map in docs/development.md -----------------------------------------------------------
+# The guide's layer table and its list of folders are the map a new engineer reads first; these
+# tests hold them to LAYERS and to the tree, so a module placed, moved or ranked anew shows there.
+GUIDE = ROOT / "docs" / "development.md"
+TABLE_ROW = re.compile(r"^\s*(\d+)\s*\|\s*([^|]+?)\s*\|")
+
+
+def guide_section(heading: str) -> str:
+    text = GUIDE.read_text()
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end >= 0 else len(text)]
+
+
+def documented_layers() -> dict[str, int]:
+    """The guide's layer table: ``rank | names | what``, names under ``dllm_local`` written short."""
+    block = guide_section("The rooms and their doors").split("```")[1]
+    out = {}
+    for line in block.splitlines():
+        row = TABLE_ROW.match(line)
+        for name in row.group(2).split(",") if row else ():
+            name = name.strip()
+            full = name if name in ("app", "ui", "dllm_local") or name.startswith("ui.") else f"dllm_local.{name}"
+            out[full] = int(row.group(1))
+    return out
+
+
+def test_the_guides_layer_table_is_the_house_table():
+    documented = documented_layers()
+    missing = sorted(set(LAYERS) - set(documented))
+    extra = sorted(set(documented) - set(LAYERS))
+    moved = sorted(f"{m}: guide {documented[m]}, LAYERS {LAYERS[m]}" for m in set(LAYERS) & set(documented)
+                   if documented[m] != LAYERS[m])
+    assert not (missing or extra or moved), (f"docs/development.md's layer table differs from LAYERS: missing {missing}, "
+                                             f"not in LAYERS {extra}, ranked differently {moved}")
+
+
+def packages() -> list[str]:
+    return sorted(str(p.parent.relative_to(ROOT)) for top in ("dllm_local", "ui") for p in (ROOT / top).rglob("__init__.py")
+                  if "__pycache__" not in p.parts)
+
+
+def test_the_guides_folder_list_names_every_folder_and_only_real_paths():
+    section = guide_section("The files, one line each")
+    listed = set(re.findall(r"^\s*- `([\w/]+)/`", section, re.M))
+    missing = [p for p in packages() if p not in listed]
+    gone = sorted(p for p in listed if not (ROOT / p).is_dir())
+    assert not missing and not gone, f"folders not in the guide's list: {missing}; listed but absent: {gone}"
+    text = GUIDE.read_text()
+    named = set(re.findall(r"`((?:dllm_local|ui|tests|bench|docs|presets|assets)/[\w/.-]+)`", text))
+    absent = sorted(p for p in named if not (ROOT / p.rstrip("/")).exists()
+                    and not p.endswith(("/mini.py", "/commits.py", "/every_other.py", "/topk.py")))
+    assert not absent, f"paths the guide names that do not exist: {absent}"
+
+
+MAX_MODULES = 15  # modules at one level of a folder: past it, the prefixes are folders in disguise
+
+
+def test_no_folder_holds_more_than_fifteen_modules():
+    crowded = []
+    for package in packages():
+        modules = [p for p in (ROOT / package).glob("*.py") if p.name != "__init__.py"]
+        if len(modules) > MAX_MODULES:
+            crowded.append(f"{package}: {len(modules)} modules")
+    assert not crowded, f"folders over {MAX_MODULES} modules (make a sub-folder per concern): {crowded}"

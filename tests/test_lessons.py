@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ui import lessons
+from ui.lessons import verdicts as lessons
 
 POKER = "Kate is playing cards. Name a poker hand Kate could hold."
 END = 9  # the end-of-text id of these traces

@@ -11,10 +11,10 @@ import re
 import dllm_local
 from dllm_local.settings import Settings
 from dllm_local.tiny.tasks import TASKS
-from ui.engine_queue import throttled
-from ui.grid import OFF_TASK, token_grid_html, token_label
-from ui.presets import load_presets
-from ui.status_line import run_status
+from ui.engine.queue import throttled
+from ui.grid.tokens import OFF_TASK, token_grid_html, token_label
+from ui.parts.presets import load_presets
+from ui.run.status_line import run_status
 
 from test_page import (OUT, _choose, _shown_run, _status, _wait_done, _wait_policy, browser, page, server,  # noqa: F401
                        start_long_run)

@@ -9,7 +9,7 @@ import re
 
 import dllm_local
 from dllm_local.settings import Settings
-from ui.presets import load_presets
+from ui.parts.presets import load_presets
 
 from test_page import (OUT, _choose, _shown_run, _status, _wait_done, _wait_policy, browser, page,  # noqa: F401
                        server)

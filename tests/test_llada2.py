@@ -13,7 +13,7 @@ import torch
 import dllm_local
 from dllm_local.models.attention import ForwardObserver
 from dllm_local.prompts import encode_prompt
-from dllm_local.tiny import llada2 as tiny
+from dllm_local.tiny_checkpoints import random_llada2 as tiny
 
 sys.path.insert(0, str(Path(__file__).parent))
 from llada2_reference import Reference, answer, generate_v20, generate_v21  # noqa: E402
@@ -118,7 +118,7 @@ def test_reference_cache_is_exact_and_edits_happen(handle, ref):
 def test_decoding_equals_the_released_generate(handle, ref, unmask, params, threshold, cache):
     """Temperature 0, a prompt ending inside a block: the same tokens and the same denoising
     forwards as LLaDA2.0's released generate (``threshold=1.0``: its one-per-step fallback)."""
-    from dllm_local.sampler import generate
+    from dllm_local.decoding.sampler import generate
     from dllm_local.settings import Settings
 
     prompt = encode_prompt(handle, PROMPT)
@@ -152,7 +152,7 @@ def test_quantized_loads_on_the_cpu(folder, handle, quantization):
 def test_editing_equals_the_released_llada21_generate(handle, ref, cache):
     """LLaDA 2.1's quality mode (threshold 0.7, edit threshold 0.5) as the ``edit`` unmasking
     policy: the same tokens, denoising forwards and edits as its released generate."""
-    from dllm_local.sampler import generate
+    from dllm_local.decoding.sampler import generate
     from dllm_local.settings import Settings
 
     prompt = encode_prompt(handle, PROMPT)
@@ -168,7 +168,7 @@ def test_editing_equals_the_released_llada21_generate(handle, ref, cache):
 def test_editing_stops_at_the_end_of_a_block_as_released(handle, ref):
     """With early stop, the run ends after the block in which the answer's end-of-text is
     committed with no mask before it, as the released generate's eos_early_stop does."""
-    from dllm_local.sampler import generate
+    from dllm_local.decoding.sampler import generate
     from dllm_local.settings import Settings
 
     prompt = encode_prompt(handle, PROMPT)

@@ -14,8 +14,8 @@ import torch
 from dllm_local import Settings
 from dllm_local.models.loader import load
 from dllm_local.prompts import encode_prompt
-from dllm_local.sampler import generate
-from dllm_local.tiny.llada_moe import build_checkpoint
+from dllm_local.decoding.sampler import generate
+from dllm_local.tiny_checkpoints.random_llada_moe import build_checkpoint
 from llada_moe_reference import ReferenceLLaDAMoE, llada_generate
 
 PROMPT = [{"role": "user", "content": "Tom has 3 apples. He gets 4 more. How many apples does he have?"}]

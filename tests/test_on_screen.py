@@ -7,8 +7,8 @@ import pytest
 
 import dllm_local
 from dllm_local import Settings
-from ui import run_figures
-from ui.figure_style import _luminance, on_screen
+from ui import figures as run_figures
+from ui.parts.figure_style import _luminance, on_screen
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dllm_local.cli import build_parser
-from dllm_local.canvas_settings import CANVAS_KNOBS, canvas_knob
+from dllm_local.canvas.settings import CANVAS_KNOBS, canvas_knob
 from dllm_local.cli.settings_flags import CANVAS_DEST, LONG_GEN_LENGTH, parse_params, settings_from_args
 from dllm_local.cli.sweep import sweep_axes
 from dllm_local.limits import SWEEP_BLOCK_SIZES, SWEEP_GEN_LENGTH, SWEEP_THRESHOLDS
@@ -83,11 +83,11 @@ def test_the_sweeps_default_grid_is_the_one_in_limits():
 HOMES = {"dllm_local/settings.py", "dllm_local/limits.py"}
 # (file, knob) -> why that literal is not the knob's default, though it is equal to it.
 SAME_VALUE_ALLOWED = {
-    ("dllm_local/experiments/bench.py", "cache"): "the baseline row names LLaDA's plain decoding, whatever the default",
-    ("dllm_local/experiments/bench.py", "unmask"): "the baseline row names LLaDA's plain decoding, whatever the default",
-    ("dllm_local/tiny/block.py", "seed"): "the fine-tuning seed, not the sampler's",
+    ("dllm_local/experiments/side_by_side.py", "cache"): "the baseline row names LLaDA's plain decoding, whatever the default",
+    ("dllm_local/experiments/side_by_side.py", "unmask"): "the baseline row names LLaDA's plain decoding, whatever the default",
+    ("dllm_local/tiny_checkpoints/fine_tune_block.py", "seed"): "the fine-tuning seed, not the sampler's",
     ("dllm_local/tiny/tokenizer.py", "seed"): "the tokenizer's training seed, not the sampler's",
-    ("dllm_local/tiny/train.py", "seed"): "the training seed, not the sampler's",
+    ("dllm_local/tiny_checkpoints/train.py", "seed"): "the training seed, not the sampler's",
 }
 
 

@@ -15,8 +15,8 @@ from dllm_local.policies import registry
 from dllm_local.serving.session import Session
 from dllm_local.settings import Settings
 from dllm_local.tiny.tasks import verdict
-from ui.controls import controls_from_settings, fit_block, settings_from_controls, visible_knobs
-from ui.presets import load_presets
+from ui.run.controls import controls_from_settings, fit_block, settings_from_controls, visible_knobs
+from ui.parts.presets import load_presets
 
 OUT = Path(__file__).resolve().parents[1] / "test-output"
 ARITHMETIC = "Ben has 9 coins, finds 8 more, then gives away 9. How many now?"
@@ -69,7 +69,7 @@ def test_a_sliding_cache_with_a_block_by_block_policy_runs_by_threshold_and_says
 
 def test_throttled_redraws_keep_the_first_step_and_the_final_state():
     from dllm_local.trace import fold
-    from ui.engine_queue import throttled
+    from ui.engine.queue import throttled
 
     def events():  # as Session.run streams them
         steps = [{"step": i} for i in range(5)]

@@ -11,9 +11,9 @@ from described_session import DescribedSession
 from dllm_local.limits import SWEEP_BLOCK_SIZES, SWEEP_GEN_LENGTH, SWEEP_THRESHOLDS
 from dllm_local.policies import registry
 from dllm_local.settings import Settings, knob
-from ui.controls import SETTING_CONTROLS, settings_from_controls
+from ui.run.controls import SETTING_CONTROLS, settings_from_controls
 from ui.page import build
-from ui.tune_tab import parse_numbers
+from ui.tune.tab import parse_numbers
 
 LENGTHS = ("gen_length", "block_size", "steps")
 

@@ -15,7 +15,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 from dllm_local.errors import ModelLoadError
 from dllm_local.hub import HUB_MODELS
 from dllm_local.serving.session import MODEL_CHOICES
-from ui.engine_queue import CANCELLED
+from ui.engine.queue import CANCELLED
 
 ARITHMETIC = "Ben has 9 coins, finds 8 more, then gives away 9. How many now?"
 SLOW = {"cache": "none", "unmask": "fixed", "gen_length": 256, "steps": 256, "block_size": 32}  # 256 forwards
@@ -202,7 +202,7 @@ def test_importing_a_trace_sets_its_prompt_and_settings(served, tmp_path):
 # ---------------------------------------------------------------- 4. files
 
 def test_exports_stay_in_one_folder_and_only_the_last_twenty_are_kept(served):
-    from ui.exports import ExportFolder
+    from ui.parts.exports import ExportFolder
     from ui.page import DELETE_CACHE
 
     _, page, _, _ = served
@@ -237,7 +237,7 @@ def test_the_model_box_loads_only_what_the_page_was_started_to_allow(served, tmp
 
 
 def test_model_access_rules(tmp_path):
-    from ui.model_access import DownloadNeeded, ModelAccess
+    from ui.model.access import DownloadNeeded, ModelAccess
 
     (tmp_path / "m").mkdir()
     closed = ModelAccess()
@@ -366,7 +366,7 @@ def test_a_stop_between_two_runs_of_a_compare_ends_it_and_is_not_kept_for_the_ne
     for it."""
     from types import SimpleNamespace
 
-    from ui.engine_queue import EngineQueue
+    from ui.engine.queue import EngineQueue
 
     _, page, session, _ = served
     queue, tab = EngineQueue(session, page), SimpleNamespace(session_hash="tab-between-runs")

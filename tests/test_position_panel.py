@@ -12,9 +12,9 @@ import pytest
 
 import dllm_local
 from dllm_local.settings import Settings
-from ui.grid import token_grid_html, token_label
-from ui.position_panel import NO_STEPS, position_panel_html
-from ui.presets import load_presets
+from ui.grid.tokens import token_grid_html, token_label
+from ui.run.position_panel import NO_STEPS, position_panel_html
+from ui.parts.presets import load_presets
 
 PRESETS, _ = load_presets()
 RUNS = {"self-verify": "Self-verifying parallel decoding", "guided": "FreeCache + guided diffusion (FlashDLM)",

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from ui.presets import load_presets
+from ui.parts.presets import load_presets
 
 PRESETS, _ = load_presets()
 NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?")

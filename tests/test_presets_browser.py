@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import trace_facts
-from ui.presets import load_presets
+from ui.parts.presets import load_presets
 
 from test_page import OUT, _choose, _shown_run, _wait_run_ended, browser, export_trace, server  # noqa: F401 - fixtures
 

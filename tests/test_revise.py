@@ -8,7 +8,7 @@ import pytest
 import dllm_local
 from dllm_local import Settings
 from dllm_local.tiny.tasks import make_problems, score
-from ui.presets import load_presets
+from ui.parts.presets import load_presets
 
 PROMPT = make_problems("arithmetic", 1, 7)[0].prompt
 
@@ -66,7 +66,8 @@ def test_revise_keeps_arithmetic_accuracy(tiny):
 
 
 def test_the_numbers_card_counts_revisions_and_net_commits(tiny):
-    from ui import replay, tables
+    from ui.run import replay
+    from ui.parts import tables
 
     result = dllm_local.generate(tiny, PROMPT, _revise(draft_threshold=0.99, verify_threshold=1.0))
     nums = replay.numbers(result.trace.to_dict())
@@ -76,7 +77,8 @@ def test_the_numbers_card_counts_revisions_and_net_commits(tiny):
 
 
 def test_revise_preset_takes_a_word_back_and_the_grid_shows_its_history(tiny):
-    from ui import grid, replay
+    from ui.grid import tokens as grid
+    from ui.run import replay
 
     preset = next(p for p in load_presets()[0].values() if p["settings"]["unmask"] == "revise")
     result = dllm_local.generate(tiny, preset["prompt"], Settings.from_dict(preset["settings"]))

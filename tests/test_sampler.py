@@ -321,7 +321,7 @@ def test_guided_keeps_accuracy_with_fewer_forwards(tiny, tiny_guider):
 
 @torch.no_grad()
 def test_guider_cache_reuse_matches_a_fresh_guider_forward(tiny, tiny_guider):
-    from dllm_local.sampler import Run
+    from dllm_local.decoding.sampler import Run
 
     run = Run(tiny, PROMPT, Settings(gen_length=32, block_size=32, unmask="guided"), tiny_guider)
     state = run.start()

@@ -13,7 +13,7 @@ import dllm_local
 from dllm_local.errors import ModelLoadError
 from dllm_local.models.attention import ForwardObserver
 from dllm_local.models.sdar import SDARConfig, SDARMoeConfig
-from dllm_local.tiny.sdar import build_checkpoint
+from dllm_local.tiny_checkpoints.random_sdar import build_checkpoint
 
 import sdar_reference as ref
 
@@ -216,7 +216,7 @@ def _prompt(h) -> tuple[list[dict], list[int]]:
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("unmask", ["fixed", "threshold"])
 def test_decoding_equals_sdars_generate(kind, unmask, handles, folders):
-    from dllm_local.sampler import generate
+    from dllm_local.decoding.sampler import generate
     from dllm_local.settings import Settings
 
     h, G, B = handles[kind], 16, 4

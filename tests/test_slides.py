@@ -17,13 +17,13 @@ import pytest
 
 import dllm_local
 from dllm_local.settings import Settings
-from ui import slides
-from ui.acceptance import acceptance_verdict
-from ui.grid import token_grid_html, token_label
-from ui.lessons import MARKS, grid_verdicts
-from ui.presets import load_presets
-from ui.replay import is_end_token, state_at
-from ui.slides import PLOT_IDS, SLIDES_JS, grid_svg, slides_zip
+from ui.run import slides
+from ui.lessons.acceptance import acceptance_verdict
+from ui.grid.tokens import token_grid_html, token_label
+from ui.lessons.verdicts import MARKS, grid_verdicts
+from ui.parts.presets import load_presets
+from ui.run.replay import is_end_token, state_at
+from ui.run.slides import PLOT_IDS, SLIDES_JS, grid_svg, slides_zip
 
 PRESETS, _ = load_presets()
 SVG = "{http://www.w3.org/2000/svg}"
@@ -151,7 +151,7 @@ def test_one_click_returns_a_png_and_an_svg_of_the_grid_and_of_each_plot(traces,
     import gradio as gr
     from playwright.sync_api import sync_playwright
 
-    from ui import run_figures
+    from ui import figures as run_figures
 
     trace = traces["Flash-dLLM as released"]
     figures = {"conf-plot": run_figures.confidence_heatmap(trace), "kv-plot": run_figures.kv_heatmap(trace),

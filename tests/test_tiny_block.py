@@ -1,4 +1,4 @@
-"""The tiny block-diffusion model's making (dllm_local/tiny/block.py): the tiny LLaDA carried into
+"""The tiny block-diffusion model's making (dllm_local/tiny_checkpoints/fine_tune_block.py): the tiny LLaDA carried into
 LLaDA2's format computes the same function, the objective noises one block per row, and a
 fine-tuned folder loads as a block-diffusion model and decodes."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ import dllm_local
 from dllm_local.models.attention import BlockCausal
 from dllm_local.models.llada import LLaDAModelLM
 from dllm_local.models.loader import TINY_MODEL
-from dllm_local.tiny import llada2
-from dllm_local.tiny.block import block_loss, carry, fine_tune
+from dllm_local.tiny_checkpoints import random_llada2
+from dllm_local.tiny_checkpoints.fine_tune_block import block_loss, carry, fine_tune
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def test_the_objective_masks_answer_tokens_of_one_block_per_row_and_cuts_the_row
 def test_a_fine_tuned_folder_loads_as_a_block_diffusion_model_in_llada2s_format(tmp_path):
     folder = fine_tune(tmp_path / "tiny-block", steps=2, seed=0, token_budget=512, quiet=True)
     raw = json.loads((folder / "config.json").read_text())
-    assert set(llada2.RELEASED) <= set(raw) and raw["model_type"] == "llada2_moe" and raw["num_experts"] is None
+    assert set(random_llada2.RELEASED) <= set(raw) and raw["model_type"] == "llada2_moe" and raw["num_experts"] is None
     handle = dllm_local.load(str(folder), device="cpu")
     assert (handle.family, handle.kind, handle.block_size, handle.experts) == ("llada2_moe", "block", 32, None)
     assert handle.mask_id == PreTrainedTokenizerFast.from_pretrained(TINY_MODEL).mask_token_id

@@ -16,8 +16,8 @@ def test_the_page_side_runs_without_torch():
     interpreter."""
     code = textwrap.dedent("""
         import json, sys
-        import ui.controls, ui.engine_queue, ui.page, ui.replay, ui.run_tab
-        from ui.presets import load_presets
+        import ui.run.controls, ui.engine.queue, ui.page, ui.run.replay, ui.run.tab
+        from ui.parts.presets import load_presets
         from dllm_local.settings import Settings
         from dllm_local.trace import fold
 
@@ -25,7 +25,7 @@ def test_the_page_side_runs_without_torch():
         assert presets and not problems, problems
         for preset in presets.values():
             Settings.from_dict(preset["settings"])
-            settings, _ = ui.controls.settings_from_controls(ui.controls.controls_from_settings(preset["settings"]))
+            settings, _ = ui.run.controls.settings_from_controls(ui.run.controls.controls_from_settings(preset["settings"]))
             Settings.from_dict(settings)
 
         saved = json.load(open("tests/data/trace_small.json"))
@@ -33,15 +33,15 @@ def test_the_page_side_runs_without_torch():
         events = [{"start": header}, *({"step": s, "vocab": {}} for s in saved["steps"]),
                   {"end": {k: v for k, v in saved.items() if k != "steps"}}]
         drawn = 0
-        for trace, done in ui.engine_queue.throttled(fold(events), every=0.0, page_share=1.0):
-            ui.run_tab.draw(trace, None, "step", 0, "v", "drift")
+        for trace, done in ui.engine.queue.throttled(fold(events), every=0.0, page_share=1.0):
+            ui.run.tab.draw(trace, None, "step", 0, "v", "drift")
             drawn += 1
         assert drawn == len(events) and done
         assert json.dumps(trace, sort_keys=True) == json.dumps(saved, sort_keys=True)
-        assert ui.replay.numbers(trace)["finished"]
+        assert ui.run.replay.numbers(trace)["finished"]
 
         from dllm_local.devices import DEVICES
-        from dllm_local.experiments import costmodel
+        from dllm_local.analysis import costmodel
         t = costmodel.TEACHING_EXAMPLE
         costmodel.concurrency_curve(t.model, DEVICES[t.device], t.g, t.tau, [1, 64])
         costmodel.concurrency_crossovers(t.model, DEVICES[t.device], t.g, t.tau)
@@ -55,10 +55,10 @@ def test_the_page_side_runs_without_torch():
 def test_the_views_import_nothing_of_the_engine():
     """Trace in, view out: the replay draws nothing, and the views read only the trace's module
     of the engine package."""
-    code = ("import sys; sys.path.insert(0, '.'); import ui.replay; assert 'plotly' not in sys.modules; "
-            "import ui.grid, ui.tables, ui.run_figures, ui.tune_figures; "
+    code = ("import sys; sys.path.insert(0, '.'); import ui.run.replay; assert 'plotly' not in sys.modules; "
+            "import ui.grid.tokens, ui.parts.tables, ui.figures, ui.tune.figures; "
             "engine = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers') or m.startswith("
-            "('dllm_local.models', 'dllm_local.policies', 'dllm_local.sampler', 'dllm_local.serving'))]; "
+            "('dllm_local.models', 'dllm_local.policies', 'dllm_local.decoding.sampler', 'dllm_local.serving'))]; "
             "assert not engine, engine")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

@@ -8,7 +8,7 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from dllm_local.models.loader import TINY_MODEL
-from dllm_local.tiny.train import BLOCK_SIZES, Stage, diffusion_loss, masking_times, train
+from dllm_local.tiny_checkpoints.train import BLOCK_SIZES, Stage, diffusion_loss, masking_times, train
 
 
 def _answers(prompt_lengths: list[int], width: int) -> torch.Tensor:

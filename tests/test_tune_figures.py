@@ -8,12 +8,12 @@ import re
 
 import pytest
 
-from dllm_local.experiments.reports import add_points
+from dllm_local.analysis.reports import add_points
 from dllm_local.experiments.sweep import run_sweep, sweep_job
 from dllm_local.experiments.units import LocalRunner, Worker
 from dllm_local.settings import Settings
-from ui import tune_aup, tune_figures
-from ui.tune_labels import Canvas, crosses, overlaps, text_px
+from ui.tune import aup as tune_aup, figures
+from ui.tune.labels import Canvas, crosses, overlaps, text_px
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def _label_boxes(fig, canvas: Canvas) -> list[tuple[str, tuple]]:
 
 @pytest.mark.parametrize("which", ["sweep", "twice"])
 def test_the_frontiers_numbers_cross_no_bar_line_marker_or_other_number(reports, which):
-    fig = tune_figures.sweep_figure(reports[which])
+    fig = figures.sweep_figure(reports[which])
     canvas = Canvas(fig.layout.xaxis.range, fig.layout.yaxis.range)
     markers, bars = [], []
     for trace in fig.data:
@@ -72,16 +72,16 @@ def test_every_pareto_point_is_numbered_on_the_chart_in_the_key_and_in_the_table
     report = reports["twice"]
     rows = report["rows"]
     front = sorted((i for i, r in enumerate(rows) if r["pareto"]), key=lambda i: rows[i]["model_tok_s"])
-    fig = tune_figures.sweep_figure(report)
+    fig = figures.sweep_figure(report)
     numbers = [re.sub("<[^>]+>", "", a.text) for a in fig.layout.annotations]
     assert numbers == [str(k) for k in range(1, len(front) + 1)]  # one number per red point, no knob text
     for k, i in enumerate(front, start=1):
         named = next(t for t in fig.data if t.name.startswith(f"{k}  "))
-        assert tune_figures.row_label(rows[i]) in named.name  # the key: the number and the knobs
+        assert figures.row_label(rows[i]) in named.name  # the key: the number and the knobs
         assert (named.x[0], named.y[0]) == (rows[i]["model_tok_s"], rows[i]["accuracy"])
         annotation = fig.layout.annotations[k - 1]
         assert (annotation.x, annotation.y) == (named.x[0], named.y[0])  # beside its own point
-    table = tune_figures.sweep_table(report)
+    table = figures.sweep_table(report)
     assert [row[-1] for row in table] == [front.index(i) + 1 if i in front else "" for i in range(len(rows))]
     beaten = next(t for t in fig.data if t.name and "beaten" in t.name)
     assert len(beaten.x) == len(rows) - len(front) and all(beaten.hovertext)  # the rest: grey, knobs on hover

@@ -16,7 +16,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dllm_local.trace import KV_VIEWS  # noqa: E402
-from ui import grid, replay, run_figures, tables, tune_figures  # noqa: E402
+from ui.grid import tokens as grid
+from ui.run import replay
+from ui import figures as run_figures
+from ui.parts import tables
+from ui.tune import figures as tune_figures  # noqa: E402
 
 TRACE_PATH = ROOT / "tests" / "data" / "trace_small.json"
 
@@ -487,7 +491,7 @@ def test_numbers_match_engine_stats(trace):
 def test_compare_changes_to_b_are_parsed_against_the_policies():
     from dllm_local.policies import registry
     from dllm_local.settings import Settings
-    from ui.compare_tab import apply_changes
+    from ui.compare.tab import apply_changes
 
     specs = registry.all_specs()
     base = {"cache": "dual", "unmask": "threshold", "unmask_params": {"threshold": 0.9}, "cache_params": {},
@@ -545,7 +549,7 @@ def test_sweep_inputs_are_read_by_the_page_and_checked_once_by_the_settings():
     from dllm_local.experiments.sweep import plan
     from dllm_local.policies import registry
     from dllm_local.settings import Settings
-    from ui.tune_tab import parse_numbers, sweep_axes
+    from ui.tune.tab import parse_numbers, sweep_axes
 
     assert parse_numbers("0.5, 0.9", float, "Values", "in (0, 1]") == [0.5, 0.9]
     with pytest.raises(SettingsError, match=r"Values: 'abc' is not a number; give values in \(0, 1\]"):
@@ -580,11 +584,7 @@ def test_sweep_inputs_are_read_by_the_page_and_checked_once_by_the_settings():
 
 def _teaching_curve(tau: float = 4.0):
     from dllm_local.devices import DEVICES
-    from dllm_local.experiments.costmodel import (
-        TEACHING_EXAMPLE,
-        concurrency_crossovers,
-        concurrency_curve,
-    )
+    from dllm_local.analysis.costmodel import TEACHING_EXAMPLE, concurrency_crossovers, concurrency_curve
 
     t = TEACHING_EXAMPLE
     crossovers = concurrency_crossovers(t.model, DEVICES[t.device], t.g, tau)
@@ -624,7 +624,7 @@ def test_changing_tau_in_the_concurrency_view_changes_the_stated_crossover():
     import gradio as gr
     from gradio.state_holder import SessionState
 
-    from ui.tune_tab import ConcurrencyView, show_concurrency
+    from ui.tune.tab import ConcurrencyView, show_concurrency
 
     with gr.Blocks() as demo:
         view = ConcurrencyView()

@@ -24,28 +24,28 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from described_session import DescribedSession
-from dllm_local.canvas_trace import Count  # the trace's counts (64 bits)
+from dllm_local.canvas.trace import Count  # the trace's counts (64 bits)
 from dllm_local.errors import DllmError, TraceError
 from dllm_local.limits import MAX_GEN_LENGTH
 from dllm_local.policies import registry
 from dllm_local.settings import Settings  # declares the trace's settings check, as the page's import does
 from dllm_local.trace import KV_VIEWS, StepRecord, Stats, parse_trace
 from dllm_local.values import Flag, Number
-from ui import lessons
-from ui.block_lessons import stored_verdict
-from ui.branching import Branching, branch_title, candidate_choices
-from ui.comparison import compare, compare_html
-from ui.controls import controls_from_settings
-from ui.exports import ExportFolder
-from ui.presenter import FONT_SCALES, THEMES, Presenter
-from ui.presets import load_presets
-from ui.replay import MEAN_LAYERS, numbers, what_if
-from ui.run_figures import cache_panel, confidence_heatmap, experts_html, kv_heatmap
-from ui.run_settings import RunSettings
-from ui.run_views import RunReplay, show_cost
-from ui.slides import slides_zip
-from ui.tables import numbers_html
-from ui.trace_files import TraceFiles
+from ui.lessons import verdicts as lessons
+from ui.block.lessons import stored_verdict
+from ui.run.branching import Branching, branch_title, candidate_choices
+from ui.compare.comparison import compare, compare_html
+from ui.run.controls import controls_from_settings
+from ui.parts.exports import ExportFolder
+from ui.run.presenter import FONT_SCALES, THEMES, Presenter
+from ui.parts.presets import load_presets
+from ui.run.replay import MEAN_LAYERS, numbers, what_if
+from ui.figures import cache_panel, confidence_heatmap, experts_html, kv_heatmap
+from ui.run.settings import RunSettings
+from ui.run.views import RunReplay, show_cost
+from ui.run.slides import slides_zip
+from ui.parts.tables import numbers_html
+from ui.run.trace_files import TraceFiles
 
 ROOT = Path(__file__).resolve().parents[1]
 SKELETON = json.loads((ROOT / "tests" / "data" / "trace_small.json").read_text())

@@ -14,8 +14,10 @@ from dllm_local import Settings
 from dllm_local.models.loader import TINY_MODEL
 from dllm_local.settings import length_notice
 from dllm_local.tiny.tasks import verdict
-from ui import grid, replay, run_figures
-from ui.presets import load_presets
+from ui.grid import tokens
+from ui.run import replay
+from ui import figures
+from ui.parts.presets import load_presets
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS, _ = load_presets()
@@ -40,7 +42,7 @@ def test_straight_house_is_written_greedily_in_one_forward_with_no_guarantee(tin
     vocab = trace["vocab"]
     assert vocab[str(first[0][0])].strip() == "straight" and vocab[str(second[0][0])].strip() == "house"
     # Each word's hover names those candidates, though the one step leaves nothing masked to hover.
-    shown = grid.token_grid_html(trace, 0)
+    shown = tokens.token_grid_html(trace, 0)
     assert re.search(r"token 'straight' · step 0 · confidence 0\.\d\d · top candidates when committed: 'straight' "
                      r"0\.\d\d, 'full'", shown)
     assert first[0][1] > 0.5 > second[0][1]
@@ -75,9 +77,9 @@ def test_self_verify_records_what_it_sent_back_and_the_views_draw_it(tiny):
     committed = {pos for pos, _, _ in record["committed"]}
     for pos, token, score in record["policy"]["rejected_at"]:
         assert pos not in committed and score < settings.unmask_params["rho"] and str(token) in trace["vocab"]
-    page = grid.token_grid_html(trace, i)
+    page = tokens.token_grid_html(trace, i)
     assert page.count("dl-rejected") == len(record["policy"]["rejected_at"]) and "conflict score" in page
-    sent_back = next(t for t in run_figures.confidence_heatmap(trace).data if t.name == "sent back (self-verify)")
+    sent_back = next(t for t in figures.confidence_heatmap(trace).data if t.name == "sent back (self-verify)")
     assert len(sent_back.x) == sum(len(s["policy"].get("rejected_at", [])) for s in trace["steps"])
 
 

@@ -1,5 +1,5 @@
 """The figures a verdict line states, worked out again from an exported trace file with code of
-their own (not ``ui.lessons``), as the lines they must appear in."""
+their own (not ``ui.lessons.verdicts``), as the lines they must appear in."""
 from __future__ import annotations
 
 from statistics import fmean

@@ -1,7 +1,7 @@
 """The playground page: Gradio Blocks over a ``dllm_local.serving.session.Session``. No torch here.
 
 ``build`` lays out the header and the three tabs, each a module of its own with its layout and
-its callbacks (``run_tab``, ``compare_tab``, ``tune_tab``), then wires them. The tabs share the
+its callbacks (``run.tab``, ``compare.tab``, ``tune.tab``), then wires them. The tabs share the
 session through one ``EngineQueue``: every request that uses the model waits in one queue.
 """
 from __future__ import annotations
@@ -10,15 +10,15 @@ import gradio as gr
 
 from dllm_local.trace import MAX_TRACE_BYTES
 
-from .compare_tab import CompareTab
-from .engine_queue import EngineQueue
-from .exports import ExportFolder
-from .lab import Lab, LabTab
-from .model_access import ModelAccess
-from .model_box import model_line
-from .presenter import CSS as PRESENTER_CSS, KEYS_JS
-from .run_tab import RunTab
-from .tune_tab import TuneTab
+from .compare.tab import CompareTab
+from .engine.queue import EngineQueue
+from .parts.exports import ExportFolder
+from .lab.classroom import Lab, LabTab
+from .model.access import ModelAccess
+from .model.box import model_line
+from .run.presenter import CSS as PRESENTER_CSS, KEYS_JS
+from .run.tab import RunTab
+from .tune.tab import TuneTab
 
 # Gradio's own cache of files handed to browsers: swept every hour of anything older than an hour.
 DELETE_CACHE = (3600, 3600)

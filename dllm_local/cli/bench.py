@@ -7,7 +7,7 @@ import sys
 
 from ..devices import DEVICES
 from ..errors import SettingsError
-from ..experiments.bench import STRATEGY_SETS
+from ..experiments.side_by_side import STRATEGY_SETS
 from ..experiments.problems import SCORERS
 from ..tiny.tasks import TASKS
 from .common import BATCH_HELP, at_least_one, check_out, guider_for, load_model, write_out
@@ -35,7 +35,7 @@ def _levels(text: str) -> list[int]:
 
 def _repeats(text: str) -> int:
     """--repeats read through the bench's own bound: a bad one stops the command before a model loads."""
-    from ..experiments.bench import REPEATS
+    from ..experiments.side_by_side import REPEATS
     from ..values import read
 
     try:
@@ -68,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from ..experiments.bench import format_concurrency, format_table, run_bench, run_concurrency
+    from ..experiments.side_by_side import format_concurrency, format_table, run_bench, run_concurrency
     from ..experiments.problems import jsonl_problems, task_problems
 
     check_out(args.out)

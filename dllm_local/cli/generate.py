@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from ..sampler import generate
+    from ..decoding.sampler import generate
 
     if not args.prompt.strip():
         raise SettingsError("--prompt is empty: give the question or message to answer")

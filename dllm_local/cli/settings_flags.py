@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..canvas_settings import CANVAS_KNOBS, canvas_knob
+from ..canvas.settings import CANVAS_KNOBS, canvas_knob
 from ..errors import DllmError, SettingsError
 from ..files import FileRefused, parse_json
 from ..policies import registry

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from ..errors import DllmError, listed
 from ..models.loader import GuiderHandle, ModelHandle
-from ..sampler import generate
+from ..decoding.sampler import generate
 from ..settings import Settings
 from ..devices import machine_name
 

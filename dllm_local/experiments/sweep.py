@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
-from .frontier import AUP_ALPHA, AUP_CUT, MAX_POINTS, pareto, policy_curves
+from ..analysis.frontier import AUP_ALPHA, AUP_CUT, MAX_POINTS, pareto, policy_curves
 from .units import DEFAULT_CHUNK, Job, ModelSpec, OnUnit, Results, Runner, UnitDone, plan_units, row_of
 from ..errors import SettingsError
 from ..policies import registry

@@ -139,8 +139,8 @@ class Worker:
         return cls(job, handle, guider, name)
 
     def run(self, unit: Unit) -> list[dict]:
-        from ..batch import generate_all
-        from ..sampler import generate
+        from ..decoding.batch import generate_all
+        from ..decoding.sampler import generate
 
         settings = self.settings[unit.point]
         if not self.warm:  # first-call costs (allocations, kernel choice) stay out of the timings

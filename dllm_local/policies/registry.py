@@ -393,7 +393,7 @@ register(PolicySpec(
     "As VILA-Lab/Flash-dLLM's generator does it: a window sliding over the next block of undecoded positions; "
     "after one full forward, recompute only the window, the newest and most-attended decoded positions and the "
     "next masks; the span padded with end-of-text; the first end-of-text ends the answer.",
-    "dllm_local.policies.flash:FlashCache",
+    "dllm_local.policies.flash_dllm:FlashCache",
     (
         Param("track_num", int, 4, "Tracked blocks (track_num)",
               "decoded positions recomputed each step, in blocks: the newest commits, then the most attended "
@@ -412,7 +412,7 @@ register(PolicySpec(
     "As VILA-Lab/Flash-dLLM's generator does it: commit by the threshold, then verify up to block/2 more drafts "
     "in one extra forward that reads the cache; accept the longest prefix whose running product of "
     "P(draft | masked) stays >= gamma.",
-    "dllm_local.policies.flash:FlashVerify",
+    "dllm_local.policies.flash_dllm:FlashVerify",
     (
         _THRESHOLD,
         Param("gamma", float, 0.8, "Acceptance (gamma)",

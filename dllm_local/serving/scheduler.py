@@ -21,11 +21,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
-from ..batch import BatchRun, TooLong
+from ..decoding.batch import BatchRun, TooLong
 from ..errors import DllmError, EngineError, NeverRanError, OutOfMemory
 from ..limits import SLOTS
 from ..models.loader import free_device_memory
-from ..sampler import Run
+from ..decoding.sampler import Run
 from ..settings import Settings
 from ..trace import Branch
 from .failures import LOAD_OOM_ADVICE, OOM_ADVICE, failure_kind, portable

@@ -1,5 +1,5 @@
 """The embedded tiny models: their synthetic task suite, tokenizer and training; and the writers
-of tiny random checkpoints in each released family's format (``python -m dllm_local.tiny.sdar
+of tiny random checkpoints in each released family's format (``python -m dllm_local.tiny_checkpoints.random_sdar
 FOLDER`` and the like), whose command line is ``checkpoint_cli``."""
 from __future__ import annotations
 

@@ -1,0 +1,294 @@
+"""Several requests decoded together: each keeps its own ``Run`` (positions, policies, seed,
+trace, cache slot) and all of them share one forward per step, packed into one sequence."""
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from typing import Callable, Iterator
+
+import torch
+from pydantic import TypeAdapter
+
+from ..errors import SettingsError
+from ..models.attention import Segment
+from ..models.cache import KVCache
+from ..models.loader import GuiderHandle, ModelHandle
+from ..prompts import Prompt
+from .recorder import model_gpus, timed
+from .sampler import Result, Run, generate
+from ..settings import Settings
+from ..trace import Branch, StepRecord
+from ..values import integer, read
+
+SLOTS = TypeAdapter(integer(1, 4096))  # requests decoding at once: a batch's slots
+
+
+FLOOR_SHARE = 0.2  # the write-up's rule: every request keeps at least 20% of its length's K/V
+
+
+class TooLong(SettingsError):
+    """A request longer than the batch's slots."""
+
+
+class QuotaPool:
+    """The cache budget of a batch, shared by its requests' adaptive caches (the I/O-aware
+    write-up's per-request quotas): ``total`` positions, the sum of the requests' own budgets.
+
+    After each forward the pool gives every request its floor first (``floors``: at least
+    ``FLOOR_SHARE`` of its length, never more than its own budget), so a long request cannot
+    take the memory of the others. The rest is split max-min fairly over what each holds beyond
+    its floor: a request wanting less than an even share keeps what it holds, and what it leaves
+    is split evenly among the others, and so on. So a request that needs more (a refresh fills
+    its cache) takes what the others do not use, and a finished request's quota goes back to the
+    pool. Each request then evicts by confidence, K and V together, down to its quota: the quotas
+    never sum to more than the total.
+    """
+
+    def __init__(self, total: int) -> None:
+        self.total = int(total)
+
+    def allocate(self, holding: dict[int, int], floors: dict[int, int] | None = None) -> dict[int, int]:
+        """Each request's quota, from the positions it holds now and its floor."""
+        floors = {i: (floors or {}).get(i, 0) for i in holding}
+        quotas = dict(floors)
+        left = self.total - sum(floors.values())
+        wants = {i: max(0, holding[i] - floors[i]) for i in holding}
+        waiting = sorted(wants, key=wants.get)
+        while waiting and wants[waiting[0]] <= left // len(waiting):
+            request = waiting.pop(0)
+            quotas[request] += wants[request]
+            left -= wants[request]
+        for k, request in enumerate(waiting):  # the rest share what is left evenly
+            quotas[request] += left // len(waiting) + (1 if k < left % len(waiting) else 0)
+        return quotas
+
+
+def _batchable(settings: Settings) -> None:
+    if settings.exact_drift:
+        raise SettingsError("exact_drift runs a second, uncached model per request: turn it off to decode a batch")
+
+
+class BatchRun:
+    """Several requests decoded together, continuously: ``slots`` of them at a time (all, by
+    default), one forward per step for the requests decoding, each with its own positions,
+    policies, seed and trace, and its own slot of one ``KVCache``, so each request decodes as it
+    would alone. A request that finishes frees its slot, and the next waiting request takes it at
+    once: its first forward (prompt and answer, nothing cached yet) is packed into the same forward
+    as the others' next steps. Later forwards no longer compute a finished request.
+
+    With ``share_budget`` the adaptive caches' budgets become one budget shared by quotas (see
+    ``QuotaPool``): the one thing that makes a request decode otherwise than alone.
+
+    Iterate for ``(request, StepRecord)`` pairs; ``results`` then holds one result per prompt.
+    ``finished(request)`` is called as each request ends (a progress bar). Between records a
+    server may ``add`` requests (they wait for a slot, or go first) and ``stop`` one request.
+    """
+
+    def __init__(self, handle: ModelHandle, prompts: list[Prompt], settings: Settings | list[Settings],
+                 guider: GuiderHandle | None = None, share_budget: bool = True, slots: int | None = None,
+                 finished: Callable[[int], None] | None = None, max_len: int | None = None) -> None:
+        """``settings``: one for every request, or one per request (an evaluation's own seeds);
+        ``max_len``: the positions each slot holds (default: the longest of ``prompts``' runs),
+        what a request added later may take at most. A server's batch may start with no prompts
+        and a ``max_len``, and ``add`` them as they come."""
+        if not isinstance(prompts, (list, tuple)) or not (prompts or max_len):
+            raise SettingsError("a batch needs a list of at least one prompt")
+        handle.require_masked("batched decoding")
+        if not handle.model.packs_requests:
+            raise SettingsError(f"{type(handle.model).__name__} decodes one request at a time: batched decoding "
+                                f"runs LLaDA-family models (LLaDA and the tiny model)")
+        per_request = list(settings) if isinstance(settings, (list, tuple)) else [settings] * len(prompts)
+        if len(per_request) != len(prompts):
+            raise SettingsError(f"{len(per_request)} settings for {len(prompts)} prompts: give one, or one per prompt")
+        for s in per_request:
+            _batchable(s)
+        self.slots = read(SLOTS, len(prompts) if slots is None else slots, "the batch size (slots)")
+        self.handle, self.guider, self.share_budget, self.finished = handle, guider, share_budget, finished
+        self.runs = [Run(handle, prompt, s, guider) for prompt, s in zip(prompts, per_request)]
+        self.max_len = max_len or max(run.state_length for run in self.runs)
+        self.waiting: deque[int] = deque(range(len(self.runs)))
+        self.results: list[Result] | None = None
+        self.cache: KVCache | None = None
+        self.pool: QuotaPool | None = None
+        # What the batch did: forwards, the rows they computed, model and wall time, and when each
+        # request was done (its latency, from the batch's start).
+        self.forwards = self.row_forwards = 0
+        self.model_s = self.wall_s = 0.0
+        self.latency_s = [0.0] * len(prompts)
+
+    def add(self, prompt: Prompt, settings: Settings, first: bool = False, branch: Branch | None = None) -> int:
+        """A request joining the batch: it takes the next free slot (before the waiting ones if
+        ``first``: a lecturer's). ``branch``: a run repeated with one change (``trace.Branch``).
+        Returns its number."""
+        _batchable(settings)
+        run = Run(self.handle, prompt, settings, self.guider, branch)
+        if run.state_length > self.max_len:
+            raise TooLong(f"this request needs {run.state_length} positions; the batch's slots hold "
+                                f"{self.max_len}: a shorter prompt or gen_length")
+        self.runs.append(run)
+        self.latency_s.append(0.0)
+        if first:
+            self.waiting.appendleft(len(self.runs) - 1)
+        else:
+            self.waiting.append(len(self.runs) - 1)
+        return len(self.runs) - 1
+
+    def withdraw(self, request: int) -> bool:
+        """Take a request still waiting for a slot out of line (it never runs: no result); False
+        if it has started."""
+        if request not in self.waiting:
+            return False
+        self.waiting.remove(request)
+        return True
+
+    def stop(self, request: int | None = None) -> None:
+        """End one request (its result says it was stopped) or, by default, all of them."""
+        for run in self.runs if request is None else [self.runs[request]]:
+            run.stop()
+
+    def release(self) -> None:
+        """Drop the batch's cache (every request's K/V); results and traces stay."""
+        self.cache = None
+        for run in self.runs:
+            run.release()
+
+    def __iter__(self) -> Iterator[tuple[int, StepRecord]]:
+        self._start_s = time.perf_counter()
+        self._paused = 0.0
+        try:
+            with torch.inference_mode():
+                self._start()
+            active: list[int] = []  # request numbers decoding, in the order they joined
+            while True:
+                with torch.inference_mode():
+                    active = [i for i in active if self._going(i)]
+                    active += self._admit()
+                    if not active:
+                        break
+                    records = self._step(active)
+                for i, record in records:
+                    t = time.perf_counter()
+                    yield i, record
+                    held = time.perf_counter() - t  # the consumer's time: no request's
+                    self._paused += held
+                    for j in active:
+                        self.runs[j].recorder.pause(held)
+        except BaseException:
+            self.release()  # a failed batch lets go of its cache at once
+            raise
+        self.wall_s = time.perf_counter() - self._start_s - self._paused
+        self.results = [run.result for run in self.runs]
+        self.release()
+
+    def _start(self) -> None:
+        self.cache = self.handle.model.new_cache(self.slots, self.max_len)
+        self._gpus = model_gpus(self.handle.model)
+        self._budgets: dict[int, int] = {}
+        self._floors: dict[int, int] = {}
+
+    def _admit(self) -> list[int]:
+        """The waiting requests that free slots take, started: each one's first step is planned
+        in the next forward, beside the others'."""
+        admitted = []
+        while self.waiting and self.cache.in_use < self.cache.slots:
+            i = self.waiting.popleft()
+            run = self.runs[i]
+            run.start(self.cache.alloc(run.state_length))
+            if budget := run.cache_policy.max_cached():
+                self._budgets[i] = budget
+                self._floors[i] = min(budget, math.ceil(FLOOR_SHARE * run.state_length))
+            if self._going(i):
+                admitted.append(i)
+        if self.share_budget and self._budgets and admitted:
+            # The budget of the slots' requests: each slot's largest own budget, as in a static batch.
+            self.pool = QuotaPool(sum(sorted(self._budgets.values(), reverse=True)[: self.cache.slots]))
+        return admitted
+
+    def _going(self, i: int) -> bool:
+        """Whether request ``i`` decodes another step; if not, its slot is freed and its latency kept."""
+        if self.runs[i].next_step():
+            return True
+        self.latency_s[i] = time.perf_counter() - self._start_s - self._paused
+        self.cache.free(self.runs[i].cache)
+        self._budgets.pop(i, None)
+        self._floors.pop(i, None)
+        if self.finished is not None:
+            self.finished(i)
+        return False
+
+    def _step(self, active: list[int]) -> list[tuple[int, StepRecord]]:
+        """One forward for the ``active`` requests' planned positions, packed; then each takes its rows."""
+        runs, h = self.runs, self.handle
+        planned = [runs[i].plan() for i in active]
+        # Each request attends under its own run's layout (a block-diffusion run's block size, which
+        # requests of one batch may set apart): the segment carries it, Attention masks each row by its own.
+        segments = [Segment(runs[i].cache, p, runs[i].observers, runs[i].layout) for i, p in zip(active, planned)]
+        counts = [len(p) for p in planned]
+        positions = torch.cat(planned)
+        ids = torch.cat([runs[i].state.x[0, p] for i, p in zip(active, planned)])[None]
+        logits, seconds = timed(lambda: h.model(ids, positions, segments=segments).logits[0].split(counts), self._gpus)
+        self.forwards += 1
+        self.row_forwards += len(active)
+        self.model_s += seconds
+        if self.pool is not None:  # quotas from what each holds now, before anyone evicts
+            holding = {i: runs[i].cache.num_cached() for i in active if i in self._budgets}
+            for i, quota in self.pool.allocate(holding, self._floors).items():
+                runs[i].cache_policy.set_quota(quota)
+        records = []
+        for row, i in enumerate(active):
+            runs[i].recorder.count_forward(seconds, counts[row] / len(positions))
+            runs[i].recorder.in_batch(len(active))
+            records.append((i, runs[i].after_forward(logits[row])))
+        return records
+
+
+def stream_batch(handle: ModelHandle, prompts: list[Prompt], settings: Settings | list[Settings] | None = None,
+                 guider: GuiderHandle | None = None) -> BatchRun:
+    """Start decoding ``prompts`` together; iterate for ``(request, StepRecord)`` pairs."""
+    return BatchRun(handle, prompts, Settings() if settings is None else settings, guider)
+
+
+def generate_batch(handle: ModelHandle, prompts: list[Prompt], settings: Settings | list[Settings] | None = None,
+                   guider: GuiderHandle | None = None, share_budget: bool = True) -> list[Result]:
+    """One result (and trace) per prompt, decoded as a batch: the same tokens as each alone
+    (unless adaptive caches share their budgets, see ``BatchRun``)."""
+    run = BatchRun(handle, prompts, Settings() if settings is None else settings, guider, share_budget)
+    for _ in run:
+        pass
+    return run.results
+
+
+def batches(count: int, batch_size: int, continuous: bool = True) -> list[range]:
+    """The requests each BatchRun of ``batch_size`` slots decodes: all of them continuously, or
+    static batches of ``batch_size`` one after another."""
+    if continuous:
+        return [range(count)]
+    return [range(first, min(first + batch_size, count)) for first in range(0, count, batch_size)]
+
+
+def generate_all(handle: ModelHandle, prompts: list[Prompt], settings: list[Settings], guider: GuiderHandle | None = None,
+                 batch_size: int = 1, done: Callable[[int], None] | None = None,
+                 continuous: bool = True) -> list[Result]:
+    """One result per prompt (each with its own settings), decoded ``batch_size`` at a time:
+    continuously (a finished request's slot taken at once by the next prompt), or, with
+    ``continuous=False``, in static batches that shrink as their requests finish. ``done(k)`` is
+    called as ``k`` more requests finish (a progress bar). Budgets are not shared: an evaluation's
+    answers must not depend on its batch size."""
+    batch_size = read(SLOTS, batch_size, "batch_size")
+    if batch_size == 1:
+        results = []
+        for prompt, s in zip(prompts, settings):
+            results.append(generate(handle, prompt, s, guider))
+            if done is not None:
+                done(1)
+        return results
+    finished = (lambda _: done(1)) if done is not None else None
+    results = []
+    for chunk in batches(len(prompts), batch_size, continuous):
+        run = BatchRun(handle, [prompts[i] for i in chunk], [settings[i] for i in chunk], guider, share_budget=False,
+                       slots=min(batch_size, len(chunk)), finished=finished)
+        for _ in run:
+            pass
+        results += run.results
+    return results

@@ -1,0 +1,146 @@
+"""Flash-dLLM as its authors released it (VILA-Lab/Flash-dLLM, ``llada/generate.py``): Flash-Cache
+and Flash-Verify. The write-up's versions of the same ideas are ``adaptive`` and ``self_verify``.
+
+**Flash-Cache** (``flash``) decodes with a sliding window (``window.py``) over a span padded with
+end-of-text to a multiple of ``pad_to``. One full forward fills the cache, and none follows. Then:
+
+1. **plan**: recompute the window, plus ``track_num`` x block decoded positions (the newest
+   commits, then the ones the window attended most in the last forward), plus the
+   (``mask_num`` - 1) x block undecoded positions that follow the window.
+2. **observe** (during the forward): the window's raw attention scores q.k (before the softmax
+   scale), averaged over its queries and heads, summed over layers 2 and up.
+3. **rank**: after the commits, the decoded positions are ordered by those scores.
+
+**Flash-Verify** (``flash_verify``) commits by the threshold, then checks what is left:
+
+1. **threshold**: every window position with confidence >= ``threshold``, at least the most confident.
+2. **candidates**: the next most confident, at most block / 2.
+3. **verify**: ONE extra forward of a query that reads the cache and writes nothing: the last
+   2 x block - 2 x candidates decoded positions, the drafts, and a mask copy of each draft that
+   sees the drafts ranked before it.
+4. **accept**: the longest prefix of drafts whose running product of P(draft | mask copy) stays
+   >= ``gamma``. Acceptance adds commits; the write-up's rule (``self_verify``) can only reject.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..models.attention import ForwardObserver
+from .cache import CachePolicy, Plan
+from .unmask import Selection, UnmaskPolicy
+from .flash_dllm_window import SlidingWindow
+
+SCORED_FROM_LAYER = 2  # the released generator skips layers 0 and 1 when it scores attention
+
+
+class WindowAttention(ForwardObserver):
+    """Step 2 of Flash-Cache: each key's raw score from the window's queries, summed over layers."""
+
+    def __init__(self, span: int, device: torch.device) -> None:
+        self.scores = torch.zeros(span, device=device)
+        self.window: torch.Tensor | None = None
+        self._rows: torch.Tensor | None = None
+
+    def on_begin(self, positions, was_valid, live):
+        self.scores.zero_()
+        self._rows = torch.searchsorted(positions, self.window.to(positions.device))  # the positions are sorted
+
+    def on_attend(self, layer, q, keys, key_mask):
+        if layer < SCORED_FROM_LAYER:
+            return
+        q = q[:, :, self._rows.to(q.device)].float()  # float32, as the released kernel scores
+        if keys.shape[1] != q.shape[1]:  # grouped K/V heads
+            keys = keys.repeat_interleave(q.shape[1] // keys.shape[1], dim=1)
+        raw = torch.matmul(q, keys.float().transpose(-1, -2))  # [1, heads, window, keys]
+        self.scores[: raw.shape[-1]] += raw.mean(dim=(0, 1, 2)).to(self.scores.device)
+
+
+class FlashCache(CachePolicy):
+    def padding(self, prompt_len, gen_length):
+        if self.pad_to == 0:
+            return 0
+        end = prompt_len + gen_length
+        return (end // self.pad_to + 1) * self.pad_to - end  # as released: at least one, a whole pad_to on a multiple
+
+    def window(self, state, eos_id):
+        self._window = SlidingWindow(state.total_len, state.prompt_len, state.prompt_len + state.gen_length,
+                                     state.block_size, eos_id, state.x.device)
+        return self._window
+
+    def reset(self, state, cache, model):
+        self._attention = WindowAttention(state.total_len, state.x.device)
+        self._tracked = state.x.new_zeros(0)
+
+    def observers(self):
+        return (self._attention,)
+
+    def plan(self, state, cache):
+        window = self._window  # the run's state.window
+        self._attention.window = window.positions().clone()  # the order moves on; the record reads these after
+        decoded = window.decoded_order()
+        if state.step == 0 or self.track_num < 0:  # everything recomputed: the decoded positions too
+            self._tracked = decoded.clone() if state.step else state.x.new_zeros(0)
+            return Plan(state.all_positions(), True)
+        self._tracked = decoded[max(0, decoded.numel() - self.track_num * state.block_size):].clone()
+        upcoming = window.undecoded_after_window((self.mask_num - 1) * state.block_size)
+        return Plan(torch.cat([self._tracked, upcoming]), False)
+
+    def ranking(self):
+        return self._attention.scores
+
+    def info(self):
+        # "length": where the answer ends for the window (nothing at or past it is decoded), as of this step.
+        return {"window": self._attention.window.tolist(), "tracked": sorted(self._tracked.tolist()),
+                "length": self._window.length}
+
+
+def _verify_visibility(tracked: int, drafts: int, device: torch.device) -> torch.Tensor:
+    """Which rows of the verify query see which: the tracked rows see everything but the drafts;
+    draft i sees the drafts up to i and the mask copies after i; mask copy i sees the drafts
+    before i and the mask copies from i on."""
+    n = tracked + 2 * drafts
+    visible = torch.ones(n, n, dtype=torch.bool, device=device)
+    visible[:tracked, tracked : tracked + drafts] = False
+    i = torch.arange(drafts, device=device)
+    before, after = i[:, None] > i[None, :], i[:, None] < i[None, :]
+    visible[tracked:, tracked:] = torch.cat([torch.cat([~after, after], 1), torch.cat([before, ~before], 1)], 0)
+    return visible
+
+
+class FlashVerify(UnmaskPolicy):
+    def select(self, state, cand, calls):
+        order = torch.sort(cand.confidence, descending=True, stable=True).indices
+        keep = max(int((cand.confidence >= self.threshold).sum()), 1)  # 1. threshold
+        committed = cand.positions[order[:keep]]
+        drafts = order[keep : keep + state.block_size // 2]  # 2. candidates
+        if not drafts.numel():
+            return Selection(committed, {"verify_candidates": 0, "verify_accepted": 0, "accepted_at": []}, newest=0)
+        sequence = state.x[0].clone()
+        sequence[committed] = cand.tokens[order[:keep]]
+        decoded = torch.cat([state.decoded_order(), committed])
+        tracked = decoded[max(0, decoded.numel() - 2 * state.block_size + 2 * drafts.numel()):]  # what there is
+        at, tokens = cand.positions[drafts], cand.tokens[drafts]
+        masks = torch.full_like(tokens, state.mask_id)
+        logits = calls.read_cache(torch.cat([sequence[tracked], tokens, masks]), torch.cat([tracked, at, at]),  # 3. verify
+                                  _verify_visibility(tracked.numel(), drafts.numel(), at.device))
+        p = torch.softmax(logits[-drafts.numel():].double(), -1).gather(-1, tokens[:, None]).squeeze(-1)
+        length = self._length(state, sequence, committed)
+        if length is not None:
+            p = torch.where(at >= length, torch.zeros_like(p), p)
+        accepted = int((torch.cumprod(p, 0) >= self.gamma).sum())  # 4. accept
+        return Selection(torch.cat([committed, at[:accepted]]),
+                         {"verify_candidates": int(drafts.numel()), "verify_accepted": accepted,
+                          "accepted_at": [[pos, token, round(prob, 6)] for pos, token, prob in
+                                          zip(at[:accepted].tolist(), tokens[:accepted].tolist(), p[:accepted].tolist())]},
+                         newest=accepted)
+
+    @staticmethod
+    def _length(state, sequence: torch.Tensor, committed: torch.Tensor) -> int | None:
+        """The sliding window's answer length once this step's threshold commits are in (None: no end-of-text yet)."""
+        window = state.window
+        if window is None:
+            return None
+        if window.eos_seen:
+            return window.length
+        ends = committed[sequence[committed] == window.eos_id]
+        return int(ends.max()) + 1 if ends.numel() else None

@@ -1,0 +1,2 @@
+"""The token grid: the answer region at one step as HTML boxes, the names of its tokens and ends of
+text, and what a policy adds to it. May import ``ui.parts`` and dllm_local's torch-free leaves."""

@@ -1,0 +1,220 @@
+"""The controls' logic, kept apart from the layout so that it is plain, testable Python.
+
+The policy controls come from the policy specs (``registry.all_specs()``: plain dicts, as the
+engine describes them to the page): one knob per (kind, parameter name), shown while the chosen
+policy of that kind has that parameter. Nothing here knows a policy or a parameter by name.
+"""
+from __future__ import annotations
+
+from pydantic import TypeAdapter
+
+from dllm_local.policies import registry
+from dllm_local.settings import Length, knob
+from dllm_local.values import read
+
+from ..block.parts import is_block_model
+from ..canvas.controls import canvas_notice, canvas_params, canvas_values
+from ..canvas.parts import is_canvas_model
+
+LENGTH = TypeAdapter(Length)  # a length control's value (a slider's float, or an API call's anything)
+
+Specs = dict[str, list[dict]]  # kind ("cache", "unmask") -> its policies' spec dicts
+KINDS = ("cache", "unmask")
+# The settings the page has a control for, each with its knob's default (``settings.knob``).
+SETTING_CONTROLS = ("gen_length", "block_size", "steps", "temperature", "seed", *KINDS, "exact_drift")
+# The page's trace level, whatever the settings' default: its views read every recorded position.
+PAGE_TRACE = "full"
+
+
+def spec_named(specs: Specs, kind: str, name: str) -> dict:
+    for spec in specs[kind]:
+        if spec["name"] == name:
+            return spec
+    raise ValueError(f"{kind} policy must be one of {', '.join(s['name'] for s in specs[kind])}, not {name!r}")
+
+
+def policy_choices(specs: Specs, kind: str) -> list[tuple[str, str]]:
+    """(label, name) of every policy of ``kind``: a dropdown shows the label and gives the name."""
+    return [(spec["label"], spec["name"]) for spec in specs[kind]]
+
+
+def cache_choices(specs: Specs, model: dict) -> list[tuple[str, str]]:
+    """(label, name) of the cache policies that make sense for ``model``'s kind (the registry's
+    ``for_model``): a block model's block cache or none, a masked model's all but the block cache.
+    A policy this process's registry does not know (an engine's plugin) is offered to both."""
+    allowed = registry.for_model("block" if is_block_model(model) else "masked", registry.CACHE)
+    return [(spec["label"], spec["name"]) for spec in specs["cache"]
+            if spec["name"] in allowed or spec["name"] not in registry.CACHE]
+
+
+def model_start(model: dict) -> dict:
+    """The cache and block size a run of ``model`` starts at: a block model's block cache and the
+    block it was trained with; a masked model's defaults."""
+    if is_block_model(model):
+        start = {"cache": "block", "block_size": int(model.get("block_size") or knob("block_size").default)}
+        # Its release's sub-blocks (Fast-dLLM v2), else the whole block at once.
+        return {**start, knob_key("cache", "sub_block"): int(model["sub_block"]) if model.get("sub_block") else None}
+    return {"cache": knob("cache").default, "block_size": knob("block_size").default}
+
+
+def preset_label(model: dict) -> str:
+    """The preset box's label: the presets are masked models' settings, so on a block model it says
+    that their cache and block size give way to the model's own."""
+    if not is_block_model(model):
+        return "Preset"
+    return f"Preset (masked models' settings: here their cache gives way to the block cache, block {model['block_size']})"
+
+
+def fit_to_model(values: dict, specs: Specs, model: dict) -> dict:
+    """Control ``values`` (a preset's, a trace's) for ``model``: a cache policy its kind refuses
+    gives way, with the block size, to what ``model`` starts at."""
+    if values["cache"] in {name for _, name in cache_choices(specs, model)}:
+        return values
+    return {**values, **model_start(model)}
+
+
+def kind_values(specs: Specs, model: dict, previous: dict) -> dict[str, dict]:
+    """Updates (by control name) of the cache and block-size controls when ``model`` replaces
+    ``previous`` (the engine's info on each): the cache choices of its kind, and, where the kind or
+    a block model's block changes, the values it starts at."""
+    updates = {"cache": {"choices": cache_choices(specs, model)}}
+    changed = is_block_model(model) != is_block_model(previous) or (
+        is_block_model(model) and (model.get("name"), model.get("block_size")) != (previous.get("name"), previous.get("block_size")))
+    if changed:
+        for name, value in model_start(model).items():
+            updates.setdefault(name, {})["value"] = value
+    return updates
+
+
+def knob_key(kind: str, name: str) -> str:
+    """The control name of a policy parameter, e.g. "unmask.threshold"."""
+    return f"{kind}.{name}"
+
+
+def knobs(specs: Specs, kind: str | None = None) -> dict[str, dict]:
+    """Every policy parameter (of ``kind``, or of both kinds) as one knob: control name -> the Param
+    dict it is built from. Policies of one kind share a knob by parameter name (its first
+    declaration sets range and label)."""
+    out: dict[str, dict] = {}
+    for each in [kind] if kind else KINDS:
+        for spec in specs[each]:
+            for param in spec["params"]:
+                out.setdefault(knob_key(each, param["name"]), param)
+    return out
+
+
+def _chosen(specs: Specs, cache: str, unmask: str) -> dict[str, dict]:
+    return {"cache": spec_named(specs, "cache", cache), "unmask": spec_named(specs, "unmask", unmask)}
+
+
+def toggled_controls(specs: Specs, kind: str) -> list[str]:
+    """The controls shown only for some policies of ``kind``: its knobs, and for the unmasking
+    policy ``steps`` (the length of a schedule that has one)."""
+    return [*(["steps"] if kind == "unmask" else []), *knobs(specs, kind)]
+
+
+def shown_for(specs: Specs, kind: str, name: str) -> dict[str, bool]:
+    """Which of ``toggled_controls(specs, kind)`` the policy ``name`` uses."""
+    spec = spec_named(specs, kind, name)
+    used = {knob_key(kind, p["name"]) for p in spec["params"]} | ({"steps"} if spec["uses_steps"] else set())
+    return {control: control in used for control in toggled_controls(specs, kind)}
+
+
+def visible_knobs(cache: str, unmask: str, specs: Specs | None = None) -> dict[str, bool]:
+    """Which of the policy-dependent controls the chosen policies use."""
+    specs = specs or registry.all_specs()
+    return {**shown_for(specs, "cache", cache), **shown_for(specs, "unmask", unmask)}
+
+
+def fit_block(gen_length: int, block_size: int) -> tuple[int, int, str]:
+    """Block size must divide the generation length: round the length up, and say so."""
+    gen_length, block_size = read(LENGTH, gen_length, "gen_length"), read(LENGTH, block_size, "block_size")
+    if gen_length % block_size == 0:
+        return gen_length, block_size, ""
+    adjusted = -(-gen_length // block_size) * block_size
+    return adjusted, block_size, (f"Generation length adjusted from {gen_length} to {adjusted} so that "
+                                  f"block size {block_size} divides it.")
+
+
+def masked_only(specs: Specs) -> list[str]:
+    """The controls that mean nothing for a canvas model (``canvas_controls.REASON``): the
+    policies and their knobs, the block, steps, temperature and exact drift."""
+    return [*KINDS, *knobs(specs), "block_size", "steps", "temperature", "exact_drift"]
+
+
+def settings_from_controls(v: dict, specs: Specs | None = None, model: dict | None = None) -> tuple[dict, str]:
+    """Control values by control name -> a settings dict and a notice, for ``model`` (the engine's
+    info on the loaded model; None: a masked model). Only the chosen policies' knobs are read. The
+    values go as the controls give them: ``Settings`` types and checks them, once, with messages
+    naming the knob."""
+    if model is not None and is_canvas_model(model):
+        return canvas_run_settings(v, model)
+    specs = specs or registry.all_specs()
+    gen_length, block_size, notice = fit_block(v["gen_length"], v["block_size"])
+    unmask = v["unmask"]
+    if spec_named(specs, "cache", v["cache"]).get("slides") and spec_named(specs, "unmask", unmask).get("block_by_block"):
+        # As a length the block does not divide is rounded: the run goes on, and the notice says how.
+        notice = " ".join(filter(None, [notice, f"The {v['cache']} cache slides a window over the undecoded positions, "
+                                                f"which {unmask} cannot follow (it decodes block by block): this run "
+                                                f"commits by threshold instead."]))
+        unmask = "threshold"
+    chosen = _chosen(specs, v["cache"], unmask)
+    steps = None
+    if chosen["unmask"]["uses_steps"] and v.get("steps"):
+        blocks = gen_length // block_size
+        steps = max(blocks, read(LENGTH, v["steps"], "steps") // blocks * blocks)
+    settings = {
+        "gen_length": gen_length, "block_size": block_size, "steps": steps,
+        "temperature": v["temperature"], "seed": v["seed"],
+        "trace": PAGE_TRACE, "exact_drift": v["exact_drift"], "early_stop": False,
+    }
+    for kind, spec in chosen.items():
+        settings[kind] = spec["name"]
+        settings[f"{kind}_params"] = {p["name"]: v[knob_key(kind, p["name"])] for p in spec["params"]}
+    return settings, notice
+
+
+def canvas_run_settings(v: dict, model: dict) -> tuple[dict, str]:
+    """A canvas model's settings: its own knobs, the length and the seed. The masked models'
+    controls stay at their defaults (a canvas run refuses them changed); the block is the whole
+    length, which ``Settings`` asks to divide it."""
+    params = canvas_params(v)
+    gen_length = read(LENGTH, v["gen_length"], "gen_length")
+    canvas_length = read(LENGTH, params.get("canvas_length", model["canvas_length"]), "canvas_length")
+    return ({"gen_length": gen_length, "block_size": gen_length, "seed": v["seed"], "trace": PAGE_TRACE,
+             "early_stop": False, "canvas_params": params}, canvas_notice(gen_length, canvas_length))
+
+
+def controls_from_settings(s: dict, specs: Specs | None = None) -> dict:
+    """A preset's settings -> control values: its policies' parameters set their knobs; every knob
+    it leaves out takes its default (the chosen policy's, where that policy has the parameter)."""
+    specs = specs or registry.all_specs()
+    out = {name: s.get(name, knob(name).default) for name in SETTING_CONTROLS}
+    # No steps is one token per step: as many steps as the length, which the slider then shows.
+    out["steps"] = out["steps"] or out["gen_length"]
+    out.update({key: param["default"] for key, param in knobs(specs).items()})
+    for kind, spec in _chosen(specs, out["cache"], out["unmask"]).items():
+        given = s.get(f"{kind}_params") or {}
+        out.update({knob_key(kind, p["name"]): given.get(p["name"], p["default"]) for p in spec["params"]})
+    return {**out, **canvas_values(s)}
+
+
+def policies_of(settings: dict) -> tuple[str, str]:
+    """The cache and unmasking policies ``settings`` names (their knobs' defaults where it does not)."""
+    cache, unmask = (settings.get(kind, knob(kind).default) for kind in KINDS)
+    return cache, unmask
+
+
+def sweep_knobs(specs: Specs, settings: dict) -> dict[str, dict]:
+    """The numeric parameters of the policies ``settings`` names, by control name: what a sweep can
+    vary besides the block size."""
+    return {knob_key(kind, p["name"]): p for kind, spec in _chosen(specs, *policies_of(settings)).items()
+            for p in spec["params"] if p["type"] in ("int", "float")}
+
+
+def settings_line(settings: dict) -> str:
+    """The settings a run used, in one line: policies (with the unmasking policy's knobs), block,
+    length and seed."""
+    params = ", ".join(f"{k} {v}" for k, v in sorted(settings.get("unmask_params", {}).items()))
+    unmask = f"{settings['unmask']} ({params})" if params else settings["unmask"]
+    return f"{settings['cache']} + {unmask} · block {settings['block_size']} · length {settings['gen_length']} · seed {settings['seed']}"

@@ -1,0 +1,79 @@
+"""The Run tab's settings coming in: a preset chosen, a policy picked (its knobs shown), a length
+past the model's training, a prompt typed, and settings handed over by another tab (a Tune row)."""
+from __future__ import annotations
+
+from typing import Literal
+
+import gradio as gr
+
+from dllm_local.settings import Length, length_notice
+from dllm_local.values import Text
+
+from ..grid import tokens
+from .controls import controls_from_settings, fit_to_model, settings_from_controls, shown_for, spec_named
+from ..parts.inputs import Choice, checked
+from .views import KV_VIEW_DEFAULTS, layer_choices
+from .status_line import off_task_line
+
+
+class RunSettings:
+    """The Run tab's callbacks on its controls. Mixed into ``RunTab``, whose ``presets``,
+    ``specs``, ``session``, ``controls``, ``policy_info`` and other components it reads."""
+
+    def control_values(self, settings: dict) -> dict:
+        """The controls set to ``settings`` (a preset's, a trace's), by component, with a cache policy
+        the loaded model's kind refuses given way to what it starts at (``controls.fit_to_model``)."""
+        values = fit_to_model(controls_from_settings(settings, self.specs), self.specs, self.session.info())
+        return {box: values[name] for name, box in self.controls.items()}
+
+    @checked
+    def show_policy(self, kind: Literal["cache", "unmask"], name: Choice) -> dict:
+        """What the policy ``name`` of ``kind`` does, and only its controls."""
+        shown = shown_for(self.specs, kind, name)
+        return {self.policy_info[kind]: spec_named(self.specs, kind, name)["description"],
+                **{self.controls[control]: gr.update(visible=v) for control, v in shown.items()}}
+
+    @checked
+    def length_notice(self, gen_length: Length) -> str:
+        notice = length_notice(gen_length, self.session.info().get("trained_length"))
+        return f"⚠ {notice}" if notice else ""
+
+    def preset_matching(self, settings: dict, prompt: str | None = None) -> str | None:
+        """The preset whose controls (and prompt, where ``prompt`` is given and the preset has
+        one) equal ``settings``: what the preset box may name once they are loaded; else None."""
+        def chosen(s: dict) -> dict:
+            return settings_from_controls(controls_from_settings(s, self.specs), self.specs)[0]
+
+        loaded = chosen(settings)
+        return next((name for name, p in self.presets.items() if chosen(p["settings"]) == loaded
+                     and (prompt is None or p.get("prompt", prompt) == prompt)), None)
+
+    def settings_loaded(self, settings: dict) -> dict:
+        """The controls set to ``settings`` from elsewhere (a Tune row), and the preset box naming
+        the preset they equal, or none: a name the controls no longer match would be stale."""
+        return {**self.control_values(settings), self.preset: self.preset_matching(settings)}
+
+    @checked
+    def prompt_notice(self, prompt: Text, status: Text) -> str | dict:
+        """The off-task word for a prompt being typed or chosen, before it runs; cleared once the
+        prompt is one of the tiny model's tasks again."""
+        line = off_task_line(prompt, self.session.info().get("name"))
+        if line:
+            return line
+        return "" if status == f"⚠ {tokens.OFF_TASK}" else gr.update()
+
+    @checked
+    def apply_preset(self, name: Choice | None) -> dict:
+        """The preset's description, prompt and controls, and the KV view it opens on (its "view":
+        layer, which, kv_view; the defaults where it names none). No preset (the box cleared after
+        an import): no description, the controls as they are."""
+        if name not in self.presets:
+            return {self.preset_info: ""}
+        p = self.presets[name]
+        layers = layer_choices(self.session.info().get("layers", 1))
+        view = {"layer": layers["value"], **KV_VIEW_DEFAULTS, **p.get("view", {})}
+        if view["layer"] not in [value for _, value in layers["choices"]]:  # a smaller model than the preset's
+            view["layer"] = layers["value"]
+        return {self.preset_info: p["description"], **({self.prompt: p["prompt"]} if "prompt" in p else {}),
+                **self.control_values(p["settings"]), self.layer: view["layer"], self.which: view["which"],
+                self.kv_view: view["kv_view"]}
