@@ -27,7 +27,7 @@ import dllm_local  # noqa: E402
 from continuous_batching import workload  # noqa: E402
 from dllm_local.decoding.batch import BatchRun  # noqa: E402
 from dllm_local.devices import machine_name  # noqa: E402
-from dllm_local.models.loader import ASSETS  # noqa: E402
+from dllm_local.models.loading.loader import ASSETS  # noqa: E402
 from dllm_local.softmax import CHUNK_ELEMENTS  # noqa: E402
 
 MB = 2**20

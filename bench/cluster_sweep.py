@@ -23,7 +23,7 @@ from dllm_local.experiments.cluster import Cluster, ClusterRunner, connect  # no
 from dllm_local.devices import machine_name  # noqa: E402
 from dllm_local.experiments.sweep import run_sweep, sweep_job  # noqa: E402
 from dllm_local.experiments.units import LocalRunner, Results, Worker  # noqa: E402
-from dllm_local.models.loader import apply_threads, load  # noqa: E402
+from dllm_local.models.loading.loader import apply_threads, load  # noqa: E402
 from dllm_local.settings import Settings  # noqa: E402
 
 

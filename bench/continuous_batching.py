@@ -26,7 +26,7 @@ import dllm_local  # noqa: E402
 from dllm_local import Settings  # noqa: E402
 from dllm_local.decoding.batch import BatchRun, batches  # noqa: E402
 from dllm_local.devices import machine_name  # noqa: E402
-from dllm_local.models.placement import apply_threads  # noqa: E402
+from dllm_local.models.loading.placement import apply_threads  # noqa: E402
 from dllm_local.tiny.tasks import TASKS, make_problems  # noqa: E402
 
 LENGTHS = (32, 64, 128, 256)

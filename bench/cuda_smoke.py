@@ -129,7 +129,7 @@ import torch  # noqa: E402
 import dllm_local  # noqa: E402
 import gpu_check  # noqa: E402
 from dllm_local import Settings  # noqa: E402
-from dllm_local.models.loader import free_device_memory  # noqa: E402
+from dllm_local.models.loading.loader import free_device_memory  # noqa: E402
 from dllm_local.policies import registry  # noqa: E402
 
 # Non-default knobs where the default would leave code unexercised (as tests/golden.py does).

@@ -103,7 +103,7 @@ def measure(args: argparse.Namespace, progress: bool = True) -> dict:
 
     import dllm_local
     from dllm_local.experiments.problems import task_problems
-    from dllm_local.models.placement import apply_threads
+    from dllm_local.models.loading.placement import apply_threads
 
     handle = dllm_local.load(args.model, device="cpu")
     apply_threads(args.threads, handle)

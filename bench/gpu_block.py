@@ -30,8 +30,8 @@ from dllm_local import Settings
 from dllm_local.devices import DeviceProfile
 from dllm_local.analysis.costmodel import TARGET_MODELS, TargetModel, counted_target
 from dllm_local.models import family as families
-from dllm_local.models.footprint import logical_parameters, weight_read_bytes
-from dllm_local.models.loader import ModelHandle, free_device_memory
+from dllm_local.models.loading.footprint import logical_parameters, weight_read_bytes
+from dllm_local.models.loading.loader import ModelHandle, free_device_memory
 from dllm_local.tiny_checkpoints import random_llada2 as llada2, random_sdar as sdar
 
 

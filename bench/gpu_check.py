@@ -79,11 +79,10 @@ import dllm_local  # noqa: E402
 from dllm_local import Settings  # noqa: E402
 from dllm_local.devices import DEVICES, DeviceProfile, machine_name, measure_device  # noqa: E402
 from dllm_local.analysis.costmodel import DIFFUSIONGEMMA_26B_A4B_TEXT, Experts, TargetModel, step_floor_s
-from dllm_local.models.footprint import (  # noqa: E402
-    loaded_bytes, logical_parameters, stored_bytes, weight_read_bytes)
+from dllm_local.models.loading.footprint import loaded_bytes, logical_parameters, stored_bytes, weight_read_bytes
 from dllm_local.models import LLaDAConfig, LLaDAModelLM  # noqa: E402
 from dllm_local.models import family as families  # noqa: E402
-from dllm_local.models.loader import ASSETS, TINY_MODEL, ModelHandle, free_device_memory, load_tokenizer  # noqa: E402
+from dllm_local.models.loading.loader import ASSETS, TINY_MODEL, ModelHandle, free_device_memory, load_tokenizer  # noqa: E402
 from dllm_local.policies import registry  # noqa: E402
 from dllm_local.prompts import encode_prompt  # noqa: E402
 from continuous_batching import compare, print_rows, workload  # noqa: E402

@@ -86,7 +86,7 @@ def run_check(job: tuple[Check, int, str, str]) -> dict:
     import dllm_local
     from dllm_local import Settings
     from dllm_local.experiments.evaluate import evaluate, evaluate_guider
-    from dllm_local.models.loader import load_guider
+    from dllm_local.models.loading.loader import load_guider
 
     check, n, model, guider = job
     torch.set_num_threads(1)

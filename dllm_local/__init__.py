@@ -13,7 +13,8 @@ stay_offline()  # before the hub, Gradio or Ray is imported by anything of this 
 _EXPORTS = {
     "DllmError": "errors", "ModelLoadError": "errors", "SequenceTooLongError": "errors", "SettingsError": "errors",
     "TraceError": "errors", "DecodingError": "errors",
-    "ModelHandle": "models.loader", "GuiderHandle": "models.loader", "load": "models.loader", "load_guider": "models.loader",
+    "ModelHandle": "models.loading.loader", "GuiderHandle": "models.loading.loader",
+    "load": "models.loading.loader", "load_guider": "models.loading.loader",
     "Settings": "settings", "Trace": "trace", "StepRecord": "trace",
     "generate": "decoding.sampler", "stream": "decoding.sampler", "Result": "decoding.sampler",
     "generate_batch": "decoding.batch", "stream_batch": "decoding.batch", "BatchRun": "decoding.batch",

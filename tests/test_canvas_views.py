@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import dllm_local
-from dllm_local.models.loader import load
+from dllm_local.models.loading.loader import load
 from dllm_local.decoding.sampler import generate
 from dllm_local.settings import Settings
 from ui.lessons import verdicts as lessons

@@ -9,7 +9,7 @@ from torch import nn
 
 from dllm_local import devices
 from dllm_local.devices import measure_device
-from dllm_local.models.footprint import logical_parameters, weight_read_bytes
+from dllm_local.models.loading.footprint import logical_parameters, weight_read_bytes
 
 VOCAB, D, HIDDEN = 4096, 64, 256
 

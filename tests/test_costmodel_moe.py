@@ -16,8 +16,8 @@ from dllm_local import Settings
 from dllm_local.devices import DEVICES
 from dllm_local.analysis.costmodel import (DIFFUSIONGEMMA_26B_A4B_TEXT, TARGET_MODELS, Experts, TargetModel,
                                            concurrency_crossovers, concurrency_curve, project)
-from dllm_local.models.footprint import loaded_bytes, quantized_linears, stored_bytes, weight_read_bytes
-from dllm_local.models.loader import load
+from dllm_local.models.loading.footprint import loaded_bytes, quantized_linears, stored_bytes, weight_read_bytes
+from dllm_local.models.loading.loader import load
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = DEVICES["H100"]

@@ -14,7 +14,7 @@ import torch
 from dllm_local import Settings, SettingsError
 from dllm_local.cli import main as cli_main
 from dllm_local.errors import ModelLoadError
-from dllm_local.models.loader import load
+from dllm_local.models.loading.loader import load
 from dllm_local.prompts import encode_prompt
 from dllm_local.decoding.sampler import generate
 from dllm_local.serving.engine import Engine

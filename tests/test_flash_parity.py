@@ -17,7 +17,7 @@ import pytest
 import dllm_local
 from dllm_local import Settings
 from dllm_local.prompts import encode_prompt
-from dllm_local.models.find import TINY_MODEL
+from dllm_local.models.loading.find import TINY_MODEL
 from dllm_local.tiny.tasks import make_problems
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

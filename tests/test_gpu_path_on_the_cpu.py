@@ -18,7 +18,7 @@ from dllm_local import Settings
 from dllm_local.errors import EngineError, ModelLoadError, OutOfMemory
 from dllm_local.experiments.probes import AllocationPeak, HostSyncCounter
 from dllm_local.models.attention import BIDIRECTIONAL, Attention, ForwardObserver, Segment
-from dllm_local.models.loader import auto_cuda_dtype, pick_device, pick_dtype
+from dllm_local.models.loading.loader import auto_cuda_dtype, pick_device, pick_dtype
 from dllm_local.serving import engine as engine_module
 from dllm_local.serving import failures
 

@@ -348,9 +348,9 @@ PROBES_ALLOWED = {
     ("dllm_local/tiny_checkpoints/train.py", "trained_gen_length"): "our own optional key in a transformers config",
     ("dllm_local/models/layers.py", "_hf_hook"): "accelerate sets the hook only on dispatched modules",
     ("dllm_local/models/layers.py", "execution_device"): "an accelerate hook's field, absent on some hooks",
-    ("dllm_local/models/footprint.py", "quant_state"): "bitsandbytes Params4bit's state (bnb is optional)",
-    ("dllm_local/models/footprint.py", "SCB"): "bitsandbytes Int8Params' scales (bnb is optional)",
-    ("dllm_local/models/placement.py", "dtype"): "a dtype name looked up in the torch module",
+    ("dllm_local/models/loading/footprint.py", "quant_state"): "bitsandbytes Params4bit's state (bnb is optional)",
+    ("dllm_local/models/loading/footprint.py", "SCB"): "bitsandbytes Int8Params' scales (bnb is optional)",
+    ("dllm_local/models/loading/placement.py", "dtype"): "a dtype name looked up in the torch module",
     ("ui/lab/classroom.py", "session_hash"): "gradio's Request, or None outside Gradio",
 }
 
@@ -487,7 +487,7 @@ def test_the_guides_folder_list_names_every_folder_and_only_real_paths():
     text = GUIDE.read_text()
     named = set(re.findall(r"`((?:dllm_local|ui|tests|bench|docs|presets|assets)/[\w/.-]+)`", text))
     absent = sorted(p for p in named if not (ROOT / p.rstrip("/")).exists()
-                    and not p.endswith(("/mini.py", "/commits.py", "/every_other.py", "/topk.py")))
+                    and not p.endswith(("/mini.py", "/commits.py", "/alternate.py", "/top_k.py")))  # the worked examples' new files
     assert not absent, f"paths the guide names that do not exist: {absent}"
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dllm_local import Settings
-from dllm_local.models.loader import load
+from dllm_local.models.loading.loader import load
 from dllm_local.prompts import encode_prompt
 from dllm_local.decoding.sampler import generate
 from dllm_local.tiny_checkpoints.random_llada_moe import build_checkpoint

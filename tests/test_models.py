@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoModel
 import dllm_local
 from dllm_local.models import DreamModel, LLaDAModelLM
 from dllm_local import Settings
-from dllm_local.models.loader import TINY_GUIDER
+from dllm_local.models.loading.loader import TINY_GUIDER
 from dllm_local.models.observers import DriftMeter, ForwardCounter
 from dllm_local.policies import registry
 
@@ -518,7 +518,7 @@ def test_a_config_of_another_family_or_other_sizes_is_refused_before_a_model_is_
 def test_the_memory_a_model_needs_is_known_from_its_headers_and_checked_before_loading(tiny, tmp_path):
     """The bytes the weights take once loaded, from the safetensors headers alone, equal what the
     loaded model holds; a model that needs more than is free is refused before anything is allocated."""
-    from dllm_local.models.loader import check_memory, check_weights, needed_bytes, resolve_path
+    from dllm_local.models.loading.loader import check_memory, check_weights, needed_bytes, resolve_path
 
     tensors = check_weights(resolve_path("tiny"))
     assert needed_bytes(tensors, torch.float32, None) == tiny.memory_bytes

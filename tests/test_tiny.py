@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import dllm_local
 from dllm_local import Settings
-from dllm_local.models.loader import TINY_GUIDER, TINY_MODEL
+from dllm_local.models.loading.loader import TINY_GUIDER, TINY_MODEL
 from dllm_local.tiny.tasks import TASKS, make_problems, score, training_mix
 
 QUICK = 30  # held-out problems per task in the guard below

@@ -12,7 +12,7 @@ from transformers import PreTrainedTokenizerFast
 import dllm_local
 from dllm_local.models.attention import BlockCausal
 from dllm_local.models.llada import LLaDAModelLM
-from dllm_local.models.loader import TINY_MODEL
+from dllm_local.models.loading.loader import TINY_MODEL
 from dllm_local.tiny_checkpoints import random_llada2
 from dllm_local.tiny_checkpoints.fine_tune_block import block_loss, carry, fine_tune
 

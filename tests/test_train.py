@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from dllm_local.models.loader import TINY_MODEL
+from dllm_local.models.loading.loader import TINY_MODEL
 from dllm_local.tiny_checkpoints.train import BLOCK_SIZES, Stage, diffusion_loss, masking_times, train
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import dllm_local
 from dllm_local import Settings
-from dllm_local.models.loader import TINY_MODEL
+from dllm_local.models.loading.loader import TINY_MODEL
 from dllm_local.settings import length_notice
 from dllm_local.tiny.tasks import verdict
 from ui.grid import tokens

@@ -36,7 +36,7 @@ from .trace import CanvasStep
 from .watch import DecoderWatch, KeepScores
 from ..errors import SequenceTooLongError, SettingsError
 from ..limits import MAX_GEN_LENGTH
-from ..models.loader import ModelHandle
+from ..models.loading.loader import ModelHandle
 from ..prompts import Prompt, encode_prompt
 from ..decoding.recorder import model_gpus, timed
 from ..result import Result

@@ -21,7 +21,7 @@ def at_least_one(text: str) -> int:
 
 def load_model(args: argparse.Namespace, quiet: bool = False, batched: bool = False):
     """--model on --device, with --quantize and --threads (``batched``: the threads a batch wants)."""
-    from ..models.loader import apply_threads, load
+    from ..models.loading.loader import apply_threads, load
 
     if quiet:  # transformers' own bar (loading weights) goes quiet too
         from transformers.utils import logging as hf_logging
@@ -36,7 +36,7 @@ def guider_for(args: argparse.Namespace, handle, settings=None, needed: bool | N
     """The guider model when the settings' unmasking policy (or ``needed``) asks for one."""
     if not (needed if needed is not None else settings.unmask_spec.needs_guider):
         return None
-    from ..models.loader import load_guider
+    from ..models.loading.loader import load_guider
 
     return load_guider(args.guider or "tiny-guider", device=handle.device)
 

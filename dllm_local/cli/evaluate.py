@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> None:
     from ..experiments.evaluate import eval_job, evaluate_guider, format_report, run_eval
-    from ..models.loader import apply_threads, decoding_facts, load_guider
+    from ..models.loading.loader import apply_threads, decoding_facts, load_guider
 
     if args.autoregressive and (args.ray or args.resume or args.results):
         raise SettingsError("--autoregressive decodes the guider here, alone: it takes no --ray, --results or --resume")

@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> None:
 
     from ..experiments.sweep import format_sweep, run_sweep, sweep_job
     from ..experiments.units import progress_bar
-    from ..models.loader import decoding_facts
+    from ..models.loading.loader import decoding_facts
 
     decoding = decoding_facts(args.model)
     model_defaults(args, decoding)  # a block-diffusion model: its own block and its exact cache

@@ -13,7 +13,7 @@ from pydantic import TypeAdapter
 from ..errors import SettingsError
 from ..models.attention import Segment
 from ..models.cache import KVCache
-from ..models.loader import GuiderHandle, ModelHandle
+from ..models.loading.loader import GuiderHandle, ModelHandle
 from ..prompts import Prompt
 from .recorder import model_gpus, timed
 from .sampler import Result, Run, generate

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from ..models.attention import AttentionLayout
 from ..models.cache import CacheFork, CacheView
-from ..models.loader import GuiderHandle
+from ..models.loading.loader import GuiderHandle
 from ..models.protocol import DiffusionLM
 from ..policies.unmask import Candidates, StepCalls
 from .recorder import timed

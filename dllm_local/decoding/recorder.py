@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from ..models.attention import AttentionLayout, ForwardObserver
 from ..models.cache import CacheView
-from ..models.loader import ModelHandle
+from ..models.loading.loader import ModelHandle
 from ..models.observers import DriftMeter, ExpertsRouted, ForwardCounter, position_cosine
 from ..policies.base import DecodeState
 from ..policies.unmask import Candidates, Selection

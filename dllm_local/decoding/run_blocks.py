@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..errors import SettingsError
 from ..models.attention import BlockCausal
-from ..models.loader import GuiderHandle, ModelHandle
+from ..models.loading.loader import GuiderHandle, ModelHandle
 from ..settings import Settings
 
 

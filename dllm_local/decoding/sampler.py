@@ -27,7 +27,7 @@ import torch
 
 from ..errors import DecodingError, SequenceTooLongError, SettingsError
 from ..models.cache import CacheView
-from ..models.loader import GuiderHandle, ModelHandle
+from ..models.loading.loader import GuiderHandle, ModelHandle
 from ..policies.base import CacheAccess, DecodeState, StepSignals
 from ..policies.unmask import Candidates, Selection
 from .model_calls import RunModel, run_calls

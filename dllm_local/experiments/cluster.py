@@ -77,7 +77,7 @@ def connect(cluster: Cluster) -> list[dict]:
 def worker_plan(job: Job, cluster: Cluster, nodes: list[dict]) -> tuple[Job, int, dict]:
     """The job as the workers load it (device and threads of their slot, model paths absolute),
     how many workers the nodes hold (a worker lives on one node), and each one's Ray resources."""
-    from ..models.loader import ALIASES
+    from ..models.loading.loader import ALIASES
 
     gpus = sum(int(node.get("GPU", 0)) for node in nodes)
     cpus = sum(int(node.get("CPU", 0)) for node in nodes)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from ..models.loader import GuiderHandle, ModelHandle
+from ..models.loading.loader import GuiderHandle, ModelHandle
 from ..settings import Settings
 from ..tiny.tasks import make_problems, score
 from .units import (DEFAULT_CHUNK, Job, LocalRunner, ModelSpec, Results, Runner, Worker, plan_units, progress_bar,

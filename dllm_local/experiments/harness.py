@@ -19,7 +19,7 @@ import yaml
 from tqdm import tqdm
 
 from ..errors import DllmError, listed
-from ..models.loader import GuiderHandle, ModelHandle
+from ..models.loading.loader import GuiderHandle, ModelHandle
 from ..decoding.sampler import generate
 from ..settings import Settings
 from ..devices import machine_name

@@ -25,7 +25,7 @@ from ..analysis.costmodel import TARGET_MODELS, TEACHING_EXAMPLE, concurrency_cr
 # The model side is imported where a bench runs: the CLI builds its parser from this module's
 # STRATEGY_SETS and SCORERS without loading torch.
 if TYPE_CHECKING:
-    from ..models.loader import GuiderHandle, ModelHandle
+    from ..models.loading.loader import GuiderHandle, ModelHandle
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from ..tiny.tasks import check_task
 from .results_file import RECORD, RESULTS_FORMAT, Record, Results, code_version, row_of
 
 if TYPE_CHECKING:
-    from ..models.loader import GuiderHandle, ModelHandle
+    from ..models.loading.loader import GuiderHandle, ModelHandle
     from .problems import Problem
 
 # The results file's names, importable from here as before.
@@ -127,7 +127,7 @@ class Worker:
 
     @classmethod
     def load(cls, job: Job, name: str) -> "Worker":
-        from ..models.loader import apply_threads, load, load_guider
+        from ..models.loading.loader import apply_threads, load, load_guider
         from ..settings import Settings
 
         spec = job.model

@@ -12,7 +12,7 @@ import torch
 
 from ..devices import DEVICES, measure_device, reuse_beats_recompute
 from ..models.attention import ForwardObserver
-from ..models.footprint import arithmetic_parameters
+from ..models.loading.footprint import arithmetic_parameters
 from .base import CacheAccess, DecodeState, Policy, StepSignals, Window
 
 

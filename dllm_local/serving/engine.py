@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from ..errors import SettingsError
 from ..policies import registry
-from ..models.loader import GuiderHandle, ModelHandle, free_device_memory, load, load_guider, pick_device
+from ..models.loading.loader import GuiderHandle, ModelHandle, free_device_memory, load, load_guider, pick_device
 from ..decoding.sampler import stream
 from ..settings import Settings
 from ..trace import SCHEMA_VERSION, Branch

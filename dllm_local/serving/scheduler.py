@@ -24,7 +24,7 @@ from multiprocessing.connection import Connection
 from ..decoding.batch import BatchRun, TooLong
 from ..errors import DllmError, EngineError, NeverRanError, OutOfMemory
 from ..limits import SLOTS
-from ..models.loader import free_device_memory
+from ..models.loading.loader import free_device_memory
 from ..decoding.sampler import Run
 from ..settings import Settings
 from ..trace import Branch

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerFast
 
-from ..models.find import TINY_MODEL
+from ..models.loading.find import TINY_MODEL
 from ..models.llada import LLaDAModelLM
 from ..models.llada2 import TRAINED_BLOCK, LLaDA2MoeConfig, LLaDA2MoeModelLM
 from . import random_llada2

@@ -37,7 +37,7 @@ def tokenizer():
     """The tiny model's byte-level BPE with Gemma's pad and turn markers and its chat template."""
     from transformers import PreTrainedTokenizerFast
 
-    from ..models.find import TINY_MODEL
+    from ..models.loading.find import TINY_MODEL
 
     tok = PreTrainedTokenizerFast.from_pretrained(TINY_MODEL)
     tok.add_special_tokens({"pad_token": "<pad>", "additional_special_tokens": ["<start_of_turn>", "<end_of_turn>"]})

@@ -63,7 +63,7 @@ def tokenizer():
     Qwen2.5's chat template."""
     from transformers import PreTrainedTokenizerFast
 
-    from ..models.find import TINY_MODEL
+    from ..models.loading.find import TINY_MODEL
 
     tok = PreTrainedTokenizerFast.from_pretrained(TINY_MODEL)
     tok.add_special_tokens({"additional_special_tokens": [IM_START, IM_END, MASK]})

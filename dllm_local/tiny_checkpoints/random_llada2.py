@@ -54,7 +54,7 @@ def tokenizer():
     """The tiny model's byte-level BPE with LLaDA2's mask and role tokens and its chat template."""
     from transformers import PreTrainedTokenizerFast
 
-    from ..models.find import TINY_MODEL
+    from ..models.loading.find import TINY_MODEL
 
     tok = PreTrainedTokenizerFast.from_pretrained(TINY_MODEL)
     tok.add_special_tokens({"mask_token": MASK, "additional_special_tokens": ["<role>", "</role>", ROLE_END]})

@@ -38,7 +38,7 @@ def tokenizer():
     """The tiny model's byte-level BPE with LLaDA-MoE's special tokens and chat template."""
     from transformers import PreTrainedTokenizerFast
 
-    from ..models.find import TINY_MODEL
+    from ..models.loading.find import TINY_MODEL
 
     tok = PreTrainedTokenizerFast.from_pretrained(TINY_MODEL)
     tok.add_special_tokens({"pad_token": "<|endoftext|>", "additional_special_tokens": SPECIAL_TOKENS})

@@ -145,7 +145,7 @@ def tokenizer() -> PreTrainedTokenizerFast:
     """The tiny model's byte-level BPE with SDAR's special tokens, mask and chat template."""
     from transformers import PreTrainedTokenizerFast
 
-    from ..models.find import TINY_MODEL
+    from ..models.loading.find import TINY_MODEL
 
     tok = PreTrainedTokenizerFast.from_pretrained(TINY_MODEL)
     tok.add_special_tokens({"additional_special_tokens": SPECIAL})

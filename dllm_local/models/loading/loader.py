@@ -13,15 +13,15 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..errors import ModelLoadError, SettingsError
-from . import diffusion_gemma
+from ...errors import ModelLoadError, SettingsError
+from .. import diffusion_gemma
 from .build import build_model, family_config, load_tokenizer
 from .checks import (check_chat_template, check_family, check_folder, check_guider_type, check_mask_id, check_memory,
                      check_tensors, check_weights, needed_bytes, read_json_object)
 from .find import ALIASES, ASSETS, TINY_GUIDER, TINY_MODEL, resolve_path
 from .footprint import logical_parameters, weight_read_bytes
 from .placement import apply_threads, auto_cuda_dtype, free_bytes, free_device_memory, pick_device, pick_dtype
-from .protocol import DiffusionLM
+from ..protocol import DiffusionLM
 from .quantize import quantization_config, quiet_bitsandbytes
 from .shapes import check_config_sizes, check_shapes, meta_model
 

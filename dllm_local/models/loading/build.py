@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from huggingface_hub.errors import StrictDataclassError
 
-from ..errors import ModelLoadError
-from .family import FamilySpec
-from .protocol import DiffusionLM, FamilyConfig
+from ...errors import ModelLoadError
+from ..family import FamilySpec
+from ..protocol import DiffusionLM, FamilyConfig
 
 if TYPE_CHECKING:
     from transformers import BitsAndBytesConfig, PreTrainedTokenizerBase

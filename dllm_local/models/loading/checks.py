@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..errors import ModelLoadError
-from ..hub import OPENED_SUFFIXES
-from .family import FamilySpec, all_specs, known, of_config
-from .protocol import FamilyConfig
+from ...errors import ModelLoadError
+from ...hub import OPENED_SUFFIXES
+from ..family import FamilySpec, all_specs, known, of_config
+from ..protocol import FamilyConfig
 from .quantize import BYTES_PER_VALUE, FULL_PRECISION
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..errors import ModelLoadError
+from ...errors import ModelLoadError
 
 if TYPE_CHECKING:
     from transformers import BitsAndBytesConfig

@@ -9,10 +9,10 @@ import os
 import re
 from pathlib import Path
 
-from ..errors import ModelLoadError
-from ..hub import DOWNLOADED, HUB_MODELS, TINY_FAMILIES
+from ...errors import ModelLoadError
+from ...hub import DOWNLOADED, HUB_MODELS, TINY_FAMILIES
 
-ASSETS = Path(__file__).resolve().parents[2] / "assets"
+ASSETS = Path(__file__).resolve().parents[3] / "assets"
 TINY_MODEL = ASSETS / "models" / "tiny-llada"
 TINY_GUIDER = ASSETS / "models" / "tiny-guider"
 TINY_DIFFUSION_GEMMA = ASSETS / "models" / "tiny-diffusiongemma"  # random weights: tiny/diffusion_gemma.py

@@ -16,7 +16,7 @@ import math
 import torch
 from transformers import DiffusionGemmaForBlockDiffusion, PreTrainedModel
 
-from .protocol import DiffusionLM
+from ..protocol import DiffusionLM
 
 
 def logical_parameters(model: torch.nn.Module) -> int:

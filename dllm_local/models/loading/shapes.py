@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ModelLoadError
-from .family import FamilySpec
-from .protocol import DiffusionLM, FamilyConfig
+from ...errors import ModelLoadError
+from ..family import FamilySpec
+from ..protocol import DiffusionLM, FamilyConfig
 
 def check_config_sizes(family: FamilySpec, config: FamilyConfig, config_file: Path) -> None:
     """Heads that divide the width (unless the config names head_dim), key/value heads that divide

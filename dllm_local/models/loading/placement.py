@@ -8,8 +8,8 @@ from typing import Iterator, Protocol
 
 import torch
 
-from ..devices import auto_cuda_dtype, working_dtype
-from ..errors import ModelLoadError
+from ...devices import auto_cuda_dtype, working_dtype
+from ...errors import ModelLoadError
 
 __all__ = ["SMALL_MODEL_PARAMETERS", "apply_threads", "auto_cuda_dtype", "free_bytes", "free_device_memory",
            "pick_device", "pick_dtype"]
