@@ -27,7 +27,7 @@ from dllm_local.serving.session import Session  # noqa: E402
 from dllm_local.settings import Settings  # noqa: E402
 from ui.parts.presets import load_presets  # noqa: E402
 from ui.compare.comparison import compare  # noqa: E402
-from ui.run.replay import numbers  # noqa: E402
+from ui.parts.replay import numbers  # noqa: E402
 from ui.parts.timing import MAX_REPEATS, MIN_REPEATS, REPEATS, speedup, spread_text  # noqa: E402
 
 DUAL, PREFIX, ADAPTIVE = "DualCache, blocks of several steps", "Fast-dLLM PrefixCache", "Adaptive I/O-aware cache"

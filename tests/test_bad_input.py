@@ -298,7 +298,7 @@ def test_the_prompt_of_a_crafted_trace_is_read_in_linear_time(prompt_text, expec
     17 s on an 18 kB trace; these inputs are ten times longer."""
     import time
 
-    from ui.run.replay import prompt_of
+    from ui.parts.replay import prompt_of
 
     trace = {"vocab": {"0": prompt_text}, "prompt_ids": [0]}
     start = time.perf_counter()

@@ -26,7 +26,7 @@ from ui.run.controls import cache_choices, controls_from_settings, fit_to_model,
 from ui.lessons.verdicts import HOLDS, FAILS, kv_reuse_verdict
 from ui.model.box import model_line
 from ui.run.position_panel import position_panel_html
-from ui.run.replay import numbers, prompt_len, what_if
+from ui.parts.replay import numbers, prompt_len, what_if
 from ui.figures.stored import LEGEND
 from ui.run.status_line import work_line
 from ui.parts.trace_parts import block_span, block_start

@@ -9,7 +9,7 @@ from dllm_local.errors import SettingsError
 from dllm_local.decoding.sampler import generate
 from dllm_local.settings import Settings
 from dllm_local.trace import Branch, Trace
-from ui.run.replay import state_at
+from ui.parts.replay import state_at
 
 PROMPT = "Mia has 4 boxes of 5 shells and 3 loose shells. How many in all?"
 SETTINGS = dict(gen_length=32, block_size=8, cache="dual", unmask="fixed", steps=16, seed=3)

@@ -21,7 +21,7 @@ from dllm_local.settings import Settings
 from ui.lessons import verdicts as lessons
 from ui.grid.tokens import token_grid_html, token_label
 from ui.run.position_panel import position_panel_html
-from ui.run.replay import numbers
+from ui.parts.replay import numbers
 from ui.figures import cache_panel, confidence_heatmap, kv_heatmap
 from ui.figures.canvas_kv import ENCODER_EXACT
 from ui.canvas.views import ACCEPTED, RENOISED

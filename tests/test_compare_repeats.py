@@ -13,7 +13,7 @@ import pytest
 
 from test_compare_like_with_like import answer_tokens
 from test_page import OUT, _wait_done, browser, page, server  # noqa: F401 - the real page's fixtures
-from ui.run import replay
+from ui.parts import replay
 from ui.parts import tables
 from ui.parts.presets import CURRENT_RUN
 from ui.compare.comparison import compare, compare_html

@@ -14,7 +14,8 @@ from dllm_local.tiny.tasks import verdict
 from dllm_local.trace import parse_trace
 from ui.grid import tokens as grid
 from ui.lessons import verdicts
-from ui.run import replay, status_line
+from ui.parts import replay
+from ui.run import status_line
 from ui.parts import tables
 from ui.parts.presets import load_presets
 

@@ -16,7 +16,7 @@ from ui.run import views as run_views
 from ui.block.edit_lessons import CLAIM, edit_verdict
 from ui.grid.tokens import token_label
 from ui.run.position_panel import position_panel_html
-from ui.run.replay import prompt_len, state_at
+from ui.parts.replay import prompt_len, state_at
 
 PROMPT = [{"role": "user", "content": "What is 12 + 7?"}]
 

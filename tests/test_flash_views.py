@@ -15,7 +15,7 @@ import dllm_local
 from dllm_local.settings import Settings
 from ui.lessons import acceptance, verdicts
 from ui.grid import tokens as grid, policy_marks
-from ui.run import replay
+from ui.parts import replay
 from ui import figures
 from ui.parts.presets import load_presets
 from ui.figures import tracked

@@ -10,7 +10,7 @@ import pytest
 
 from preset_runs import preset_trace
 from ui.grid import tokens as grid
-from ui.run import replay
+from ui.parts import replay
 
 BOX = re.compile(r'<span class="(dl-tok[^"]*)" title="([^"]*)" data-pos="(\d+)"(?: data-token="(\d+)")? style="([^"]*)"')
 FOLD = re.compile(r'<details class="dl-pad"[^>]*>(<summary[^>]*>[^<]*</summary>)(.*?)</details>', re.S)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from preset_runs import preset_trace
-from ui.run import replay
+from ui.parts import replay
 from ui import figures
 from ui.figures import axes
 from ui.figures.cosine_scale import COS_SCALE, NINES, nines

@@ -501,3 +501,24 @@ def test_no_folder_holds_more_than_fifteen_modules():
         if len(modules) > MAX_MODULES:
             crowded.append(f"{package}: {len(modules)} modules")
     assert not crowded, f"folders over {MAX_MODULES} modules (make a sub-folder per concern): {crowded}"
+
+
+def test_each_page_folder_imports_only_the_folders_its_docstring_names():
+    """Each ``ui/`` folder's ``__init__`` says which other folders of the page it may import; the
+    arrows are held to it (the layer table places ``ui`` as one rank; this is its inside)."""
+    g = graph()
+    folder_of = {m: ".".join(m.split(".")[:2]) for m in g.files if m.startswith("ui.") and m.count(".") >= 1}
+    allowed = {}
+    for folder in sorted(set(folder_of.values())):
+        init = ROOT / Path(*folder.split(".")) / "__init__.py"
+        if not init.exists():
+            continue  # a module at ui's top level (page, signin): above every folder
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        said = re.search(r"May import (.*?)(?:;|$)", " ".join(doc.split()))
+        assert said, f"{init.relative_to(ROOT)}: its docstring must say what it may import ('May import ...')"
+        allowed[folder] = set(re.findall(r"``(ui\.\w+)``", said.group(1)))
+    strays = sorted(f"{a.source} -> {a.target}   {a.where()}" for a in g.arrows
+                    if folder_of.get(a.source) in allowed and a.target in folder_of
+                    and folder_of[a.target] != folder_of[a.source]
+                    and folder_of[a.target] not in allowed[folder_of[a.source]])
+    assert not strays, "page folders importing a folder their __init__ does not name:\n  " + "\n  ".join(strays)

@@ -66,7 +66,7 @@ def test_revise_keeps_arithmetic_accuracy(tiny):
 
 
 def test_the_numbers_card_counts_revisions_and_net_commits(tiny):
-    from ui.run import replay
+    from ui.parts import replay
     from ui.parts import tables
 
     result = dllm_local.generate(tiny, PROMPT, _revise(draft_threshold=0.99, verify_threshold=1.0))
@@ -78,7 +78,7 @@ def test_the_numbers_card_counts_revisions_and_net_commits(tiny):
 
 def test_revise_preset_takes_a_word_back_and_the_grid_shows_its_history(tiny):
     from ui.grid import tokens as grid
-    from ui.run import replay
+    from ui.parts import replay
 
     preset = next(p for p in load_presets()[0].values() if p["settings"]["unmask"] == "revise")
     result = dllm_local.generate(tiny, preset["prompt"], Settings.from_dict(preset["settings"]))

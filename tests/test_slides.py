@@ -22,7 +22,7 @@ from ui.lessons.acceptance import acceptance_verdict
 from ui.grid.tokens import token_grid_html, token_label
 from ui.lessons.verdicts import MARKS, grid_verdicts
 from ui.parts.presets import load_presets
-from ui.run.replay import is_end_token, state_at
+from ui.parts.replay import is_end_token, state_at
 from ui.run.slides import PLOT_IDS, SLIDES_JS, grid_svg, slides_zip
 
 PRESETS, _ = load_presets()

@@ -16,7 +16,7 @@ def test_the_page_side_runs_without_torch():
     interpreter."""
     code = textwrap.dedent("""
         import json, sys
-        import ui.run.controls, ui.engine.queue, ui.page, ui.run.replay, ui.run.tab
+        import ui.run.controls, ui.engine.queue, ui.page, ui.parts.replay, ui.run.tab
         from ui.parts.presets import load_presets
         from dllm_local.settings import Settings
         from dllm_local.trace import fold
@@ -38,7 +38,7 @@ def test_the_page_side_runs_without_torch():
             drawn += 1
         assert drawn == len(events) and done
         assert json.dumps(trace, sort_keys=True) == json.dumps(saved, sort_keys=True)
-        assert ui.run.replay.numbers(trace)["finished"]
+        assert ui.parts.replay.numbers(trace)["finished"]
 
         from dllm_local.devices import DEVICES
         from dllm_local.analysis import costmodel
@@ -55,7 +55,7 @@ def test_the_page_side_runs_without_torch():
 def test_the_views_import_nothing_of_the_engine():
     """Trace in, view out: the replay draws nothing, and the views read only the trace's module
     of the engine package."""
-    code = ("import sys; sys.path.insert(0, '.'); import ui.run.replay; assert 'plotly' not in sys.modules; "
+    code = ("import sys; sys.path.insert(0, '.'); import ui.parts.replay; assert 'plotly' not in sys.modules; "
             "import ui.grid.tokens, ui.parts.tables, ui.figures, ui.tune.figures; "
             "engine = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers') or m.startswith("
             "('dllm_local.models', 'dllm_local.policies', 'dllm_local.decoding.sampler', 'dllm_local.serving'))]; "

@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT))
 
 from dllm_local.trace import KV_VIEWS  # noqa: E402
 from ui.grid import tokens as grid
-from ui.run import replay
+from ui.parts import replay
 from ui import figures as run_figures
 from ui.parts import tables
 from ui.tune import figures as tune_figures  # noqa: E402

@@ -39,7 +39,7 @@ from ui.run.controls import controls_from_settings
 from ui.parts.exports import ExportFolder
 from ui.run.presenter import FONT_SCALES, THEMES, Presenter
 from ui.parts.presets import load_presets
-from ui.run.replay import MEAN_LAYERS, numbers, what_if
+from ui.parts.replay import MEAN_LAYERS, numbers, what_if
 from ui.figures import cache_panel, confidence_heatmap, experts_html, kv_heatmap
 from ui.run.settings import RunSettings
 from ui.run.views import RunReplay, show_cost

@@ -15,7 +15,7 @@ from dllm_local.models.loading.loader import TINY_MODEL
 from dllm_local.settings import length_notice
 from dllm_local.tiny.tasks import verdict
 from ui.grid import tokens
-from ui.run import replay
+from ui.parts import replay
 from ui import figures
 from ui.parts.presets import load_presets
 

@@ -4,7 +4,7 @@ place, at which steps, and how many of them the answer keeps. Trace in, verdict 
 from __future__ import annotations
 
 from ..lessons.verdicts import FAILS, HOLDS, Verdict
-from ..run.replay import Trace, state_at, steps_upto
+from ..parts.replay import Trace, state_at, steps_upto
 from ..parts.trace_parts import setting
 
 CLAIM = "Editing rewrote committed tokens"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .parts import EXACT_WORDS, exact_since, is_block_trace, store_forwards, stored_spans
 from ..lessons.verdicts import FAILS, HOLDS, UNMEASURABLE, Verdict
-from ..run.replay import MEAN_LAYERS, Trace, per_position, prompt_len, steps_upto
+from ..parts.replay import MEAN_LAYERS, Trace, per_position, prompt_len, steps_upto
 
 CLAIM = "Finished blocks' K/V are exact"
 # Exact by construction: a stored entry measured below this against a full recompute is a bug.

@@ -7,7 +7,7 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
-from ..run.replay import numbers
+from ..parts.replay import numbers
 from ..parts.timing import speedup, spread, spread_text
 from ..parts.trace_parts import Trace, answer_length, first_end
 

@@ -20,7 +20,7 @@ from .comparison import compare, compare_html
 from ..run.controls import Specs, settings_from_controls, settings_line, spec_named
 from ..engine.handler import engine_handler
 from ..engine.queue import ENGINE, EngineQueue, client_of, error_text, place_text, throttled
-from ..run.replay import numbers
+from ..parts.replay import numbers
 from ..parts.inputs import Choice, checked
 from ..parts.presets import CURRENT_RUN
 from ..run.tab import RunTab

@@ -1,9 +1,11 @@
-"""The Run tab's figures, one module per family: ``confidence`` (the confidence heatmap),
-``kv`` (KV cosine on the colour scale of ``cosine_scale``, its input changes and drift probes) and
-``cache`` (G and hit rate), on the shared grid of ``axes``; a canvas model's trace gets ``canvas_entropy``'s and
-``canvas_kv``'s under the same three names. Each is a pure function of the trace (trace dict in, plotly figure out)
-and shows the answer region (a canvas's KV view the prompt too; see ``ui.run.replay``); a block-diffusion run's KV view
-draws its stored blocks exact (``stored``), and a mixture of experts' steps list their routed experts (``experts``)."""
+"""The Run tab's figures, one module per family: ``confidence`` (the confidence heatmap), ``kv`` (KV
+cosine on the colour scale of ``cosine_scale``, its input changes and drift probes) and ``cache`` (G
+and hit rate), on the shared grid of ``axes``; a canvas model's trace gets ``canvas_entropy``'s and
+``canvas_kv``'s under the same three names. Each is a pure function of the trace (trace dict in,
+plotly figure out) and shows the answer region (a canvas's KV view the prompt too; see
+``ui.parts.replay``); a block-diffusion run's KV view draws its stored blocks exact (``stored``),
+and a mixture of experts' steps list their routed experts (``experts``). May import ``ui.block``,
+``ui.canvas`` and ``ui.parts``, dllm_local's torch-free leaves, gradio and plotly; never torch."""
 from __future__ import annotations
 
 from ..block.parts import is_block_model

@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 
 from ..canvas.parts import is_canvas
 from ..parts.figure_style import message_figure, styled
-from ..run.replay import Trace, steps_upto
+from ..parts.replay import Trace, steps_upto
 from .axes import EMPTY_MESSAGE, axis_ticks, cell_range
 from .canvas_kv import canvas_cache_panel
 from .tracked import HEIGHT as MAP_HEIGHT, add_position_map, has_window

@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 
 from ..canvas.parts import canvas_rules
 from ..parts.figure_style import message_figure, styled
-from ..run.replay import Trace, answer_length, prompt_len, steps_upto
+from ..parts.replay import Trace, answer_length, prompt_len, steps_upto
 from .axes import EMPTY_MESSAGE, NAN, cell_gaps, mark_column, mark_size, position_axis, step_axis
 
 CAPTION = ("Each row is one step of a canvas (one decoder pass): colour is the entropy of each canvas position's "

@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 
 from ..canvas.parts import canvas_steps
 from ..parts.figure_style import message_figure, styled
-from ..run.replay import MEAN_LAYERS, Trace, answer_length, prompt_len, steps_upto
+from ..parts.replay import MEAN_LAYERS, Trace, answer_length, prompt_len, steps_upto
 from ..parts.trace_parts import one_value, per_position
 from .axes import EMPTY_MESSAGE, NAN, axis_ticks, cell_gaps, cell_range, num, step_axis
 from .cosine_scale import COS_SCALE, colour_bar

@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 
 from ..canvas.parts import is_canvas
 from ..parts.figure_style import message_figure, styled
-from ..run.replay import Trace, answer_length, prompt_len, steps_upto, theorem1, token_text, visible
+from ..parts.replay import Trace, answer_length, prompt_len, steps_upto, theorem1, token_text, visible
 from .axes import EMPTY_MESSAGE, NAN, cell_gaps, mark_column, mark_size, num, position_axis, step_axis
 from .canvas_entropy import canvas_entropy_heatmap
 

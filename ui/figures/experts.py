@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 
 from ..block.parts import experts_of, routed_at
-from ..run.replay import Trace
+from ..parts.replay import Trace
 
 _ON, _OFF = "#3d6aa6", "#e3e3e3"
 _BOX = ('<span title="expert {id}{how}" style="display:inline-block;width:7px;height:12px;margin:0 1px 1px 0;'

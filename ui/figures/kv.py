@@ -11,7 +11,7 @@ from dllm_local.trace import KV_VIEWS
 from ..block.parts import EXACT_WORDS, is_block_trace, sequence_end
 from ..canvas.parts import is_canvas
 from ..parts.figure_style import message_figure, styled
-from ..run.replay import MEAN_LAYERS, Trace, answer_length, prompt_len, state_at, steps_upto
+from ..parts.replay import MEAN_LAYERS, Trace, answer_length, prompt_len, state_at, steps_upto
 from ..parts.trace_parts import per_position, setting
 from .axes import EMPTY_MESSAGE, NAN, cell_gaps, cell_range, mark_column, mark_size, num, position_axis, step_axis
 from .canvas_kv import canvas_kv_heatmap

@@ -7,7 +7,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from ..block.parts import EXACT_WORDS, exact_since
-from ..run.replay import Trace, answer_length, prompt_len
+from ..parts.replay import Trace, answer_length, prompt_len
 from .axes import NAN
 from .cosine_scale import PALETTE
 

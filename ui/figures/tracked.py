@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from ..run.replay import Trace, answer_length, prompt_len
+from ..parts.replay import Trace, answer_length, prompt_len
 from .axes import axis_ticks, cell_gaps, cell_range
 
 # name, colour, what the hover says; the window's purple is the token grid's

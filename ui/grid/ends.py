@@ -8,7 +8,7 @@ import html
 from collections.abc import Callable
 import re
 
-from ..run.replay import Trace, is_end_token, token_text, visible
+from ..parts.replay import Trace, is_end_token, token_text, visible
 
 _SPECIAL_TOKEN = re.compile(r"\s*<\|([^|]*)\|>\s*")
 _BRACKETED = re.compile(r"\s*<([^<>]+)>\s*")  # </s>, <eos>, <pad>

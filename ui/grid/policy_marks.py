@@ -3,7 +3,7 @@ for Flash-dLLM as released the sliding window, the drafts its verify forward acc
 positions left masked after the end of text. Pure functions of the trace dict, HTML pieces out."""
 from __future__ import annotations
 
-from ..run.replay import Trace, prompt_len
+from ..parts.replay import Trace, prompt_len
 from ..parts.trace_parts import block_span
 
 # The sliding window: a purple bar under each box it scored (a masked one also turns lavender),

@@ -12,7 +12,7 @@ from ..canvas.parts import is_canvas
 from ..canvas.views import canvas_grid_html
 from .ends import (BOX, CONF_STOPS, COLLAPSE_PADDING, POS, STEP_STOPS, SWATCH, attr, css, end_runs, fold_end_runs, interp,
                    text_colour, token_label)
-from ..run.replay import Trace, drafts, first_end, is_end_token, prompt_len, prompt_of, state_at, theorem1, what_if
+from ..parts.replay import Trace, drafts, first_end, is_end_token, prompt_len, prompt_of, state_at, theorem1, what_if
 
 __all__ = ["CAPTION", "COLLAPSE_PADDING", "OFF_TASK", "TINY_MODEL", "off_task_notice", "token_grid_html", "token_label"]
 

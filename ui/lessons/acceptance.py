@@ -3,7 +3,7 @@ accepted, over how many of them, and at which steps. Trace in, verdict out, like
 from __future__ import annotations
 
 from .verdicts import FAILS, HOLDS, UNMEASURABLE, Verdict
-from ..run.replay import Trace, steps_upto
+from ..parts.replay import Trace, steps_upto
 
 ACCEPTANCE_CLAIM = "Verification accepted drafts"
 LISTED = 4  # up to this many accepting steps are listed one by one; more are summarised

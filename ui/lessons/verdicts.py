@@ -15,7 +15,7 @@ from dllm_local.tiny.tasks import verdict as task_verdict
 from ..block.parts import sequence_end
 from ..canvas.lessons import canvas_told
 from ..canvas.parts import is_canvas
-from ..run.replay import MEAN_LAYERS, Trace, drafts, is_end_token, per_position, prompt_len, prompt_of, steps_upto, theorem1
+from ..parts.replay import MEAN_LAYERS, Trace, drafts, is_end_token, per_position, prompt_len, prompt_of, steps_upto, theorem1
 
 HOLDS, FAILS, UNMEASURABLE = "holds", "does not hold", "not measurable in this run"
 STATUS = {True: HOLDS, False: FAILS, None: UNMEASURABLE}  # a claim's status from whether it holds (None: unmeasurable)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from ..run.replay import Trace
+from .replay import Trace
 
 
 def _fmt(value: Any, spec: str) -> str:

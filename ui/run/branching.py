@@ -18,7 +18,7 @@ from ..grid.tokens import token_label
 from ..parts.inputs import Choice, PageState, StepIndex, checked
 from ..lab.classroom import Who
 from .position_panel import candidates_at, position_panel_html
-from .replay import answer_length, prompt_len, prompt_of, state_at
+from ..parts.replay import answer_length, prompt_len, prompt_of, state_at
 from .views import grid_at
 
 Position = integer(0, MAX_GEN_LENGTH - 1) | None

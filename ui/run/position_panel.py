@@ -12,7 +12,7 @@ from ..block.parts import EXACT_WORDS, exact_since, sequence_end
 from ..canvas.parts import is_canvas
 from ..canvas.views import canvas_position_panel_html
 from ..grid.tokens import token_label
-from .replay import Trace, answer_length, first_end, is_end_token, prompt_len, state_at
+from ..parts.replay import Trace, answer_length, first_end, is_end_token, prompt_len, state_at
 
 NO_STEPS = "No step recorded yet: run or import a trace, then pick a position in the grid."
 _LINE = '<div class="dl-pp-line" style="margin:0.15em 0;">{}</div>'

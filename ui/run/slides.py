@@ -23,7 +23,7 @@ from ..lessons.verdicts import MARKS, grid_verdicts
 from ..grid.policy_marks import sent_back
 from ..canvas.parts import is_canvas
 from ..canvas.slides import canvas_chips
-from .replay import Trace, first_end, is_end_token, state_at
+from ..parts.replay import Trace, first_end, is_end_token, state_at
 
 MONO = "DejaVu Sans Mono, Menlo, Consolas, monospace"
 SANS = "DejaVu Sans, Helvetica, Arial, sans-serif"

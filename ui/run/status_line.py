@@ -8,7 +8,7 @@ from ..grid import tokens
 from ..canvas.controls import canvas_settings_line
 from ..canvas.parts import is_canvas_model
 from .controls import settings_line
-from .replay import prompt_of
+from ..parts.replay import prompt_of
 
 
 def count(n: int, noun: str) -> str:

@@ -11,7 +11,7 @@ from dllm_local.errors import DllmError
 from dllm_local.trace import load_trace_file
 
 from ..parts.inputs import Choice, ColorBy, FontScale, Fraction, KVView, Theme, Which, checked
-from .replay import prompt_of
+from ..parts.replay import prompt_of
 from .views import draw, step_slider
 from .status_line import count, off_task_line
 

@@ -22,7 +22,7 @@ from ..parts.figure_style import on_screen
 from ..parts.inputs import (Choice, ColorBy, DeviceName, FontScale, Fraction, KVView, PageState, StepIndex, TargetName,
                             Theme, Which, checked)
 from .presenter import FONT_SCALES
-from .replay import MEAN_LAYERS, numbers
+from ..parts.replay import MEAN_LAYERS, numbers
 from ..parts.trace_parts import read_number
 
 KV_VIEW_DEFAULTS = {"which": "v", "kv_view": "drift"}

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from ..block.parts import store_forwards
 from ..canvas.parts import is_canvas, settled_tokens
-from ..parts.trace_parts import (Trace, answer_length, block_span, first_end, is_end_token, per_position, prompt_len,
-                                 prompt_of, setting, steps_upto, token_text, visible)
+from .trace_parts import (Trace, answer_length, block_span, first_end, is_end_token, per_position, prompt_len, prompt_of,
+                          setting, steps_upto, token_text, visible)
 
 # The trace's parts, importable from here as before (the views and the tests read them so).
 __all__ = ["MEAN_LAYERS", "Trace", "answer_length", "drafts", "first_end", "is_end_token", "numbers", "per_position",
