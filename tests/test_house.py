@@ -44,6 +44,7 @@ LAYERS = {
     "dllm_local.models.protocol": 8,            # DiffusionLM: what every family offers the engine
     # leaves: specs and records, read by every layer above and by the page
     "dllm_local.policies.registry": 9,          # torch-free specs; behaviours named "module:Class", imported on use
+    "dllm_local.kinds": 9,                      # model kinds: one torch-free spec each, its run class named "module:Class"
     "dllm_local.analysis": 9,                   # cost model, frontier, report rows: torch-free, the page reads them
     "dllm_local.settings": 9,
     "dllm_local.trace": 9,
