@@ -7,4 +7,10 @@ Read a kind with ``kinds.get(name)``, never by comparing its name. Torch-free: t
 from . import masked, block, canvas  # noqa: F401, I001
 from .spec import ModelKind, all_kinds, get, names, register
 
-__all__ = ["ModelKind", "all_kinds", "get", "names", "register"]
+__all__ = ["ModelKind", "all_kinds", "get", "names", "of", "register"]
+
+
+def of(name: object) -> ModelKind:
+    """The kind ``name`` names where it may name none: a trace's ``model["kind"]``. A trace that
+    names none (an older one) or a kind this version does not know reads as a masked model's."""
+    return get(name) if isinstance(name, str) and name in names() else masked.MASKED

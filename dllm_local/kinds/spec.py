@@ -30,6 +30,7 @@ class ModelKind:
     # packed, sweeps) run on it. Without one, ``masked_tools_refusal`` says what to do instead.
     has_mask: bool = True
     masked_tools_refusal: str = ""  # formatted with what, name
+    canvas_steps: bool = False  # each step records a canvas (``canvas/trace.py``): the page draws canvases
     shares_batch: bool = False  # its runs may join the engine's continuous batch with others
     bench_set: str | None = None  # the bench's strategy set its policies fit, when only one does
     # A cache policy not made for this kind refused: formatted with cache, name, family.
