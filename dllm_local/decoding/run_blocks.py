@@ -47,7 +47,7 @@ def check_policies(handle: ModelHandle, settings: Settings, guider: GuiderHandle
             raise SettingsError(f"unmask policy {settings.unmask!r} needs a guider model")
         if guider.tokenizer.get_vocab() != handle.tokenizer.get_vocab():
             raise SettingsError("the guider's tokenizer differs from the model's; guided decoding needs the same tokenizer")
-    if handle.kind in settings.cache_spec.model_kinds:
+    if kinds.get(handle.kind).policy_kind in settings.cache_spec.model_kinds:
         return
     raise SettingsError(kinds.get(handle.kind).cache_refusal.format(cache=settings.cache, name=handle.name,
                                                                     family=handle.family))

@@ -10,4 +10,4 @@ CANVAS = register(ModelKind(
     masked_tools_refusal="{what} works on masked-diffusion models (LLaDA, Dream, the tiny model); {name} is a "
                          "canvas model (DiffusionGemma), with its own sampler: decode it with generate or eval, one "
                          "request at a time, and set its knobs (--entropy-bound, --t-max, ...)",
-    cache_refusal=MASKED.cache_refusal))
+    policies=MASKED.name, cache_refusal=MASKED.cache_refusal))  # its run takes none; the page lists these

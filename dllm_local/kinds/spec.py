@@ -33,8 +33,15 @@ class ModelKind:
     canvas_steps: bool = False  # each step records a canvas (``canvas/trace.py``): the page draws canvases
     shares_batch: bool = False  # its runs may join the engine's continuous batch with others
     bench_set: str | None = None  # the bench's strategy set its policies fit, when only one does
+    # The kind whose policies it takes (a policy spec's ``model_kinds`` names kinds); "": its own.
+    policies: str = ""
     # A cache policy not made for this kind refused: formatted with cache, name, family.
     cache_refusal: str = ""
+
+    @property
+    def policy_kind(self) -> str:
+        """The kind name the policies' ``model_kinds`` are read against for this kind."""
+        return self.policies or self.name
 
     def run_class(self) -> type:
         """The class that runs a generation of a model of this kind (imported on first use)."""
