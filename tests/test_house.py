@@ -44,6 +44,7 @@ LAYERS = {
     "dllm_local.models.protocol": 8,            # DiffusionLM: what every family offers the engine
     # leaves: specs and records, read by every layer above and by the page
     "dllm_local.policies.registry": 9,          # torch-free specs; behaviours named "module:Class", imported on use
+    "dllm_local.kinds": 9,                      # model kinds: one torch-free spec each, its run class named "module:Class"
     "dllm_local.analysis": 9,                   # cost model, frontier, report rows: torch-free, the page reads them
     "dllm_local.settings": 9,
     "dllm_local.trace": 9,
@@ -487,7 +488,7 @@ def test_the_guides_folder_list_names_every_folder_and_only_real_paths():
     text = GUIDE.read_text()
     named = set(re.findall(r"`((?:dllm_local|ui|tests|bench|docs|presets|assets)/[\w/.-]+)`", text))
     absent = sorted(p for p in named if not (ROOT / p.rstrip("/")).exists()
-                    and not p.endswith(("/mini.py", "/commits.py", "/alternate.py", "/top_k.py")))  # the worked examples' new files
+                    and not p.endswith(("/mini.py", "/commits.py", "/alternate.py", "/top_k.py", "/causal_blocks.py")))  # the worked examples' new files
     assert not absent, f"paths the guide names that do not exist: {absent}"
 
 
@@ -522,3 +523,79 @@ def test_each_page_folder_imports_only_the_folders_its_docstring_names():
                     and folder_of[a.target] != folder_of[a.source]
                     and folder_of[a.target] not in allowed[folder_of[a.source]])
     assert not strays, "page folders importing a folder their __init__ does not name:\n  " + "\n  ".join(strays)
+
+
+# --- kind and family names --------------------------------------------------------------------
+# What differs by a model's kind is read from its ``ModelKind`` (``dllm_local/kinds/``), what
+# differs by family from its ``FamilySpec``: a kind's name is compared only in its own kind's file
+# (and the kinds' registry), a family's ``model_type`` only in its family's file. Flagged: a
+# comparison with such a name as a string constant (``==``, ``!=``, ``in`` a tuple, set or list
+# of them) and a dict read as a table by them (``_is_table``). (file, name) -> why it stays.
+KIND_FILES = {"masked": "dllm_local/kinds/masked.py", "block": "dllm_local/kinds/block.py",
+              "canvas": "dllm_local/kinds/canvas.py"}
+FAMILY_FILES = {"llada": "dllm_local/models/llada.py", "Dream": "dllm_local/models/dream.py",
+                "lladamoe": "dllm_local/models/llada_moe.py", "sdar": "dllm_local/models/sdar.py",
+                "sdar_moe": "dllm_local/models/sdar.py", "llada2_moe": "dllm_local/models/llada2.py",
+                "Fast_dLLM_Qwen": "dllm_local/models/fast_dllm_v2.py",
+                "diffusion_gemma": "dllm_local/models/diffusion_gemma.py"}
+COST_TARGETS = ("the cost panel's table of each family's released checkpoint by model_type (the page cannot "
+                "import the torch-side FamilySpec, and the engine's model info does not carry it)")
+NAMES_ALLOWED: dict[tuple[str, str], str] = {
+    ("dllm_local/experiments/side_by_side.py", "block"): "the bench's strategy set named block (a set's name, "
+                                                         "which the block kind's bench_set names), not a kind",
+    ("ui/canvas/controls.py", "sdar"): COST_TARGETS,
+    ("ui/canvas/controls.py", "sdar_moe"): COST_TARGETS,
+    ("ui/canvas/controls.py", "llada2_moe"): COST_TARGETS,
+    ("ui/canvas/controls.py", "lladamoe"): COST_TARGETS,
+    ("ui/canvas/controls.py", "Fast_dLLM_Qwen"): COST_TARGETS,
+}
+
+
+def _names_in(node: ast.expr, in_op: bool) -> list[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if in_op and isinstance(node, (ast.Tuple, ast.Set, ast.List)):
+        return [e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+    return []
+
+
+def _is_table(node: ast.Dict) -> bool:
+    """A dict read as a table by kind or family: every key such a name, or every value a function
+    named (a dispatch table). A record that has a key "canvas" is none."""
+    owners = {**KIND_FILES, **FAMILY_FILES}
+    keys = [k.value if isinstance(k, ast.Constant) else None for k in node.keys]
+    return bool(keys) and (all(k in owners for k in keys)
+                           or all(isinstance(v, (ast.Name, ast.Attribute, ast.Lambda)) for v in node.values))
+
+
+def _compared_names():
+    owners = {**KIND_FILES, **FAMILY_FILES}
+    for path in source_files():
+        tree = parsed(path)
+        if tree is None or rel(path) in ("dllm_local/kinds/spec.py", "dllm_local/kinds/__init__.py"):
+            continue
+        for node in ast.walk(tree):
+            found = []
+            if isinstance(node, ast.Compare):
+                in_op = any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops)
+                for operand in [node.left, *node.comparators]:
+                    found += _names_in(operand, in_op)
+            elif isinstance(node, ast.Dict) and _is_table(node):
+                found = [k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+            for name in found:
+                if name in owners and owners[name] != rel(path):
+                    yield rel(path), node.lineno, name, ast.unparse(node)[:100]
+
+
+def test_no_kind_or_family_name_compared_outside_its_own_file():
+    found = sorted(_compared_names())
+    offenders = [f"{p}:{line}: {name!r} in {text}" for p, line, name, text in found if (p, name) not in NAMES_ALLOWED]
+    used = {(p, name) for p, _, name, _ in found}
+    stale = [f"{p}: {name!r}" for p, name in sorted(NAMES_ALLOWED) if (p, name) not in used]
+    message = []
+    if offenders:
+        message.append(f"{len(offenders)} kind or family name(s) compared outside their own file (read the kind's "
+                       f"ModelKind, the family's FamilySpec):\n  " + "\n  ".join(offenders))
+    if stale:
+        message.append("NAMES_ALLOWED entries that match nothing any more (remove them):\n  " + "\n  ".join(stale))
+    assert not message, "\n".join(message)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .. import kinds
 from ..devices import DEVICES
 from ..errors import SettingsError
 from ..experiments.side_by_side import STRATEGY_SETS
@@ -83,10 +84,10 @@ def run(args: argparse.Namespace) -> None:
     handle.require_masked("bench")
     model_defaults(args, handle.decoding())  # a block-diffusion model: its own block and its exact cache
     base = settings_from_args(args)
-    if handle.kind == "block":  # and the policies that apply to it
-        if args.set != "block":
-            print(f"{handle.name} is a block-diffusion model: the block set, not {args.set}", file=sys.stderr)
-            args.set = "block"
+    kind = kinds.get(handle.kind)
+    if kind.bench_set and args.set != kind.bench_set:  # the one set of the policies that apply to it
+        print(f"{handle.name} is a {kind.label} model: the {kind.bench_set} set, not {args.set}", file=sys.stderr)
+        args.set = kind.bench_set
     if args.concurrency:
         guider = guider_for(args, handle, needed=True)
         report = run_concurrency(handle, guider, problems, args.concurrency, base, args.gpu, progress=not args.quiet,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from .. import kinds
 from ..canvas.settings import CANVAS_KNOBS, canvas_knob
 from ..errors import DllmError, SettingsError
 from ..files import FileRefused, parse_json
@@ -56,13 +57,7 @@ def model_defaults(args: argparse.Namespace, decoding: dict) -> None:
     or ``loader.decoding_facts`` where the model loads later): a block-diffusion model decodes its
     own block with its exact block cache; a canvas model decodes whole canvases, so any length is
     accepted (its block is the answer)."""
-    if decoding["kind"] == "block":
-        args.block_size = args.block_size or decoding["block_size"]
-        if args.cache is None and decoding["sub_block"]:  # decoded as its release decodes it
-            args.cache_param = [f"sub_block={decoding['sub_block']}", *args.cache_param]
-        args.cache = args.cache or "block"
-    elif decoding["kind"] == "canvas":
-        args.block_size = args.gen_length
+    kinds.get(decoding["kind"]).defaults(args, decoding)
 
 
 def _rule(k: Knob) -> str:

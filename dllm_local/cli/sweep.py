@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from .. import kinds
 from ..errors import SettingsError
 from ..experiments.sweep import sweepable
 from ..limits import SWEEP_BLOCK_SIZES, SWEEP_GEN_LENGTH, SWEEP_THRESHOLDS
@@ -84,9 +85,8 @@ def run(args: argparse.Namespace) -> None:
 
     decoding = decoding_facts(args.model)
     model_defaults(args, decoding)  # a block-diffusion model: its own block and its exact cache
-    if decoding["kind"] != "block":
-        args.cache = args.cache or MASKED_CACHE
-    if args.block_sizes is None and decoding["kind"] == "block":
+    args.cache = args.cache or MASKED_CACHE  # a kind without its own cache
+    if args.block_sizes is None and kinds.get(decoding["kind"]).own_block:  # a model's own block alone
         args.block_sizes = str(args.block_size)
     base = settings_from_args(args)
     job = sweep_job(base, sweep_axes(args, base), args.task, args.n, args.seed_data, model_spec(args))

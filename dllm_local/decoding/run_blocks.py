@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import kinds
 from ..errors import SettingsError
 from ..models.attention import BlockCausal
 from ..models.loading.loader import GuiderHandle, ModelHandle
@@ -27,7 +28,7 @@ class Blocks:
 def run_blocks(handle: ModelHandle, settings: Settings, prompt_len: int) -> Blocks:
     """The blocks of a run of ``settings`` on ``handle`` after a prompt of ``prompt_len`` tokens."""
     B = settings.block_size
-    if handle.kind != "block":
+    if not kinds.get(handle.kind).absolute_blocks:
         return Blocks(None, None, settings.gen_length, settings.num_blocks)
     start, end = prompt_len - prompt_len % B, -(-(prompt_len + settings.gen_length) // B) * B
     return Blocks(BlockCausal(B), start, end - prompt_len, (end - start) // B)
@@ -46,12 +47,7 @@ def check_policies(handle: ModelHandle, settings: Settings, guider: GuiderHandle
             raise SettingsError(f"unmask policy {settings.unmask!r} needs a guider model")
         if guider.tokenizer.get_vocab() != handle.tokenizer.get_vocab():
             raise SettingsError("the guider's tokenizer differs from the model's; guided decoding needs the same tokenizer")
-    if handle.kind in settings.cache_spec.model_kinds:
+    if kinds.get(handle.kind).policy_kind in settings.cache_spec.model_kinds:
         return
-    if handle.kind == "block":
-        raise SettingsError(f"cache policy {settings.cache!r} approximates a bidirectional model's K/V; {handle.name} "
-                            f"is a block-diffusion model ({handle.family}), whose finished blocks never change: use "
-                            f"the block cache (--cache block), exact, or none")
-    raise SettingsError(f"cache policy {settings.cache!r} keeps finished blocks as they were, which is exact only "
-                        f"under block-causal attention (SDAR, LLaDA2, Fast-dLLM v2); {handle.name} is bidirectional "
-                        f"({handle.family}): use prefix, dual or another cache policy")
+    raise SettingsError(kinds.get(handle.kind).cache_refusal.format(cache=settings.cache, name=handle.name,
+                                                                    family=handle.family))

@@ -25,6 +25,7 @@ from typing import Iterator
 
 import torch
 
+from .. import kinds
 from ..errors import DecodingError, SequenceTooLongError, SettingsError
 from ..models.cache import CacheView
 from ..models.loading.loader import GuiderHandle, ModelHandle
@@ -326,11 +327,7 @@ def stream(handle: ModelHandle, prompt: Prompt, settings: Settings | None = None
     """Start a generation; iterate the returned run for one step record per forward. ``branch``:
     the run repeated with one change after one of its steps (``trace.Branch``). A canvas model's
     run is canvas.py's, with the same interface."""
-    if handle.kind == "canvas":
-        from ..canvas.run import CanvasRun
-
-        return CanvasRun(handle, prompt, settings or Settings(), guider, branch)
-    return Run(handle, prompt, settings or Settings(), guider, branch)
+    return kinds.get(handle.kind).run_class()(handle, prompt, settings or Settings(), guider, branch)
 
 
 def generate(handle: ModelHandle, prompt: Prompt, settings: Settings | None = None, guider: GuiderHandle | None = None,

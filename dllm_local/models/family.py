@@ -1,6 +1,6 @@
 """What model families exist and what the loader reads of each: one registered spec per family.
 
-A ``FamilySpec`` names a family's config and model classes, how it decodes (its kind), where its
+A ``FamilySpec`` names a family's config and model classes, how it decodes (its kind's name, ``dllm_local.kinds``), where its
 weights are by name (``WeightNames``: what the loader checks before building), the tokenizer class
 its files load as, and its mask token. Each family's file declares its spec beside its classes
 and registers it; ``register`` also registers the classes with transformers' Auto classes. The
@@ -14,10 +14,8 @@ from typing import Any, Callable, Iterable
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-# How a family decodes: masked diffusion (bidirectional: a mask per undecoded position, the
-# sampler's loop), block diffusion (the same loop, causal between blocks at absolute positions),
-# or canvas diffusion (a canvas of tokens refined as a whole, canvas.py's loop).
-MODEL_KINDS = ("masked", "block", "canvas")
+from .. import kinds
+
 # The attention's sizes by their config.json names (width, heads, key/value heads): Qwen2's.
 QWEN2_SIZE_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads")
 
@@ -46,7 +44,7 @@ QWEN2_WEIGHTS = WeightNames("model.embed_tokens.weight", r"model\.layers\.(\d+)\
 class FamilySpec:
     config: type  # the config class; its ``model_type`` (config.json's) names the family
     model: type  # the model class (a PreTrainedModel keeping the DiffusionLM protocol)
-    kind: str  # one of MODEL_KINDS
+    kind: str  # how it decodes: a registered kind's name (``dllm_local.kinds``)
     weights: WeightNames
     # The transformers tokenizer class (by name) its tokenizer files load as when AutoTokenizer
     # refuses them (a tokenizer_config.json naming a remote-code class, as Dream's does).
@@ -60,8 +58,8 @@ class FamilySpec:
     transformers_own: bool = False  # transformers ships the classes (and registers them itself)
 
     def __post_init__(self) -> None:
-        if self.kind not in MODEL_KINDS:
-            raise ValueError(f"family {self.model_type}: kind must be one of {', '.join(MODEL_KINDS)}, not {self.kind!r}")
+        if self.kind not in kinds.names():
+            raise ValueError(f"family {self.model_type}: kind must be one of {', '.join(kinds.names())}, not {self.kind!r}")
 
     @property
     def model_type(self) -> str:

@@ -19,6 +19,7 @@ from transformers import PretrainedConfig
 
 from .attention import Attention
 from .family import QWEN2_WEIGHTS, FamilySpec, register
+from .llada import LLaDAConfig
 from .layers import RMSNorm, SwiGLU, apply_rope, mix_experts
 from .stack import LayerStackLM
 
@@ -202,4 +203,4 @@ register(FamilySpec(
     tokenizer="PreTrainedTokenizerFast",  # Ling's byte-level BPE in tokenizer.json
     mask_token="<|mask|>",  # the released config.json names no mask_token_id; the tokenizer's <|mask|> is 156895
     # The released config.json says "llada", as the dense LLaDA's does; its expert sizes tell it apart.
-    claims=lambda raw: raw.get("model_type") == "llada" and "expert_intermediate_size" in raw))
+    claims=lambda raw: raw.get("model_type") == LLaDAConfig.model_type and "expert_intermediate_size" in raw))

@@ -21,6 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
+from .. import kinds
 from ..decoding.batch import BatchRun, TooLong
 from ..errors import DllmError, EngineError, NeverRanError, OutOfMemory
 from ..limits import SLOTS
@@ -136,7 +137,7 @@ class Scheduler:
 
     def _batchable(self, request: Request) -> bool:
         handle, settings = self.engine.handle, request.kwargs.get("settings")
-        if request.method != "run" or request.options.get("alone") or handle.kind != "masked":
+        if request.method != "run" or request.options.get("alone") or not kinds.get(handle.kind).shares_batch:
             return False
         return handle.model.packs_requests and not settings.exact_drift and not settings.unmask_spec.needs_guider
 

@@ -3,6 +3,7 @@ finished (exact from then on), and a mixture of experts' routed experts per step
 the trace dict, no plotting, like ``trace_parts``."""
 from __future__ import annotations
 
+from ..parts.kinds import model_kind
 from ..parts.trace_parts import Trace, block_span, layer_order, read_number, steps_upto
 
 # Why a stored entry is drawn at cosine 1.0: said on the KV view's hover, its caption and the panels.
@@ -11,13 +12,13 @@ EXACT_WORDS = "exact: written once its block finished; block-causal attention ne
 
 def is_block_trace(trace: Trace) -> bool:
     """Whether ``trace`` is a block-diffusion run's (its blocks at absolute positions)."""
-    return trace.get("blocks_from") is not None or (trace.get("model") or {}).get("kind") == "block"
+    return trace.get("blocks_from") is not None or is_block_model(trace.get("model") or {})
 
 
 def is_block_model(model: dict) -> bool:
     """Whether ``model`` (the engine's info on the loaded model, or a trace's ``model``) is a
     block-diffusion model."""
-    return model.get("kind") == "block"
+    return model_kind(model).absolute_blocks
 
 
 def sequence_end(trace: Trace, record: dict) -> int | None:

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..parts.kinds import model_kind
 from ..parts.trace_parts import Trace, answer_length, is_end_token, mapping, prompt_len, read_number, setting, steps_upto
 
-CANVAS_KIND = "canvas"  # trace["model"]["kind"] of a canvas model; masked models say "masked" or nothing
 
 
 def is_canvas_model(model: dict) -> bool:
     """Whether ``model`` (the engine's info on the loaded model, or a trace's ``model``) is a
     canvas model; one without a kind (an older trace) is a masked model."""
-    return model.get("kind") == CANVAS_KIND
+    return model_kind(model).canvas_steps
 
 
 def is_canvas(trace: Trace) -> bool:

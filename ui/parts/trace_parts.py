@@ -13,6 +13,8 @@ from pydantic import TypeAdapter, ValidationError
 
 from dllm_local.values import integer, number
 
+from .kinds import model_kind
+
 Trace = dict[str, Any]
 
 
@@ -123,7 +125,7 @@ def is_end_token(trace: Trace, token_id: int | None) -> bool:
     model = trace.get("model") or {}
     if token_id in (model.get("stop_ids") or []):
         return True
-    if model.get("kind") == "canvas":  # transformers' rule: only the end tokens its generation config names
+    if model_kind(model).canvas_steps:  # a canvas model's, transformers' rule: only the end tokens its generation config names
         return False
     text = token_text(trace, token_id)
     return bool(_SPECIAL.fullmatch(text)) and any(w in text.lower() for w in ("end", "eot", "eos", "pad", "/s"))

@@ -15,6 +15,7 @@ from dllm_local.values import read
 from ..block.parts import is_block_model
 from ..canvas.controls import canvas_notice, canvas_params, canvas_values
 from ..canvas.parts import is_canvas_model
+from ..parts.kinds import model_kind
 
 LENGTH = TypeAdapter(Length)  # a length control's value (a slider's float, or an API call's anything)
 
@@ -42,7 +43,7 @@ def cache_choices(specs: Specs, model: dict) -> list[tuple[str, str]]:
     """(label, name) of the cache policies that make sense for ``model``'s kind (the registry's
     ``for_model``): a block model's block cache or none, a masked model's all but the block cache.
     A policy this process's registry does not know (an engine's plugin) is offered to both."""
-    allowed = registry.for_model("block" if is_block_model(model) else "masked", registry.CACHE)
+    allowed = registry.for_model(model_kind(model).policy_kind, registry.CACHE)
     return [(spec["label"], spec["name"]) for spec in specs["cache"]
             if spec["name"] in allowed or spec["name"] not in registry.CACHE]
 

@@ -13,8 +13,10 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ... import kinds
 from ...errors import ModelLoadError, SettingsError
 from .. import diffusion_gemma
+from ..family import FamilySpec
 from .build import build_model, family_config, load_tokenizer
 from .checks import (check_chat_template, check_family, check_folder, check_guider_type, check_mask_id, check_memory,
                      check_tensors, check_weights, needed_bytes, read_json_object)
@@ -55,7 +57,7 @@ class ModelHandle:
     trained_length: int | None = None
     # Bytes one forward reads (weights as stored, without the input embedding): the cost model's term.
     weight_read_bytes: int = 0
-    kind: str = "masked"  # masked diffusion (the sampler's loop) or canvas diffusion (canvas.py's)
+    kind: str = "masked"  # the name of its kind (``kinds.get``): how it decodes
     experts: tuple[int, int] | None = None  # a mixture of experts': (per layer, routed per token)
     canvas_length: int | None = None  # a canvas model's tokens per canvas
     canvas_defaults: dict | None = None  # its knobs' values when a run leaves them unset
@@ -65,10 +67,9 @@ class ModelHandle:
     def require_masked(self, what: str) -> None:
         """Refuse ``what`` (a masked-diffusion tool: policies compared, requests packed) before it
         starts, for a canvas model, with what it can do instead."""
-        if self.kind == "canvas":
-            raise SettingsError(f"{what} works on masked-diffusion models (LLaDA, Dream, the tiny model); {self.name} "
-                                f"is a canvas model (DiffusionGemma), with its own sampler: decode it with generate or "
-                                f"eval, one request at a time, and set its knobs (--entropy-bound, --t-max, ...)")
+        kind = kinds.get(self.kind)
+        if not kind.has_mask:
+            raise SettingsError(kind.masked_tools_refusal.format(what=what, name=self.name))
 
     def quantized_parts(self) -> tuple[float, list[str]]:
         """The share of the parameters in quantized layers, and the modules that hold them (their
@@ -88,8 +89,7 @@ class ModelHandle:
 
     def decoding(self) -> dict:
         """How the loaded model decodes, as ``decoding_facts`` reads it from a config."""
-        return {"kind": self.kind} if self.kind != "block" else {
-            "kind": "block", "block_size": self.block_size, "sub_block": self.model.sub_block}
+        return kinds.get(self.kind).decoding(self.block_size, self.model.sub_block)
 
     def summary(self) -> dict:
         """What the handle holds, as JSON values (``python -m dllm_local info`` prints it)."""
@@ -102,7 +102,7 @@ class ModelHandle:
             "layers": self.model.config.get_text_config().num_hidden_layers, "kind": self.kind,
             **({"experts": self.experts[0], "active_experts": self.experts[1]} if self.experts else {}),
             **({"block_size": self.block_size} if self.block_size else {}),
-            **({"sub_block": self.model.sub_block} if self.kind == "block" and self.model.sub_block else {}),
+            **({"sub_block": self.model.sub_block} if kinds.get(self.kind).own_block and self.model.sub_block else {}),
             **({"canvas_length": self.canvas_length, "canvas_defaults": self.canvas_defaults}
                if self.canvas_length else {}),
             **self._quantization_summary(),
@@ -158,10 +158,11 @@ def decoding_facts(name_or_path: str) -> dict:
     block-diffusion model, the block and sub-block its class declares (built on the meta device)."""
     path, config_file, raw = _open(name_or_path)
     family = check_family(raw, config_file)
-    if family.kind != "block":
-        return {"kind": family.kind}
+    kind = kinds.get(family.kind)
+    if not kind.own_block:
+        return kind.decoding()
     model = meta_model(family, family_config(raw, family, config_file), config_file)
-    return {"kind": "block", "block_size": model.block_size, "sub_block": model.sub_block}
+    return kind.decoding(model.block_size, model.sub_block)
 
 
 def load(
@@ -177,12 +178,12 @@ def load(
     family = check_family(raw, config_file)
     config = family_config(raw, family, config_file)
     check_config_sizes(family, config, config_file)
-    canvas = family.kind == "canvas"
+    has_mask = kinds.get(family.kind).has_mask
     tensors = check_weights(path)
     check_tensors(family, config, tensors, path)
     check_shapes(family, config, tensors, config_file)
     tokenizer = load_tokenizer(path, family)
-    mask_id = None if canvas else check_mask_id(raw, config, config_file, tokenizer, family.mask_token)
+    mask_id = None if not has_mask else check_mask_id(raw, config, config_file, tokenizer, family.mask_token)
     check_chat_template(tokenizer, path)
     dev = pick_device(device)
     dtype = pick_dtype(dtype, dev, quantization)
@@ -190,8 +191,8 @@ def load(
         check_memory(path, needed_bytes(tensors, dtype, quantization), free_bytes(dev), dev, quantization)
     qconfig = quantization_config(quantization, dtype)
     model = build_model(path, family, config, dtype, dev, qconfig, device_map)
-    if canvas:
-        return _canvas_handle(name_or_path, path, family.model_type, model, tokenizer, dtype,
+    if not has_mask:
+        return _canvas_handle(name_or_path, path, family, model, tokenizer, dtype,
                               quantization if qconfig else None)
     eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else config.eos_token_id
     if type(eos_id) is not int:
@@ -209,18 +210,18 @@ def load(
     )
 
 
-def _canvas_handle(name: str, path: Path, family: str, model, tokenizer, dtype: torch.dtype,
+def _canvas_handle(name: str, path: Path, family: FamilySpec, model, tokenizer, dtype: torch.dtype,
                    quantization: str | None) -> ModelHandle:
     """A canvas model's handle: no mask token (a canvas starts as random tokens; ``mask_id`` holds
     the pad token, which fills a finished answer), its end tokens from its generation config."""
     return ModelHandle(
-        name=name, path=path, family=family, model=model, tokenizer=tokenizer,
+        name=name, path=path, family=family.model_type, model=model, tokenizer=tokenizer,
         mask_id=diffusion_gemma.pad_token(model), eos_id=diffusion_gemma.end_of_text(model, path),
         stop_ids=diffusion_gemma.end_tokens(model),
         device=next(model.parameters()).device, dtype=dtype, quantization=quantization,
         num_parameters=logical_parameters(model), memory_bytes=model.get_memory_footprint(),
         max_length=diffusion_gemma.max_positions(model.config), weight_read_bytes=weight_read_bytes(model),
-        kind="canvas", experts=diffusion_gemma.experts(model.config), canvas_length=model.config.canvas_length,
+        kind=family.kind, experts=diffusion_gemma.experts(model.config), canvas_length=model.config.canvas_length,
         canvas_defaults=diffusion_gemma.knob_defaults(model),
     )
 
