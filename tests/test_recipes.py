@@ -106,3 +106,50 @@ def test_the_recipe_without_its_init_line_leaves_the_family_unregistered(tmp_pat
     blocks["init"] = Block("python", 0, "", None)
     done = follow(tmp_path, blocks)
     assert done.returncode != 0 and "does not register mini" in done.stderr, done.stderr[-2000:]
+
+
+# --- the kind recipe: worked example (e) --------------------------------------------------------
+KIND_NOTE = re.compile(r"tests/test_recipes\.py decodes with it as (\S+)")
+KIND_RUNNER = r'''
+import dataclasses, importlib.util, sys
+from pathlib import Path
+
+import dllm_local
+from dllm_local import Settings, kinds
+from dllm_local.decoding.run_blocks import run_blocks
+from dllm_local.models.loading.loader import TINY_MODEL
+from dllm_local.policies import registry
+
+path = Path(sys.argv[1])
+spec = importlib.util.spec_from_file_location(f"dllm_local.kinds.{path.stem}", path)
+module = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = module
+spec.loader.exec_module(module)  # its file registers it
+kind = kinds.get(path.stem)
+handle = dataclasses.replace(dllm_local.load(TINY_MODEL), kind=kind.name)  # a family declaring kind=...
+
+settings = Settings(gen_length=16, block_size=8, cache="none")
+blocks = run_blocks(handle, settings, 13)
+assert (blocks.blocks_from, blocks.count, blocks.layout.block_size) == (8, 3, 8), blocks  # absolute: the prompt ends in block 1
+answers = {}
+for cache in registry.for_model(kind.policy_kind, registry.CACHE):
+    result = dllm_local.generate(handle, "What is 2 + 3?", Settings(gen_length=16, block_size=8, cache=cache))
+    assert len(result.token_ids) == 16, cache
+    answers[cache] = result.token_ids
+assert len(set(map(tuple, answers.values()))) == 1, answers  # finished blocks' K/V are exact: every cache agrees
+print(sorted(answers), "decoded alike")
+'''
+
+
+def test_the_kind_recipe_registers_and_decodes_as_written(tmp_path):
+    notes = [(KIND_NOTE.search(b.skip or ""), b) for b in readme_blocks(DOC.read_text(), "docs/development.md")]
+    found = [(m.group(1), b) for m, b in notes if m]
+    assert len(found) == 1, f"the kind recipe's file block in {DOC.name}: {[p for p, _ in found]}"
+    where, block = found[0]
+    file = tmp_path / Path(where).name
+    file.write_text(block.text + "\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", KIND_RUNNER, str(file)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"the kind recipe of {DOC.name} failed:\n{done.stderr[-4000:]}"
+    assert "decoded alike" in done.stdout and "'none'" in done.stdout, done.stdout
