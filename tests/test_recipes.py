@@ -11,6 +11,7 @@ recipe shows. Then every cache and unmasking policy decodes with it, one request
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -153,3 +154,59 @@ def test_the_kind_recipe_registers_and_decodes_as_written(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"the kind recipe of {DOC.name} failed:\n{done.stderr[-4000:]}"
     assert "decoded alike" in done.stdout and "'none'" in done.stdout, done.stdout
+
+
+# --- the policy recipes: worked examples (a) and (b) ---------------------------------------------
+POLICY_NOTE = re.compile(r"tests/test_recipes\.py registers it (as|at the end of) (\S+)")
+POLICY_RUNNER = r'''
+import importlib.util, json, sys
+from pathlib import Path
+
+import dllm_local
+from dllm_local import Settings
+from dllm_local.models.loading.loader import TINY_MODEL
+from dllm_local.policies import registry
+
+for behaviour, spec_text in json.loads(sys.argv[1]):
+    path = Path(behaviour)
+    spec = importlib.util.spec_from_file_location(f"dllm_local.policies.{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    exec(spec_text, vars(registry))  # "one call at the end of registry.py", in its namespace
+
+handle = dllm_local.load(TINY_MODEL)
+prompt = "What is 2 + 3?"
+# Refreshing the whole cache at every step is no cache at all: the same tokens, every step refreshed.
+plain = dllm_local.generate(handle, prompt, Settings(gen_length=16, block_size=8, cache="none"))
+every = dllm_local.generate(handle, prompt, Settings(gen_length=16, block_size=8, cache="alternate",
+                                                     cache_params={"every": 1}))
+assert every.token_ids == plain.token_ids, (every.token_ids, plain.token_ids)
+assert all(s.policy["refreshed"] for s in every.trace.steps), "every=1 refreshes at every step"
+third = dllm_local.generate(handle, prompt, Settings(gen_length=16, block_size=8, cache="alternate",
+                                                     cache_params={"every": 3}, unmask="top_k",
+                                                     unmask_params={"k": 2}))
+assert [s.policy["refreshed"] for s in third.trace.steps] == [s.step_in_block % 3 == 0 for s in third.trace.steps]
+assert all(len(s.committed) <= 2 and "top_k_floor" in s.policy for s in third.trace.steps)
+assert len(third.token_ids) == 16
+print("alternate and top_k decoded as written")
+'''
+
+
+def test_the_policy_recipes_register_and_decode_as_written(tmp_path):
+    """Examples (a) and (b): each behaviour file as the module its note names, its spec's one call
+    run at the end of ``registry.py``; then the CLI's and page's settings reach them by name."""
+    found = [(m.groups(), b) for b in readme_blocks(DOC.read_text(), "docs/development.md")
+             if (m := POLICY_NOTE.search(b.skip or ""))]
+    assert [role for (role, _), _ in found] == ["as", "at the end of", "as", "at the end of"], found
+    pairs = []
+    for ((_, where), behaviour), ((_, registry_file), spec) in zip(found[::2], found[1::2]):
+        assert registry_file == "dllm_local/policies/registry.py", registry_file
+        file = tmp_path / Path(where).name
+        file.write_text(behaviour.text + "\n")
+        pairs.append((str(file), spec.text))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", POLICY_RUNNER, json.dumps(pairs)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"the policy recipes of {DOC.name} failed:\n{done.stderr[-4000:]}"
+    assert "decoded as written" in done.stdout
