@@ -89,7 +89,8 @@ class ModelHandle:
 
     def decoding(self) -> dict:
         """How the loaded model decodes, as ``decoding_facts`` reads it from a config."""
-        return kinds.get(self.kind).decoding(self.block_size, self.model.sub_block)
+        kind = kinds.get(self.kind)  # a canvas model's class (transformers' own) declares no block
+        return kind.decoding(self.block_size, self.model.sub_block) if kind.own_block else kind.decoding()
 
     def summary(self) -> dict:
         """What the handle holds, as JSON values (``python -m dllm_local info`` prints it)."""
