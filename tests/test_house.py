@@ -374,18 +374,23 @@ def _probes():
                 yield rel(path), node.lineno, key, ast.unparse(node)
 
 
-def test_no_capability_probes():
-    found = sorted(_probes())
-    offenders = [f"{p}:{line}: {text}" for p, line, key, text in found if (p, key) not in PROBES_ALLOWED]
+def against_allow_list(found: list, allowed: dict, offence: str, list_name: str, show=lambda key, text: text) -> None:
+    """``found`` (file, line, key, text) held to ``allowed`` ((file, key) -> why): an unlisted find
+    is an offence, a listed entry that matches nothing is stale."""
+    offenders = [f"{p}:{line}: {show(key, text)}" for p, line, key, text in found if (p, key) not in allowed]
     used = {(p, key) for p, _, key, _ in found}
-    stale = [f"{p}: {key!r}" for p, key in sorted(PROBES_ALLOWED) if (p, key) not in used]
+    stale = [f"{p}: {key!r}" for p, key in sorted(allowed) if (p, key) not in used]
     message = []
     if offenders:
-        message.append(f"{len(offenders)} capability probe(s) (ask the type, not the object):\n  "
-                       + "\n  ".join(offenders))
+        message.append(f"{len(offenders)} {offence}:\n  " + "\n  ".join(offenders))
     if stale:
-        message.append("PROBES_ALLOWED entries that match nothing any more (remove them):\n  " + "\n  ".join(stale))
+        message.append(f"{list_name} entries that match nothing any more (remove them):\n  " + "\n  ".join(stale))
     assert not message, "\n".join(message)
+
+
+def test_no_capability_probes():
+    against_allow_list(sorted(_probes()), PROBES_ALLOWED, "capability probe(s) (ask the type, not the object)",
+                       "PROBES_ALLOWED")
 
 
 # --- file size --------------------------------------------------------------------------------
@@ -588,14 +593,6 @@ def _compared_names():
 
 
 def test_no_kind_or_family_name_compared_outside_its_own_file():
-    found = sorted(_compared_names())
-    offenders = [f"{p}:{line}: {name!r} in {text}" for p, line, name, text in found if (p, name) not in NAMES_ALLOWED]
-    used = {(p, name) for p, _, name, _ in found}
-    stale = [f"{p}: {name!r}" for p, name in sorted(NAMES_ALLOWED) if (p, name) not in used]
-    message = []
-    if offenders:
-        message.append(f"{len(offenders)} kind or family name(s) compared outside their own file (read the kind's "
-                       f"ModelKind, the family's FamilySpec):\n  " + "\n  ".join(offenders))
-    if stale:
-        message.append("NAMES_ALLOWED entries that match nothing any more (remove them):\n  " + "\n  ".join(stale))
-    assert not message, "\n".join(message)
+    against_allow_list(sorted(_compared_names()), NAMES_ALLOWED,
+                       "kind or family name(s) compared outside their own file (read the kind's ModelKind, the "
+                       "family's FamilySpec)", "NAMES_ALLOWED", show=lambda name, text: f"{name!r} in {text}")
