@@ -24,6 +24,7 @@ from .values import FLAG, WORD, about, integer, number, optional, read
 
 TraceLevel = Literal["off", "summary", "full"]
 TRACE_LEVELS = get_args(TraceLevel)
+ForwardMode = Literal["auto", "eager", "compiled", "graphs"]  # dllm_local/runner/modes.py
 Length = integer(1, MAX_GEN_LENGTH)
 Params = optional(dict[str, Any])  # a policy's parameters, read through its spec (null: none given)
 
@@ -50,6 +51,10 @@ class Settings:
     exact_drift: about(FLAG, "Exact-drift diagnostic", "a full forward each step, to measure the cache's true drift "
                        "(its cost reported apart)") = False
     early_stop: about(FLAG, "Early stop", "end the run once a stop token has no mask before it") = False
+    forward_mode: about(ForwardMode, "Forward mode", "how each forward runs: eager (op by op), compiled "
+                        "(torch.compile, one graph), graphs (compiled and replayed as CUDA graphs); auto: graphs on a "
+                        "CUDA GPU, else eager. The tokens are the same; a mode that cannot run falls back to eager "
+                        "with a notice") = "auto"
     canvas_params: about(Params, "Canvas parameters", "a canvas model's (DiffusionGemma's) own knobs: "
                          "max_denoising_steps, canvas_length, entropy_bound, t_max, t_min, stability_threshold, "
                          "confidence_threshold (its generation_config.json's where not given)") = field(default_factory=dict)

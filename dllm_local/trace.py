@@ -245,6 +245,8 @@ class Stats:
     # apart from ``nfe``, and their time (of model_s).
     store_forwards: Count = 0
     store_s: Number = 0.0
+    forward_mode: Text = "eager"  # how the forwards ran (runner/modes.py): the mode asked for, or eager after a fallback
+    forward_notice: Text = ""  # why the mode asked for did not run as asked, when it did not
 
 
 def _masked_lists_agree(step: StepRecord) -> StepRecord:

@@ -98,8 +98,8 @@ def test_each_layers_kv_is_allocated_on_its_blocks_device(tiny):
         def on_attend(self, layer, q, keys, key_mask):
             seen[layer] = (keys.device.type, key_mask.device.type)
 
-    positions = torch.tensor([0, 2, 5])  # not a run: written through an index tensor
-    attention = Attention(positions, (0, 5), [Segment(view, positions, (Where(),))], BIDIRECTIONAL)
+    positions = torch.tensor([0, 2, 5])
+    attention = Attention(positions, [Segment(view, positions, (Where(),))], BIDIRECTIONAL)
     shape = (1, cache.k[3].shape[1], 3, cache.k[3].shape[3])
     assert attention(3, *(torch.ones(shape, device="meta") for _ in range(3))).device.type == "meta"
     attention(0, *(torch.ones(shape) for _ in range(3)))

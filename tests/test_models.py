@@ -543,7 +543,8 @@ class _Causal:
     """A layout no family uses yet: each query attends its own position and those before it."""
 
     def key_mask(self, live, queries, keys):
-        return (live[:, None, :] & (keys[None, None, :] <= queries[:, :, None]))[:, None]
+        allowed = keys[None, None, :] <= queries[:, :, None]
+        return (allowed if live is None else live[:, None, :] & allowed)[:, None]
 
 
 @torch.no_grad()

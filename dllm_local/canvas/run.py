@@ -38,7 +38,7 @@ from ..errors import SequenceTooLongError, SettingsError
 from ..limits import MAX_GEN_LENGTH
 from ..models.loading.loader import ModelHandle
 from ..prompts import Prompt, encode_prompt
-from ..decoding.recorder import model_gpus, timed
+from ..runner.timing import model_gpus, timed
 from ..result import Result
 from ..settings import Settings
 from ..trace import StepRecord, Trace

@@ -15,7 +15,6 @@ from ..models.attention import Segment
 from ..models.cache import KVCache
 from ..models.loading.loader import GuiderHandle, ModelHandle
 from ..prompts import Prompt
-from .recorder import model_gpus, timed
 from .sampler import Result, Run, generate
 from ..settings import Settings
 from ..trace import Branch, StepRecord
@@ -183,7 +182,6 @@ class BatchRun:
 
     def _start(self) -> None:
         self.cache = self.handle.model.new_cache(self.slots, self.max_len)
-        self._gpus = model_gpus(self.handle.model)
         self._budgets: dict[int, int] = {}
         self._floors: dict[int, int] = {}
 
@@ -227,7 +225,8 @@ class BatchRun:
         counts = [len(p) for p in planned]
         positions = torch.cat(planned)
         ids = torch.cat([runs[i].state.x[0, p] for i, p in zip(active, planned)])[None]
-        logits, seconds = timed(lambda: h.model(ids, positions, segments=segments).logits[0].split(counts), self._gpus)
+        forward = runs[active[0]].runner.packed(ids, positions, segments)
+        logits, seconds = forward.logits[0].split(counts), forward.seconds
         self.forwards += 1
         self.row_forwards += len(active)
         self.model_s += seconds

@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from ..models.attention import AttentionLayout
 from ..models.cache import CacheFork, CacheView
 from ..models.loading.loader import GuiderHandle
-from ..models.protocol import DiffusionLM
 from ..policies.unmask import Candidates, StepCalls
-from .recorder import timed
+from ..runner import ForwardRunner
+from ..runner.timing import timed
 from ..softmax import draft_probability
 
 
@@ -40,7 +40,7 @@ class RunModel:
     """What a run's model calls use of it, fixed as it starts: every field the calls read, and
     ``step`` for what changes with each step."""
 
-    model: DiffusionLM
+    runner: ForwardRunner  # the run's model, as its forwards run
     layout: AttentionLayout | None  # the run's forwards' layout (None: the model's own)
     cache: CacheView
     sequence: torch.Tensor  # [1, L] the run's ids, committed in place as it decodes
@@ -57,10 +57,9 @@ def run_calls(run: RunModel) -> StepCalls:
     """The calls of ``run`` (a sampler's ``Run``, which imports this module), for its policies."""
 
     def forward(tokens: torch.Tensor, positions: torch.Tensor, cache: CacheFork, sequence: torch.Tensor) -> torch.Tensor:
-        logits, seconds = timed(lambda: run.model(tokens, positions, cache, sequence=sequence, layout=run.layout).logits,
-                                run.counter.gpus)
-        run.counter.count_forward(seconds)  # this request's alone, in a batch too
-        return logits
+        forward = run.runner(tokens, positions, cache, sequence=sequence, layout=run.layout)
+        run.counter.count_forward(forward.seconds)  # this request's alone, in a batch too
+        return forward.logits
 
     def verify(rows: torch.Tensor, at: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         positions = computed("verify")

@@ -20,31 +20,11 @@ from ..models.cache import CacheView
 from ..models.loading.loader import ModelHandle
 from ..models.observers import DriftMeter, ExpertsRouted, ForwardCounter, position_cosine
 from ..policies.base import DecodeState
+from ..runner import ForwardRunner, runner_for
 from ..policies.unmask import Candidates, Selection
 from ..settings import Settings
 from ..softmax import draft_probability
 from ..trace import StepRecord, Trace
-
-
-def model_gpus(model: torch.nn.Module) -> list[torch.device]:
-    """The CUDA devices the model's weights are on: a model spread over several by device_map
-    finishes on the last one. Only these are synchronised: touching another GPU would create a
-    context there (and fail on a GPU in exclusive-process mode that another program holds)."""
-    return sorted({p.device for p in model.parameters() if p.device.type == "cuda"}, key=lambda d: d.index or 0)
-
-
-def _sync(devices: list[torch.device]) -> None:
-    for device in devices:
-        torch.cuda.synchronize(device)
-
-
-def timed(call: Callable, gpus: list[torch.device]):
-    """``call()`` and the seconds it took, the GPUs ``gpus`` synchronised before and after."""
-    _sync(gpus)
-    t = time.perf_counter()
-    out = call()
-    _sync(gpus)
-    return out, time.perf_counter() - t
 
 
 def _round(values, digits: int = 5) -> list:
@@ -68,14 +48,15 @@ class Step:
 class Recorder:
     def __init__(self, handle: ModelHandle, settings: Settings, prompt_ids: list[int], cache: CacheView,
                  banned: torch.Tensor, answer_length: int, layout: AttentionLayout | None = None,
-                 blocks_from: int | None = None) -> None:
+                 blocks_from: int | None = None, runner: ForwardRunner | None = None) -> None:
         """``answer_length``: the answer region's positions; ``layout``: the run's forwards' when
         not the model's own (the exact diagnostic's full forward attends as they do);
         ``blocks_from``: where block 0 starts when blocks sit at absolute positions."""
         self.handle, self.settings, self.level = handle, settings, settings.trace
         self.answer_length, self.layout = answer_length, layout
         self.banned = banned  # ids no draft may be: the exact diagnostic renormalises as the drafts do
-        self.gpus = model_gpus(handle.model)
+        self.runner = runner if runner is not None else runner_for(handle.model, settings.forward_mode)
+        self.gpus = self.runner.gpus
         self.trace = Trace(settings=settings.to_dict(), model=handle.summary(), prompt_ids=list(prompt_ids),
                            gen_length=answer_length, mask_id=handle.mask_id, blocks_from=blocks_from)
         layers = handle.model.config.num_hidden_layers
@@ -147,7 +128,7 @@ class Recorder:
         t = time.perf_counter()
         self.trace.stats.exact_forwards += 1
         everything = torch.arange(x.shape[1], device=x.device)
-        logits = self.handle.model(x, everything, self.shadow, observers=(self.shadow_drift,), layout=self.layout).logits[0]
+        logits = self.runner(x, everything, self.shadow, (self.shadow_drift,), layout=self.layout).logits[0]
         shown = len(self.trace.prompt_ids) + self.answer_length  # not a cache policy's padding
         cache_error = {}
         # Block diffusion: a later block's entry, which the cache has not held yet, has no error: null.
@@ -272,6 +253,7 @@ class Recorder:
         st.mean_g = round(self._g / max(1, self._main_forwards), 2)
         st.cache_hit_rate = round(self._reads / max(1, self._g + self._reads), 4)
         st.wall_s = time.perf_counter() - self._t0 - self._paused
+        st.forward_mode, st.forward_notice = self.runner.mode, self.runner.notice or ""
         st.tokens_per_s = round(committed / st.model_s, 2) if st.model_s else 0.0
         st.content_tokens_per_s = round(content / st.model_s, 2) if st.model_s else 0.0
         return trace

@@ -33,8 +33,9 @@ from ..policies.base import CacheAccess, DecodeState, StepSignals
 from ..policies.unmask import Candidates, Selection
 from .model_calls import RunModel, run_calls
 from ..prompts import Prompt, encode_prompt
-from .recorder import Recorder, Step, timed
+from .recorder import Recorder, Step
 from ..result import Result
+from ..runner import runner_for
 from .run_blocks import check_policies, run_blocks
 from ..settings import Settings
 from ..softmax import draft_probability, draft_tokens
@@ -159,11 +160,10 @@ class Run:
         """2. forward: the model on ``positions`` of the sequence (the rest read from the cache),
         ``[n, vocab]``, watched by the recorder's and the cache policy's observers."""
         x = self.state.x
-        logits, seconds = timed(lambda: self.handle.model(x[:, positions], positions, self.cache, observers=self.observers,
-                                                          sequence=x, layout=self.layout).logits[0], self.recorder.gpus)
-        self.recorder.count_forward(seconds)
+        forward = self.runner(x[:, positions], positions, self.cache, self.observers, x, self.layout)
+        self.recorder.count_forward(forward.seconds)
         self.recorder.exact_forward(x, self.cache)
-        return logits
+        return forward.logits[0]
 
     def after_forward(self, logits: torch.Tensor) -> StepRecord:
         """Stages 3 to 8, given the forward's ``logits`` at the planned positions."""
@@ -200,6 +200,7 @@ class Run:
         steps_per_block = (s.steps // self.num_blocks) if s.steps else s.block_size
         self.state = DecodeState(x, P, G, s.block_size, h.mask_id, steps_per_block, blocks_from=self.blocks_from)
         self.state.window = self.cache_policy.window(self.state, h.eos_id)
+        self.runner = runner_for(h.model, s.forward_mode)
         self.cache = cache if cache is not None else h.model.new_cache(1, L).alloc(L)
         self._cache_access = CacheAccess(self.cache, L)
         self.cache_policy.reset(self.state, self._cache_access, h.model)
@@ -210,8 +211,9 @@ class Run:
         rows = h.model.get_input_embeddings().weight.shape[0]
         self._banned = torch.tensor([h.mask_id, *range(len(h.tokenizer), rows)], device=h.device)
         self._max_forwards = G + self.num_blocks
-        self.recorder = Recorder(h, s, self.prompt_ids, self.cache, self._banned, G, self.layout, self.blocks_from)
-        self.calls = run_calls(RunModel(h.model, self.layout, self.cache, x, self.recorder, h.device, self.guider,
+        self.recorder = Recorder(h, s, self.prompt_ids, self.cache, self._banned, G, self.layout, self.blocks_from,
+                                 self.runner)
+        self.calls = run_calls(RunModel(self.runner, self.layout, self.cache, x, self.recorder, h.device, self.guider,
                                         self.rng, self.allowed, self.draft_at, self))
         self.observers = (*self.recorder.observers, *self.cache_policy.observers())
         self._store(self.cache_policy.settle(self.state))
@@ -231,8 +233,8 @@ class Run:
         # token is committed from this forward (greedy, no denoising step), when it is a mask.
         handoff = not self.handle.model.packs_requests and end < x.shape[1] and bool(x[0, end] == self.handle.mask_id)
         positions = torch.cat([positions, positions.new_tensor([end])]) if handoff else positions
-        logits, seconds = timed(lambda: self.handle.model(x[:, positions], positions, self.cache, sequence=x,
-                                                          layout=self.layout).logits[0], self.recorder.gpus)
+        forward = self.runner(x[:, positions], positions, self.cache, sequence=x, layout=self.layout)
+        logits, seconds = forward.logits[0], forward.seconds
         committed = None
         if handoff:
             draft = self.draft_at(positions[-1:], logits[-1:])

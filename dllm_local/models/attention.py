@@ -7,6 +7,10 @@ into each request's slot, attends each request's queries over its own valid entr
 lets the observers see the forward (before each write, and each layer's queries and keys). Several segments are
 packed one after another in the forward's one row (``[n_1 + n_2 + ...]``): every matmul runs on exactly the
 positions the requests compute, with no padding; only attention lays the queries out by request.
+
+Nothing here reads a value back from the device: writes go through position tensors (``index_copy_``),
+masks are built on the device, and the bounds are the run's to check once. So a forward queues its
+kernels without waiting, and compiles (``torch.compile(fullgraph=True)``) to one graph.
 """
 from __future__ import annotations
 
@@ -39,14 +43,19 @@ class ForwardObserver:
         """A mixture-of-experts layer's choice: the experts each computed position was routed to
         (``[n, k]`` expert indices, in the order of the forward's positions)."""
 
+    def on_end(self, count: int) -> None:
+        """After the forward, from whoever padded it to a fixed length (``runner``): its first
+        ``count`` positions were the request's, the rest padding at the cache's sink."""
+
 
 class AttentionLayout(Protocol):
     """Which keys each query may attend, beyond the cache's validity: a model family's own rule
     (bidirectional for masked diffusion; causal between blocks for block diffusion)."""
 
-    def key_mask(self, live: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor | None:
+    def key_mask(self, live: torch.Tensor | None, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor | None:
         """``[rows, 1, 1 or n, keys]`` (True: may attend), or None when every query attends every
-        key (SDPA's fastest path). ``live``: each row's keys that hold an entry (``[rows, keys]``);
+        key (SDPA's fastest path). ``live``: each row's keys that hold an entry (``[rows, keys]``;
+        None: all of them, known without asking the device);
         ``queries``: the positions of each row's queries (``[rows, n]``); ``keys``: the position of
         each key column (``[keys]``)."""
 
@@ -54,8 +63,8 @@ class AttentionLayout(Protocol):
 class Bidirectional:
     """Every position attends every valid entry (LLaDA, Dream): the masked-diffusion layout."""
 
-    def key_mask(self, live: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor | None:
-        return None if bool(live.all()) else live.view(live.shape[0], 1, 1, live.shape[-1])
+    def key_mask(self, live: torch.Tensor | None, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor | None:
+        return None if live is None else live.view(live.shape[0], 1, 1, live.shape[-1])
 
 
 BIDIRECTIONAL = Bidirectional()
@@ -71,10 +80,10 @@ class BlockCausal:
             raise ValueError(f"block size {block_size} must be at least 1")
         self.block_size = block_size
 
-    def key_mask(self, live: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor | None:
+    def key_mask(self, live: torch.Tensor | None, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor | None:
         B = self.block_size
         allowed = (keys // B)[None, None, :] <= (queries // B)[:, :, None]  # [rows, n, keys]
-        return (allowed & live[:, None, :])[:, None]
+        return (allowed if live is None else allowed & live[:, None, :])[:, None]
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, BlockCausal) and other.block_size == self.block_size
@@ -98,56 +107,50 @@ class Attention:
     """One forward's attention; ``attention(layer, q, k, v)`` in each layer (Q/K/V rotated).
 
     No segment: a plain full forward, the keys are the given positions. One segment over a view: its slot is
-    read and written in place (a run of positions as a slice: a view instead of a gather). One fork: each
+    read and written in place, at its positions (a padded forward's padding at the sink). One fork: each
     variant row attends the view's entries plus its own fresh K/V (or one query attends the view's other entries
     and its own rows, as the fork's ``visible`` says). Several segments: packed rows, each request's queries
     over its own slot, under its own layout.
     """
 
-    def __init__(self, positions: torch.Tensor, bounds: tuple[int, int], segments: Sequence[Segment],
-                 layout: AttentionLayout) -> None:
+    def __init__(self, positions: torch.Tensor, segments: Sequence[Segment], layout: AttentionLayout) -> None:
         self.layout, self.segments = layout, list(segments)
         self._per_device: dict[torch.device, tuple] = {}
         if not self.segments:  # the keys are the queries' own positions, all of them live
-            live = torch.ones(1, positions.numel(), dtype=torch.bool, device=positions.device)
-            self._key_mask = self.layout.key_mask(live, positions[None], positions)
+            self._key_mask = self.layout.key_mask(None, positions[None], positions)
             self._per_device[positions.device] = (self._key_mask,)
             return
         if len(self.segments) == 1:
-            self._begin_one(self.segments[0], *bounds)
+            self._begin_one(self.segments[0])
         else:
             if any(isinstance(s.cache, CacheFork) for s in self.segments):
                 raise ValueError("a fork's forward is one request's alone")
             self._begin_packed(positions)
 
     # ---------------------------------------------------------------- before layer 0
-    def _begin_one(self, segment: Segment, lo: int, hi: int) -> None:
-        """``lo``, ``hi``: the least and greatest position (the positions are sorted)."""
+    def _begin_one(self, segment: Segment) -> None:
         cache, positions = segment.cache, segment.positions
         self.layout = segment.layout or self.layout
         if isinstance(cache, CacheFork):
             view = cache.parent
-            live = view.valid[: view.seq_len].clone()
-            at = positions.to(live.device)
-            live[at] = cache.visible is None  # a query's own positions: its fresh K/V, appended, replace them
+            row = view.store.valid[view.slot].clone()  # the sink too: a padded query's padding is there
+            at = positions.to(row.device)
+            row[at] = cache.visible is None  # a query's own positions: its fresh K/V, appended, replace them
+            live = row[: view.seq_len]
             self._key_mask = self.layout.key_mask(live[None], at[None], _key_positions(live))
             if cache.visible is not None:
                 cached = live.expand(at.numel(), -1) if self._key_mask is None else self._key_mask[0, 0].expand(at.numel(), -1)
                 self._key_mask = torch.cat([cached, cache.visible.to(live.device)], -1)[None, None]
             self._per_device[live.device] = (None, self._key_mask)
             return
-        if hi >= cache.max_len:
-            raise ValueError(f"position {hi} is beyond the cache length {cache.max_len}")
-        positions = positions.to(cache.valid.device)
+        row = cache.store.valid[cache.slot]  # the sink last, never valid
+        positions = positions.to(row.device)
         segment.positions = positions
-        # A run of positions (a refresh, a block, a block and all after it) is read and written as
-        # a slice: a view instead of a gather, a copy instead of a scatter.
-        index = slice(lo, hi + 1) if hi - lo + 1 == positions.numel() else positions
-        was_valid = cache.valid[positions]
-        cache.valid[positions] = True
-        live = cache.valid[: cache.seq_len]
+        was_valid = row[positions]
+        row.index_put_((positions,), positions < cache.max_len)  # the sink's padding rows stay invalid
+        live = row[: cache.seq_len]
         self._key_mask = self.layout.key_mask(live[None], positions[None], _key_positions(live))
-        self._per_device[cache.valid.device] = (index, self._key_mask)
+        self._per_device[row.device] = (positions, self._key_mask)
         for observer in segment.observers:
             observer.on_begin(positions, was_valid, live)
 
@@ -229,8 +232,8 @@ class Attention:
         index, key_mask = self._on(k_rows.device)
         for observer in segment.observers:
             observer.on_write(layer, k_rows, v_rows, index, k, v)
-        k_rows[:, :, index] = k
-        v_rows[:, :, index] = v
+        k_rows.index_copy_(2, index, k)
+        v_rows.index_copy_(2, index, v)
         keys, values = k_rows[:, :, : cache.seq_len], v_rows[:, :, : cache.seq_len]
         for observer in segment.observers:
             observer.on_attend(layer, q, keys, key_mask)
@@ -238,15 +241,16 @@ class Attention:
 
     def _fork(self, layer: int, q, k, v) -> torch.Tensor:
         view, positions = self.segments[0].cache.parent, self.segments[0].positions
-        k_rows = view.store.k[layer][view.slot : view.slot + 1, :, : view.seq_len]
-        v_rows = view.store.v[layer][view.slot : view.slot + 1, :, : view.seq_len]
+        k_rows = view.store.k[layer][view.slot : view.slot + 1]
+        v_rows = view.store.v[layer][view.slot : view.slot + 1]
         _, key_mask = self._on(k_rows.device)
         if self.segments[0].cache.visible is not None:  # one query: the cache, then its own rows
-            keys, values = torch.cat([k_rows, k.to(k_rows.dtype)], 2), torch.cat([v_rows, v.to(v_rows.dtype)], 2)
+            keys = torch.cat([k_rows[:, :, : view.seq_len], k.to(k_rows.dtype)], 2)
+            values = torch.cat([v_rows[:, :, : view.seq_len], v.to(v_rows.dtype)], 2)
             return _sdpa(q, keys, values, key_mask)
-        at, rows = positions.to(k_rows.device), k.shape[0]
-        keys = k_rows.expand(rows, -1, -1, -1).index_copy(2, at, k.to(k_rows.dtype))
-        values = v_rows.expand(rows, -1, -1, -1).index_copy(2, at, v.to(v_rows.dtype))
+        at, rows = positions.to(k_rows.device), k.shape[0]  # written over the whole row, the sink included
+        keys = k_rows.expand(rows, -1, -1, -1).index_copy(2, at, k.to(k_rows.dtype))[:, :, : view.seq_len]
+        values = v_rows.expand(rows, -1, -1, -1).index_copy(2, at, v.to(v_rows.dtype))[:, :, : view.seq_len]
         return _sdpa(q, keys, values, key_mask)
 
     def _packed(self, layer: int, q, k, v) -> torch.Tensor:
@@ -274,14 +278,13 @@ class Attention:
         return out[token_row, :, token_at].transpose(0, 1)[None]
 
 
-def begin(positions: torch.Tensor, bounds: tuple[int, int], cache: CacheView | CacheFork | None,
-          observers: Sequence[ForwardObserver], segments: Sequence[Segment] | None, layout: AttentionLayout) -> Attention:
-    """The attention of a forward over ``positions`` (their least and greatest: ``bounds``): of
-    ``segments`` (packed requests), else of one request's ``cache`` watched by ``observers``, else
-    (no cache) a plain full forward."""
+def begin(positions: torch.Tensor, cache: CacheView | CacheFork | None, observers: Sequence[ForwardObserver],
+          segments: Sequence[Segment] | None, layout: AttentionLayout) -> Attention:
+    """The attention of a forward over ``positions``: of ``segments`` (packed requests), else of one
+    request's ``cache`` watched by ``observers``, else (no cache) a plain full forward."""
     if segments is None:
         segments = [] if cache is None else [Segment(cache, positions, observers)]
-    return Attention(positions, bounds, segments, layout)
+    return Attention(positions, segments, layout)
 
 
 def _key_positions(live: torch.Tensor) -> torch.Tensor:

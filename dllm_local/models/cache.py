@@ -2,7 +2,9 @@
 
 One preallocated K and V tensor per layer, shaped ``[slots, kv_heads, max_len, head_dim]`` (gpt-fast's
 ``KVCache`` is the model), on the device of that layer: a model spread over GPUs by ``device_map``
-keeps each layer's K/V beside its weights. A request holds one slot (``alloc``/``free``), so a
+keeps each layer's K/V beside its weights. Each row has one position more than it holds, the
+``sink``: a forward padded to a fixed query length (``runner.buckets``) writes its padding rows there,
+never valid and never attended, so every write is a scatter by position tensor. A request holds one slot (``alloc``/``free``), so a
 batch can admit a new request into a finished one's slot without moving anyone's entries. The cache
 holds K/V and validity, nothing else: what a forward writes and attends is ``attention.Attention``'s
 business, and drift, probes and counts are observers of the forward (``observers.py``).
@@ -31,11 +33,11 @@ class KVCache:
         devices = [device] * n_layers if isinstance(device, (str, torch.device)) else list(device)
         if len(devices) != n_layers:
             raise ValueError(f"{len(devices)} layer devices for {n_layers} layers")
-        shape = (slots, n_kv_heads, max_len, head_dim)
+        shape = (slots, n_kv_heads, max_len + 1, head_dim)  # + the sink
         self.k = [torch.zeros(shape, dtype=dtype, device=d) for d in devices]
         self.v = [torch.zeros(shape, dtype=dtype, device=d) for d in devices]
-        self.valid = torch.zeros(slots, max_len, dtype=torch.bool, device=devices[0])
-        self.max_len = max_len
+        self.valid = torch.zeros(slots, max_len + 1, dtype=torch.bool, device=devices[0])
+        self.max_len = self.sink = max_len
         self._free = list(range(slots))
 
     @property
@@ -78,7 +80,7 @@ class CacheView:
 
     @property
     def k(self) -> list[torch.Tensor]:
-        """Per layer ``[1, kv_heads, max_len, head_dim]``: this slot's keys (a view of the store)."""
+        """Per layer ``[1, kv_heads, max_len + 1, head_dim]``: this slot's keys, the sink last (a view of the store)."""
         return [k[self.slot : self.slot + 1] for k in self.store.k]
 
     @property
@@ -88,7 +90,7 @@ class CacheView:
     @property
     def valid(self) -> torch.Tensor:
         """``[max_len]`` which of this slot's entries hold K/V (a view of the store's row)."""
-        return self.store.valid[self.slot]
+        return self.store.valid[self.slot, : self.store.max_len]
 
     @property
     def max_len(self) -> int:

@@ -1,23 +1,11 @@
-"""Building blocks both families share: fp32 RMSNorm, fp32 rotary embeddings, attention's entry."""
+"""Building blocks the families share: fp32 RMSNorm, fp32 rotary embeddings, attention's entry."""
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..errors import SequenceTooLongError
 from .attention import Attention
-
-
-def check_positions(positions: torch.Tensor, max_positions: int) -> tuple[int, int]:
-    """The least and the greatest of ``positions``, read back from the device at once; raises
-    past the model's maximum. ``(0, -1)`` for none."""
-    if not positions.numel():
-        return 0, -1
-    lo, hi = torch.stack(torch.aminmax(positions)).tolist()
-    if hi >= max_positions:
-        raise SequenceTooLongError(f"sequence of {hi + 1} positions is longer than the model's maximum of {max_positions}")
-    return lo, hi
 
 
 def layer_devices(blocks: nn.ModuleList) -> list[torch.device]:
@@ -46,10 +34,12 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables ``[n, head_dim]`` for absolute positions, in float32 (rotate-half layout)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
-    freqs = positions.float()[:, None] * inv_freq[None, :]
+def rope_table(positions: int, head_dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin ``[positions, head_dim]`` of every position ``0 .. positions - 1``, in float32
+    (rotate-half layout): built once per model and device, each forward gathers its rows (the
+    same products and cosines as computing them per forward, so the same bits)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    freqs = torch.arange(positions, device=device, dtype=torch.float32)[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos(), emb.sin()
 

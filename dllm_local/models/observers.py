@@ -2,7 +2,9 @@
 
 The recorder installs a counter and (with a trace) a drift meter on each request's forwards; a
 cache policy that watches where the block's queries look installs a probe. None of them changes
-what the forward computes; the few products they take are part of its time.
+what the forward computes; the few products they take are part of its time. None reads a value
+back inside the forward (a compiled forward is one graph with them); a forward padded to a fixed
+length tells them after it how many of its positions were real (``on_end``).
 """
 from __future__ import annotations
 
@@ -23,7 +25,12 @@ class ForwardCounter(ForwardObserver):
     def on_begin(self, positions, was_valid, live):
         self.positions = positions
         self.recomputed = positions.numel()
-        self.reads = live.sum() - self.recomputed
+        self._live = live.sum()
+        self.reads = self._live - self.recomputed
+
+    def on_end(self, count):
+        self.positions, self.recomputed = self.positions[:count], count
+        self.reads = self._live - count
 
 
 class DriftMeter(ForwardObserver):
@@ -35,18 +42,18 @@ class DriftMeter(ForwardObserver):
         self.n_layers = n_layers
         self._products: list[torch.Tensor] = []
         self._was_valid: torch.Tensor | None = None
-        self._replaces_any = False
 
     def on_begin(self, positions, was_valid, live):
         self._was_valid, self._products = was_valid, []
-        # The first forward (and any over an emptied cache) replaces nothing: its drift is all NaN,
-        # known without the dot products.
-        self._replaces_any = bool(was_valid.any())
 
     def on_write(self, layer, k_rows, v_rows, index, k, v):
-        if self._replaces_any:
-            products = _drift_products(k_rows[:, :, index], k, v_rows[:, :, index], v)
-            self._products.append(products.to(self._was_valid.device, non_blocking=True))
+        # Taken even where nothing was held (the first forward): NaN there, without asking the device.
+        products = _drift_products(k_rows[:, :, index], k, v_rows[:, :, index], v)
+        self._products.append(products.to(self._was_valid.device, non_blocking=True))
+
+    def on_end(self, count):
+        self._was_valid = self._was_valid[:count]
+        self._products = [p[..., :count] for p in self._products]
 
     def cosines(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``[layers, n]`` K and V cosines over the recomputed positions, NaN where the cache held
@@ -66,8 +73,13 @@ class DriftMeter(ForwardObserver):
         if not self._products:
             return torch.full((self.n_layers, 4), float("nan"), device=self._was_valid.device)
         replaced = self._was_valid if shown is None else self._was_valid & shown.to(self._was_valid.device)
-        cos = _cosines(torch.stack(self._products)[..., replaced])  # [layers, 2, replaced]
-        return torch.stack([cos.mean(-1), cos.amin(-1)], -1).flatten(1)
+        cos = _cosines(torch.stack(self._products))  # [layers, 2, n]
+        # Masked reductions, not a gather of the replaced ones: a gather's size is the device's to tell.
+        count = replaced.sum()
+        mean = torch.where(replaced, cos, 0.0).sum(-1) / count  # NaN where none was replaced
+        least = torch.where(replaced, cos, float("inf")).amin(-1)
+        least = torch.where(count > 0, least, float("nan"))
+        return torch.stack([mean, least], -1).flatten(1)
 
 
 class AttentionProbe(ForwardObserver):
@@ -126,16 +138,23 @@ class ExpertsRouted(ForwardObserver):
 
     def __init__(self, n_experts: int) -> None:
         self.n_experts = n_experts
-        self._used: dict[int, torch.Tensor] = {}
+        self._chosen: dict[int, torch.Tensor] = {}
+        self._count: int | None = None
 
     def on_begin(self, positions, was_valid, live):
-        self._used = {}
+        self._chosen, self._count = {}, None
 
     def on_route(self, layer, experts):
-        used = torch.zeros(self.n_experts, dtype=torch.bool, device=experts.device)
-        used[experts.flatten()] = True
-        self._used[layer] = used
+        self._chosen[layer] = experts
+
+    def on_end(self, count):
+        self._count = count
 
     def routed(self) -> dict[str, list[int]]:
         """Layer (as text) -> the distinct experts routed to, ascending; dense layers absent."""
-        return {str(layer): used.nonzero().flatten().tolist() for layer, used in sorted(self._used.items())}
+        out = {}
+        for layer, chosen in sorted(self._chosen.items()):
+            used = torch.zeros(self.n_experts, dtype=torch.bool, device=chosen.device)
+            used[chosen[: self._count].flatten()] = True
+            out[str(layer)] = used.nonzero().flatten().tolist()
+        return out

@@ -12,7 +12,8 @@ from transformers import PreTrainedModel
 
 from .attention import BIDIRECTIONAL, AttentionLayout, ForwardObserver, Segment, begin
 from .cache import CacheFork, CacheView, KVCache
-from .layers import RMSNorm, check_positions, layer_devices, rope_cos_sin
+from ..errors import SequenceTooLongError
+from .layers import RMSNorm, layer_devices, rope_table
 from .protocol import DiffusionLMOutput
 
 
@@ -78,6 +79,14 @@ class LayerStackLM(PreTrainedModel):
         """The requested ``positions``' logits from those of the computed ``run_positions``."""
         return logits
 
+    def rope_table(self, device: torch.device, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotary cos/sin of positions ``0 .. length - 1`` at least, on ``device``: built on
+        first use and rebuilt only for a longer one, kept as plain tensors (not weights)."""
+        tables = self.__dict__.setdefault("_rope_tables", {})
+        if device not in tables or tables[device][0].shape[0] < length:
+            tables[device] = rope_table(length, self.rope_dim(), self.config.rope_theta, device)
+        return tables[device]
+
     # ---------------------------------------------------------------- the cache and the forward
     def new_cache(self, slots: int = 1, max_len: int | None = None) -> KVCache:
         layers, kv_heads, positions, head_dim = self.cache_sizes()
@@ -101,14 +110,31 @@ class LayerStackLM(PreTrainedModel):
         their K/V written, each attending every valid entry the layout allows (``observers``
         watching); ``segments``: several requests packed in one row; without, a full forward.
         ``sequence``: the whole sequence ``[batch, L]``, for a head that reads positions not given."""
+        bound = _positions_bound(input_ids, positions, cache, segments, self.config.max_positions)
         if positions is None:
+            if input_ids.shape[1] > self.config.max_positions:
+                raise SequenceTooLongError(f"sequence of {input_ids.shape[1]} positions is longer than the model's "
+                                           f"maximum of {self.config.max_positions}")
             positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        # Given positions are the caller's to bound (a run checks its length once, as it starts):
+        # reading them back here would stop the host at every forward.
         run_ids, run_positions = self.run_inputs(input_ids, positions, cache, sequence)
-        bounds = check_positions(run_positions, self.config.max_positions)
-        attention = begin(run_positions, bounds, cache, observers, segments, layout or self.layout)
-        rope = rope_cos_sin(run_positions, self.rope_dim(), self.config.rope_theta)
+        attention = begin(run_positions, cache, observers, segments, layout or self.layout)
+        cos, sin = self.rope_table(run_positions.device, bound)
+        rope = cos[run_positions], sin[run_positions]
         x = self.get_input_embeddings()(run_ids)
         for layer in self.stack():
             x = layer(x, rope, attention)
         logits = self.head(self.final_norm()(x))
         return DiffusionLMOutput(logits=self.read_logits(logits, positions, run_positions))
+
+
+def _positions_bound(input_ids: torch.Tensor, positions: torch.Tensor | None, cache: CacheView | CacheFork | None,
+                     segments: list[Segment] | None, max_positions: int) -> int:
+    """A bound on the positions a forward computes, known on the host: its cache's length and sink,
+    else its own length, else (positions given without a cache) the model's maximum."""
+    view = segments[0].cache if segments else cache
+    if view is not None:
+        store = view.parent.store if isinstance(view, CacheFork) else view.store
+        return store.max_len + 1
+    return input_ids.shape[1] if positions is None else max_positions

@@ -1,0 +1,125 @@
+"""``ForwardRunner``: the one way a loaded model's forwards run (see the package's docstring)."""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from ..models.attention import AttentionLayout, ForwardObserver, Segment
+from ..models.cache import CacheFork, CacheView, KVCache
+from ..models.protocol import DiffusionLM
+from .buckets import bucket, pad
+from .modes import compile_forward, graph_skips, resolve_mode
+from .timing import model_gpus, timed
+
+# A session meets a few cache lengths times a few buckets; past dynamo's default of 8 graphs per
+# function it would stop compiling and run eagerly without a word.
+RECOMPILE_LIMIT = 64
+
+
+@dataclass
+class Forward:
+    logits: torch.Tensor  # [rows, n, vocab] at the positions asked for (padding cut off)
+    seconds: float  # device-synchronised
+
+
+class ForwardRunner:
+    """The forwards of one model in one mode (``modes.py``). ``pads``: whether one request's
+    forwards are padded to buckets (``buckets.py``; default: when compiled, whose shapes are fixed).
+    ``shapes``: every (kind, rows, length) run so far; ``notice``: why the mode asked for did not run
+    as asked (None while it does); ``mode``: the mode running now."""
+
+    def __init__(self, model: DiffusionLM, mode: str = "auto", backend: str | Callable | None = None,
+                 pads: bool | None = None) -> None:
+        self.model = model
+        self.asked = mode
+        self.mode = resolve_mode(mode, model.get_input_embeddings().weight.device)
+        self.pads = self.mode != "eager" if pads is None else pads
+        self.backend = backend
+        self.gpus = model_gpus(model)
+        self.notice: str | None = None
+        self.shapes: set[tuple[str, int, int]] = set()
+        self._compiled = None
+        if self.mode != "eager":
+            limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+            setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), RECOMPILE_LIMIT))
+            self._compiled = compile_forward(self._eager, self.mode, backend)
+        self._static: weakref.WeakSet[KVCache] = weakref.WeakSet()
+
+    def _eager(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: CacheView | CacheFork | None,
+               observers: tuple[ForwardObserver, ...], sequence: torch.Tensor | None,
+               layout: AttentionLayout | None) -> torch.Tensor:
+        return self.model(input_ids, positions, cache, observers=observers, sequence=sequence, layout=layout).logits
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: CacheView | CacheFork | None = None,
+                 observers: Sequence[ForwardObserver] = (), sequence: torch.Tensor | None = None,
+                 layout: AttentionLayout | None = None) -> Forward:
+        """One request's forward: ``input_ids`` ``[rows, n]`` at ``positions`` ``[n]`` (sorted) over
+        ``cache`` (or none: a full forward), watched by ``observers``."""
+        n = positions.numel()
+        # A shifted head (Dream) reads each position's predecessor, which a padding row would turn
+        # into a real position: those models run their lengths as they are.
+        padded = self.pads and cache is not None and self.model.packs_requests
+        if padded:
+            view = cache.parent if isinstance(cache, CacheFork) else cache
+            length = bucket(n, view.seq_len)
+            padded = length > n
+            if padded:
+                input_ids, positions, cache = pad(input_ids, positions, cache, length)
+        self.shapes.add((type(cache).__name__, input_ids.shape[0], input_ids.shape[1]))
+        args = (input_ids, positions, cache, tuple(observers), sequence, layout)
+        logits, seconds = timed(lambda: self._run(*args), self.gpus)
+        if padded:
+            logits = logits[:, :n]
+            for observer in observers:
+                observer.on_end(n)
+        return Forward(logits, seconds)
+
+    def packed(self, input_ids: torch.Tensor, positions: torch.Tensor, segments: list[Segment]) -> Forward:
+        """Several requests' positions in one row (a batch's step): run eagerly in every mode, since
+        its length changes with who is in the batch."""
+        logits, seconds = timed(lambda: self.model(input_ids, positions, segments=segments).logits, self.gpus)
+        return Forward(logits, seconds)
+
+    def _run(self, *args) -> torch.Tensor:
+        if self._compiled is None:
+            return self._eager(*args)
+        cache = args[2]
+        if self.mode == "graphs" and cache is not None:
+            self._mark_static(cache.parent.store if isinstance(cache, CacheFork) else cache.store)
+        skips = graph_skips()
+        try:
+            logits = self._compiled(*args)
+        except Exception as error:  # noqa: BLE001 -- any failure to compile: eager, and say why
+            self._fall_back(f"{self.mode} forward failed ({type(error).__name__}: {str(error).splitlines()[0][:200]}); "
+                            f"running eager")
+            return self._eager(*args)
+        if graph_skips() > skips and self.notice is None:
+            self.notice = "CUDA graphs were skipped for a forward (see torch's log): it ran compiled without them"
+        return logits
+
+    def _fall_back(self, notice: str) -> None:
+        self.notice, self.mode, self._compiled = notice, "eager", None
+
+    def _mark_static(self, store: KVCache) -> None:
+        """A graph writes the cache in place: its tensors keep their addresses, so the graph is told."""
+        if store in self._static:
+            return
+        for tensor in (*store.k, *store.v, store.valid):
+            torch._dynamo.mark_static_address(tensor)
+        self._static.add(store)
+
+
+_RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def runner_for(model: DiffusionLM, mode: str = "eager", backend: str | Callable | None = None) -> ForwardRunner:
+    """The runner of ``model`` in ``mode``, kept with the model (a compiled mode's graphs are built
+    once and reused by every run after). ``backend``: the compiler's, where the first call for a
+    mode names one (tests: ``aot_eager``, or a callable that counts the graphs)."""
+    runners = _RUNNERS.setdefault(model, {})
+    if mode not in runners:
+        runners[mode] = ForwardRunner(model, mode, backend)
+    return runners[mode]
