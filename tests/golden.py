@@ -45,13 +45,19 @@ def golden_settings(cache: str, unmask: str, temperature: float, seed: int, rema
                     cache_params=dict(CACHE_PARAMS.get(cache, {})), unmask=unmask, unmask_params=unmask_params, trace="full")
 
 
-def record() -> dict:
+def record(pad_queries: bool = False, prompts: range | None = None) -> dict:
+    """``pad_queries``: every forward padded to its bucket (``dllm_local.runner.buckets``), as a
+    compiled forward runs it, here in eager mode; ``prompts``: which of ``PROMPTS`` (default all)."""
     import dllm_local
+    from dllm_local.runner import runner_for
 
     handle = dllm_local.load(str(FROZEN / "tiny-llada"), device="cpu")
+    runner_for(handle.model, "auto").pads = pad_queries
     guider = dllm_local.load_guider(str(FROZEN / "tiny-guider"), device="cpu")
     out = {}
     for p, (prompt, temperature, seed, remasking) in enumerate(PROMPTS):
+        if prompts is not None and p not in prompts:
+            continue
         for cache, unmask in pairs():
             settings = golden_settings(cache, unmask, temperature, seed, remasking)
             result = dllm_local.generate(handle, prompt, settings, guider)

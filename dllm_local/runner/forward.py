@@ -93,8 +93,7 @@ class ForwardRunner:
         try:
             logits = self._compiled(*args)
         except Exception as error:  # noqa: BLE001 -- any failure to compile: eager, and say why
-            self._fall_back(f"{self.mode} forward failed ({type(error).__name__}: {str(error).splitlines()[0][:200]}); "
-                            f"running eager")
+            self._fall_back(f"{self.mode} forward failed ({_root_cause(error)}); running eager")
             return self._eager(*args)
         if graph_skips() > skips and self.notice is None:
             self.notice = "CUDA graphs were skipped for a forward (see torch's log): it ran compiled without them"
@@ -110,6 +109,14 @@ class ForwardRunner:
         for tensor in (*store.k, *store.v, store.valid):
             torch._dynamo.mark_static_address(tensor)
         self._static.add(store)
+
+
+def _root_cause(error: BaseException) -> str:
+    """The innermost cause of a compiler's error (dynamo wraps the backend's), in one short line."""
+    while (inner := getattr(error, "inner_exception", None) or error.__cause__) is not None:
+        error = inner
+    lines = str(error).strip().splitlines() or [""]
+    return f"{type(error).__name__}: {lines[0][:200]}"
 
 
 _RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
