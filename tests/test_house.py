@@ -38,6 +38,7 @@ LAYERS = {
     "dllm_local.decoding.recorder": 6,          # one Step per step -> the trace
     "dllm_local.canvas.watch": 6,               # hooks that read a canvas model's decoder for the trace
     "dllm_local.policies": 7,                   # cache and unmasking behaviour, the decoding state they read
+    "dllm_local.runner": 7,                     # every forward of a model: timing, buckets, eager / compiled / graphs
     "dllm_local.models": 8,                     # families, KV cache, loader
     "dllm_local.models.attention": 8,           # a forward's attention: the model's layout, the cache writes, the observers
     "dllm_local.models.observers": 8,           # instruments of the forward: counts, KV drift, an attention probe

@@ -6,11 +6,9 @@ and the forward's ``AttentionLayout``; each layer then calls it with its fresh Q
 into each request's slot, attends each request's queries over its own valid entries as its layout allows, and
 lets the observers see the forward (before each write, and each layer's queries and keys). Several segments are
 packed one after another in the forward's one row (``[n_1 + n_2 + ...]``): every matmul runs on exactly the
-positions the requests compute, with no padding; only attention lays the queries out by request.
-
-Nothing here reads a value back from the device: writes go through position tensors (``index_copy_``),
-masks are built on the device, and the bounds are the run's to check once. So a forward queues its
-kernels without waiting, and compiles (``torch.compile(fullgraph=True)``) to one graph.
+positions the requests compute, with no padding; only attention lays the queries out by request. Nothing
+here reads a value back from the device (writes by position tensor, masks built there, bounds the run's to
+check once): a forward queues its kernels without waiting and compiles to one graph.
 """
 from __future__ import annotations
 
@@ -287,8 +285,7 @@ def begin(positions: torch.Tensor, cache: CacheView | CacheFork | None, observer
     return Attention(positions, segments, layout)
 
 
-def _key_positions(live: torch.Tensor) -> torch.Tensor:
-    """The position of each key column of a cache: its index."""
+def _key_positions(live: torch.Tensor) -> torch.Tensor:  # the position of each key column of a cache: its index
     return torch.arange(live.shape[-1], device=live.device)
 
 

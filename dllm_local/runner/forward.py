@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
+from torch._dynamo.exc import BackendCompilerFailed
 
 from ..models.attention import AttentionLayout, ForwardObserver, Segment
 from ..models.cache import CacheFork, CacheView, KVCache
@@ -43,8 +44,7 @@ class ForwardRunner:
         self.shapes: set[tuple[str, int, int]] = set()
         self._compiled = None
         if self.mode != "eager":
-            limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
-            setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), RECOMPILE_LIMIT))
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
             self._compiled = compile_forward(self._eager, self.mode, backend)
         self._static: weakref.WeakSet[KVCache] = weakref.WeakSet()
 
@@ -113,8 +113,8 @@ class ForwardRunner:
 
 def _root_cause(error: BaseException) -> str:
     """The innermost cause of a compiler's error (dynamo wraps the backend's), in one short line."""
-    while (inner := getattr(error, "inner_exception", None) or error.__cause__) is not None:
-        error = inner
+    while isinstance(error, BackendCompilerFailed) or error.__cause__ is not None:
+        error = error.inner_exception if isinstance(error, BackendCompilerFailed) else error.__cause__
     lines = str(error).strip().splitlines() or [""]
     return f"{type(error).__name__}: {lines[0][:200]}"
 
