@@ -1,12 +1,17 @@
 """Speed and trace overhead of this tree against an earlier revision, side by side in one run.
 
     python bench/before_after.py --base c502180 [--rounds 4] [--runs 3]
+    python bench/before_after.py --modes [--runs 3]     # this tree: eager against compiled, one process
 
 The earlier revision is checked out in a temporary git worktree. Each round runs one process per
 tree (their order alternating, so a noisy machine slows both alike); each process loads the tiny
 model, warms up, then times ``generate`` ``--runs`` times for every case, interleaved. The table
 gives the median over rounds of each process's median, the ratio after/before, whether both trees
 gave the same tokens, and each tree's trace overhead (summary and full against trace off).
+
+``--modes`` compares the forward modes of this tree instead (``dllm_local/runner/modes.py``), in one
+process, their runs interleaved: each case's first run (a compiled mode's compiling included, the
+price a user pays once per shape), the median of the runs after it, and whether the tokens agree.
 """
 from __future__ import annotations
 
@@ -53,9 +58,51 @@ def measure(runs: int) -> dict:
     return {"seconds": {name: statistics.median(t) for name, t in times.items()}, "tokens": tokens}
 
 
+MODES = ("eager", "compiled")
+
+
+def measure_modes(runs: int) -> None:
+    """Print each case's first and steady run per forward mode, side by side."""
+    import torch
+
+    import dllm_local
+    from dllm_local import Settings
+    from dllm_local.tiny.tasks import make_problems
+
+    torch.set_num_threads(1)
+    handle = dllm_local.load("tiny")
+    prompt = make_problems("arithmetic", 1, 1000)[0].prompt
+    cases = {name: case for name, case in CASES.items() if case["trace"] != "full"}
+    first: dict[tuple[str, str], float] = {}
+    times: dict[tuple[str, str], list[float]] = {(c, m): [] for c in cases for m in MODES}
+    tokens: dict[tuple[str, str], list[int]] = {}
+    for r in range(runs + 1):
+        for case, settings in cases.items():
+            for mode in MODES:
+                s = Settings.from_dict({"gen_length": 128, "block_size": 32, **settings, "forward_mode": mode})
+                t = time.perf_counter()
+                result = dllm_local.generate(handle, prompt, s)
+                seconds = time.perf_counter() - t
+                if r == 0:
+                    first[case, mode], tokens[case, mode] = seconds, result.token_ids
+                    if result.stats.forward_notice:
+                        print(f"{case} {mode}: {result.stats.forward_notice}", file=sys.stderr)
+                else:
+                    times[case, mode].append(seconds)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); tiny model, gen 128, block 32; "
+          f"median of {runs} runs after the first")
+    print(f"{'case':26} {'eager first s':>13} {'compiled first s':>16} {'eager s':>8} {'compiled s':>10} "
+          f"{'compiled/eager':>14}  same tokens")
+    for case in cases:
+        e, c = (statistics.median(times[case, m]) for m in MODES)
+        print(f"{case:26} {first[case, 'eager']:13.2f} {first[case, 'compiled']:16.2f} {e:8.3f} {c:10.3f} "
+              f"{c / e:14.3f}  {tokens[case, 'eager'] == tokens[case, 'compiled']}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--base", required=True, help="the earlier revision (any git revision)")
+    ap.add_argument("--base", help="the earlier revision (any git revision)")
+    ap.add_argument("--modes", action="store_true", help="compare this tree's forward modes instead")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--measure", help=argparse.SUPPRESS)  # a worker: measure the tree at this path
@@ -64,6 +111,12 @@ def main() -> None:
         sys.path.insert(0, args.measure)
         print(json.dumps(measure(args.runs)))
         return
+    if args.modes:
+        sys.path.insert(0, str(ROOT))
+        measure_modes(args.runs)
+        return
+    if not args.base:
+        ap.error("--base REVISION, or --modes")
     with tempfile.TemporaryDirectory() as scratch:
         base = Path(scratch) / "base"
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(base), args.base], check=True)

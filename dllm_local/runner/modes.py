@@ -2,9 +2,11 @@
 
 - ``eager``: the model's Python forward, op by op. Every op costs the host ~15-20 µs on a GPU, which
   is most of a small step's time there (``docs/performance.md``).
-- ``compiled``: ``torch.compile(fullgraph=True, dynamic=False)``: the forward is one graph (the model
-  reads nothing back from the device), inductor fuses its pointwise ops (norms, rotary, residuals)
-  into a few kernels. One compile per bucket of query lengths (``buckets.py``).
+- ``compiled``: ``torch.compile(fullgraph=True)``: the forward is one graph (the model reads nothing
+  back from the device), inductor fuses its pointwise ops (norms, rotary, residuals) into a few
+  kernels. The first shape compiles a graph for it; a second length of the same forward compiles one
+  generic in that length (dynamo's automatic dynamic shapes), which every later length reuses: a new
+  prompt length costs no compile after the first few.
 - ``graphs``: the compiled forward replayed as a CUDA graph (inductor's ``reduce-overhead``): the
   host issues one launch per forward instead of one per kernel. The KV cache is marked as a static
   address, so a graph writes the cache in place instead of copying it.
@@ -33,7 +35,7 @@ def compile_forward(forward: Callable, mode: str, backend: str | Callable | None
     """``forward`` compiled as one graph; with CUDA graphs for ``graphs``. ``backend``: inductor
     unless named (tests check the graph with ``aot_eager``, which compiles in seconds)."""
     options = {"mode": "reduce-overhead"} if mode == "graphs" and backend in (None, "inductor") else {}
-    return torch.compile(forward, fullgraph=True, dynamic=False, backend=backend or "inductor", **options)
+    return torch.compile(forward, fullgraph=True, backend=backend or "inductor", **options)
 
 
 def graph_skips() -> int:
