@@ -68,6 +68,7 @@ class Run:
         self._stop = threading.Event()
         self.result: Result | None = None
         self.cache: CacheView | None = None
+        self._owns_cache = False
         self.recorder: Recorder | None = None
         # The current step's forward: its positions and logits, read by current_probabilities.
         self.positions: torch.Tensor | None = None
@@ -90,6 +91,9 @@ class Run:
     def release(self) -> None:
         """Drop the run's device tensors (its KV cache views, and the model calls holding one); the
         result and trace stay."""
+        if self.cache is not None and self._owns_cache:
+            with torch.inference_mode():  # its tensors were made there
+                self.cache.store.free(self.cache)  # its slot goes back to the runner's pool, emptied
         self.cache = self._cache_access = self.calls = self.positions = self.logits = None
         if self.recorder is not None:
             self.recorder.shadow = None
@@ -201,7 +205,8 @@ class Run:
         self.state = DecodeState(x, P, G, s.block_size, h.mask_id, steps_per_block, blocks_from=self.blocks_from)
         self.state.window = self.cache_policy.window(self.state, h.eos_id)
         self.runner = runner_for(h.model, s.forward_mode)
-        self.cache = cache if cache is not None else h.model.new_cache(1, L).alloc(L)
+        self._owns_cache = cache is None  # else a batch's slot, which the batch frees
+        self.cache = cache if cache is not None else self.runner.new_cache(1, L).alloc(L)
         self._cache_access = CacheAccess(self.cache, L)
         self.cache_policy.reset(self.state, self._cache_access, h.model)
         self.unmask_policy.start_block(self.state)
@@ -335,6 +340,9 @@ def stream(handle: ModelHandle, prompt: Prompt, settings: Settings | None = None
 def generate(handle: ModelHandle, prompt: Prompt, settings: Settings | None = None, guider: GuiderHandle | None = None,
              branch: Branch | None = None) -> Result:
     run = stream(handle, prompt, settings, guider, branch)
-    for _ in run:
-        pass
+    try:
+        for _ in run:
+            pass
+    finally:
+        run.release()
     return run.result

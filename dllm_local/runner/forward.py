@@ -18,6 +18,7 @@ from .timing import model_gpus, timed
 # A session meets a few cache lengths times a few buckets; past dynamo's default of 8 graphs per
 # function it would stop compiling and run eagerly without a word.
 RECOMPILE_LIMIT = 64
+POOLED = 2  # caches kept for reuse: a CUDA graph replays on the addresses it was captured with
 
 
 @dataclass
@@ -47,6 +48,19 @@ class ForwardRunner:
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
             self._compiled = compile_forward(self._eager, self.mode, backend)
         self._static: weakref.WeakSet[KVCache] = weakref.WeakSet()
+        self._pool: list[KVCache] = []  # most recently used last
+
+    def new_cache(self, slots: int, max_len: int) -> KVCache:
+        """A KV cache for a run: the last one of this shape when every slot of it was freed (a graph
+        captured over it replays as it is, without a new capture), else a new one."""
+        for store in reversed(self._pool):
+            if store.slots == slots and store.max_len == max_len and store.in_use == 0:
+                self._pool.remove(store)
+                self._pool.append(store)
+                return store
+        store = self.model.new_cache(slots, max_len)
+        self._pool = [*self._pool, store][-POOLED:]
+        return store
 
     def _eager(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: CacheView | CacheFork | None,
                observers: tuple[ForwardObserver, ...], sequence: torch.Tensor | None,
