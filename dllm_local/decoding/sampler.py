@@ -146,6 +146,14 @@ class Run:
         the block's masks, found in one pass."""
         state = self.state
         self._plan = self.cache_policy.plan(state, self._cache_access)
+        span = self._plan.span
+        if state.window is None and span is not None:
+            lo, hi = self.cache_policy.decodable(state) or (state.block_start, state.block_end)
+            if span[0] <= lo and hi <= span[1]:  # the plan holds the block: its positions, known on the host
+                self._decodable = torch.zeros(state.total_len, dtype=torch.bool, device=state.x.device)
+                self._decodable[lo:hi] = state.masked[lo:hi]
+                self.positions = self._plan.positions
+                return self.positions
         computed = torch.zeros(state.total_len, dtype=torch.bool, device=state.x.device)
         computed[self._plan.positions] = True
         self._decodable = torch.zeros_like(computed)

@@ -17,6 +17,9 @@ from .layers import RMSNorm, layer_devices, rope_table
 from .protocol import DiffusionLMOutput
 
 
+ROPE_ROWS = 16384  # 16 MB of float32 cos and sin at head dim 128
+
+
 class LayerStackLM(PreTrainedModel):
     """By default ``self.model`` holds ``embed_tokens`` (or the family's name for it,
     ``get_input_embeddings``), ``layers`` and ``norm``; ``self.lm_head`` the output head. A family
@@ -80,11 +83,15 @@ class LayerStackLM(PreTrainedModel):
         return logits
 
     def rope_table(self, device: torch.device, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rotary cos/sin of positions ``0 .. length - 1`` at least, on ``device``: built on
-        first use and rebuilt only for a longer one, kept as plain tensors (not weights)."""
+        """The rotary cos/sin of positions ``0 .. length - 1`` at least, on ``device``, kept as plain
+        tensors (not weights). Built once for every position the model takes (and a cache's sink),
+        where that is at most ``ROPE_ROWS``; past it (Dream's 131,072) in powers of two, rebuilt only
+        for a longer forward: a compiled forward is specialised to the table's size."""
         tables = self.__dict__.setdefault("_rope_tables", {})
         if device not in tables or tables[device][0].shape[0] < length:
-            tables[device] = rope_table(length, self.rope_dim(), self.config.rope_theta, device)
+            every = self.config.max_positions + 1
+            rows = every if every <= ROPE_ROWS else max(ROPE_ROWS, 1 << (length - 1).bit_length())
+            tables[device] = rope_table(max(rows, length), self.rope_dim(), self.config.rope_theta, device)
         return tables[device]
 
     # ---------------------------------------------------------------- the cache and the forward

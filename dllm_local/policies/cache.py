@@ -20,6 +20,12 @@ from .base import CacheAccess, DecodeState, Policy, StepSignals, Window
 class Plan:
     positions: torch.Tensor
     full: bool  # every position recomputed: a refresh
+    span: tuple[int, int] | None = None  # the positions are range(*span): the run needs not ask the device
+
+    @classmethod
+    def over(cls, start: int, end: int, device: torch.device, full: bool = False) -> "Plan":
+        """Positions ``start`` to ``end`` - 1, known on the host."""
+        return cls(torch.arange(start, end, device=device), full, (start, end))
 
 
 class CachePolicy(Policy):
@@ -84,7 +90,7 @@ class CachePolicy(Policy):
 
 
 def _full(state: DecodeState) -> Plan:
-    return Plan(state.all_positions(), True)
+    return Plan.over(0, state.total_len, state.x.device, full=True)
 
 
 def _refresh_due(state: DecodeState, refresh_every: int) -> bool:
@@ -136,8 +142,8 @@ class BlockCache(CachePolicy):
         if self.sub_block is not None and self.sub_block_cache and state.step_in_block:
             start, end = self.decodable(state)
             if not bool(state.masked[start]):  # a shifted head recomputes ``start`` itself, for the next one
-                return Plan(torch.arange(start + self._shifted, end, device=state.x.device), False)
-        return Plan(state.block_positions(), False)
+                return Plan.over(start + self._shifted, end, state.x.device)
+        return Plan.over(state.block_start, state.block_end, state.x.device)
 
 
 class PrefixCache(CachePolicy):
@@ -146,7 +152,7 @@ class PrefixCache(CachePolicy):
     def plan(self, state, cache):
         if _refresh_due(state, self.refresh_every):
             return _full(state)
-        return Plan(torch.arange(state.block_start, state.total_len, device=state.x.device), False)
+        return Plan.over(state.block_start, state.total_len, state.x.device)
 
 
 class DualCache(CachePolicy):
@@ -155,7 +161,7 @@ class DualCache(CachePolicy):
     def plan(self, state, cache):
         if _refresh_due(state, self.refresh_every):
             return _full(state)
-        return Plan(state.block_positions(), False)
+        return Plan.over(state.block_start, state.block_end, state.x.device)
 
 
 class FreeCache(CachePolicy):

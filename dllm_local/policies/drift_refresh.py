@@ -35,12 +35,12 @@ class DriftRefresh(CachePolicy):
     def plan(self, state, cache):
         self._probe.queries = state.block_positions()
         self._full = state.step_in_block == 0 or self._refresh_next
-        return _full(state) if self._full else Plan(state.block_positions(), False)
+        return _full(state) if self._full else Plan.over(state.block_start, state.block_end, state.x.device)
 
     def observe(self, state, cache, signals):
         mass = self._probe.mass
         if self._full:
-            self._reference, self._drift = mass, None
+            self._reference, self._drift = mass.clone(), None  # kept past this forward, whose outputs a CUDA graph reuses
             self._refresh_next = self.gamma >= 1
             return
         top = torch.topk(self._reference, min(self.top_k, self._reference.numel())).indices

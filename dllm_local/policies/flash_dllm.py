@@ -80,7 +80,7 @@ class FlashCache(CachePolicy):
         decoded = window.decoded_order()
         if state.step == 0 or self.track_num < 0:  # everything recomputed: the decoded positions too
             self._tracked = decoded.clone() if state.step else state.x.new_zeros(0)
-            return Plan(state.all_positions(), True)
+            return Plan.over(0, state.total_len, state.x.device, full=True)
         self._tracked = decoded[max(0, decoded.numel() - self.track_num * state.block_size):].clone()
         upcoming = window.undecoded_after_window((self.mask_num - 1) * state.block_size)
         return Plan(torch.cat([self._tracked, upcoming]), False)
