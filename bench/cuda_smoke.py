@@ -237,9 +237,14 @@ def counting_syncs(device: torch.device) -> Iterator[Counter]:
             torch.cuda.set_sync_debug_mode(0)
 
 
+# The host's calls that put work on the GPU: a kernel each, or a whole CUDA graph.
+LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch")
+
+
 def profile_step(it: Iterator, device: torch.device) -> dict:
     """One step of a run under torch.profiler: kernels per forward, GPU busy time against the
-    step's wall time (a step far above its GPU time is bound by launches and host syncs)."""
+    step's wall time (a step far above its GPU time is bound by launches and host syncs), and
+    ``issue_ms``, the host's time from the step's first launch to its last (0 on the CPU)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -254,10 +259,12 @@ def profile_step(it: Iterator, device: torch.device) -> dict:
                                                            "cudaDeviceSynchronize", "cudaMemcpyAsync", "cudaLaunchKernelExC"))
     ops = sum(1 for e in events if e.device_type == DeviceType.CPU and e.name.startswith("aten::"))
     gpu_ms = sum(e.time_range.elapsed_us() for e in kernels) / 1e3
+    launches = [e.time_range for e in events if e.device_type == DeviceType.CPU and e.name in LAUNCHES]
+    issue_ms = (max(r.end for r in launches) - min(r.start for r in launches)) / 1e3 if launches else 0.0
     forwards = max(1, record.forwards)
     return {"forwards": record.forwards, "G": record.g, "kernels": len(kernels), "kernels_per_forward": len(kernels) / forwards,
-            "aten_ops": ops, "gpu_busy_ms": round(gpu_ms, 3), "wall_ms": round(wall_ms, 3), "model_ms": record.model_ms,
-            "runtime_calls": dict(runtime)}
+            "aten_ops": ops, "gpu_busy_ms": round(gpu_ms, 3), "issue_ms": round(issue_ms, 3), "wall_ms": round(wall_ms, 3),
+            "model_ms": record.model_ms, "runtime_calls": dict(runtime)}
 
 
 def step_probe(handle, settings: Settings, device: torch.device, max_steps: int = 4) -> dict:

@@ -266,6 +266,18 @@ def middle_block_steps(handle: ModelHandle, settings: Settings, prompt: str, tim
     return steps
 
 
+def policy_settings(policy: str, gen: int, block: int, repeats: int, **changes) -> Settings:
+    """A policy row's settings: the fixed schedule with ``repeats + 1`` steps per block (the middle
+    block reached in few forwards; the cache policy alone decides what a step recomputes), or, for a
+    sliding window, which takes no fixed schedule, threshold 1 (near one token per step); trace off.
+    ``changes``: other settings (a forward mode)."""
+    slides = registry.CACHE[policy].slides
+    return Settings(gen_length=gen, block_size=block, cache=policy, trace="off",
+                    steps=None if slides else min(gen, (repeats + 1) * (gen // block)),
+                    unmask="threshold" if slides else "fixed", unmask_params={"threshold": 1.0} if slides else {},
+                    **changes)
+
+
 def policy_rows(handle: ModelHandle, label: str, lengths: list[int], prompt: int, block: int, repeats: int,
                 profile: DeviceProfile, policies: tuple[str, ...] | None = None) -> list[dict]:
     """One row per cache policy and length: the middle block's first step and the median of its
@@ -282,10 +294,7 @@ def policy_rows(handle: ModelHandle, label: str, lengths: list[int], prompt: int
     rows = []
     for gen in lengths:
         for policy in policies or tuple(registry.for_model("masked", registry.CACHE)):
-            slides = registry.CACHE[policy].slides  # a sliding window takes no fixed schedule: tau 1, near one per step
-            settings = Settings(gen_length=gen, block_size=block, cache=policy, trace="off",
-                                steps=None if slides else min(gen, (repeats + 1) * (gen // block)),
-                                unmask="threshold" if slides else "fixed", unmask_params={"threshold": 1.0} if slides else {})
+            settings = policy_settings(policy, gen, block, repeats)
             _reset_peak(device)
             with BlockTimer(model) as timer:
                 steps = middle_block_steps(handle, settings, text, timer, repeats + 1)
