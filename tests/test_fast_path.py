@@ -125,9 +125,17 @@ class GraphCounter:
         return graph.forward
 
 
-def _decoded(result) -> list:
-    return [result.token_ids, [[c[:2] for c in s.committed] for s in result.trace.steps],
-            [[c[2] for c in s.committed] for s in result.trace.steps]]
+def _compiled_as_eager(handle, settings: Settings):
+    """The run in eager and in compiled mode, checked alike: the same tokens and commits, the
+    confidences within float32's reach; the compiled run's result."""
+    eager = dllm_local.generate(handle, PROMPT, settings)
+    fast = dllm_local.generate(handle, PROMPT, settings.with_(forward_mode="compiled"))
+    assert fast.stats.forward_mode == "compiled" and fast.stats.forward_notice == ""
+    assert fast.token_ids == eager.token_ids
+    for want, got in zip(eager.trace.steps, fast.trace.steps, strict=True):
+        assert [c[:2] for c in got.committed] == [c[:2] for c in want.committed]
+        assert [c[2] for c in got.committed] == pytest.approx([c[2] for c in want.committed], abs=1e-5)
+    return fast
 
 
 @pytest.mark.parametrize("cache", ["dual", "prefix", "flash"])
@@ -137,12 +145,7 @@ def test_compiled_decodes_as_eager_and_compiles_once_per_shape(cache):
     counter = GraphCounter()
     compiled = runner_for(handle.model, "compiled", backend=counter)
     settings = _settings(cache, gen_length=128)
-    eager = dllm_local.generate(handle, PROMPT, settings)
-    fast = dllm_local.generate(handle, PROMPT, settings.with_(forward_mode="compiled"))
-    assert fast.stats.forward_mode == "compiled" and fast.stats.forward_notice == ""
-    want, got = _decoded(eager), _decoded(fast)
-    assert got[:2] == want[:2]
-    assert sum(got[2], []) == pytest.approx(sum(want[2], []), abs=1e-5)
+    fast = _compiled_as_eager(handle, settings)
     # At most a graph per shape the run met (a second length compiles one generic in it), none per
     # block: a DualCache run's two shapes are two graphs, however many blocks.
     assert counter.graphs <= len(compiled.shapes)
@@ -164,13 +167,7 @@ def test_compiled_decodes_as_eager_and_compiles_once_per_shape(cache):
 def test_inductor_compiles_a_dual_run_that_decodes_as_eager():
     handle = dllm_local.load("tiny")
     torch._dynamo.reset()
-    settings = _settings("dual", gen_length=64)
-    eager = dllm_local.generate(handle, PROMPT, settings)
-    fast = dllm_local.generate(handle, PROMPT, settings.with_(forward_mode="compiled"))
-    assert fast.stats.forward_mode == "compiled" and fast.stats.forward_notice == ""
-    want, got = _decoded(eager), _decoded(fast)
-    assert got[:2] == want[:2]
-    assert sum(got[2], []) == pytest.approx(sum(want[2], []), abs=1e-5)
+    _compiled_as_eager(handle, _settings("dual", gen_length=64))
 
 
 @pytest.mark.parametrize("cache, most", [("dual", {"CacheView": 2}), ("prefix", {"CacheView": 5}),

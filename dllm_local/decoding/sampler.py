@@ -145,27 +145,22 @@ class Run:
         """1. plan: the positions this step's forward computes (sorted), the cache policy's and
         the block's masks, found in one pass."""
         state = self.state
-        self._plan = self.cache_policy.plan(state, self._cache_access)
-        span = self._plan.span
-        if state.window is None and span is not None:
-            lo, hi = self.cache_policy.decodable(state) or (state.block_start, state.block_end)
-            if span[0] <= lo and hi <= span[1]:  # the plan holds the block: its positions, known on the host
-                self._decodable = torch.zeros(state.total_len, dtype=torch.bool, device=state.x.device)
-                self._decodable[lo:hi] = state.masked[lo:hi]
-                self.positions = self._plan.positions
-                return self.positions
-        computed = torch.zeros(state.total_len, dtype=torch.bool, device=state.x.device)
-        computed[self._plan.positions] = True
-        self._decodable = torch.zeros_like(computed)
+        plan = self._plan = self.cache_policy.plan(state, self._cache_access)
+        decodable = torch.zeros(state.total_len, dtype=torch.bool, device=state.x.device)
+        lo, hi = (0, 0) if state.window is not None else self.cache_policy.decodable(state) or (state.block_start,
+                                                                                              state.block_end)
+        decodable[lo:hi] = state.masked[lo:hi]
         if state.window is not None:
-            self._decodable[state.window.positions()] = True
-            computed |= self._decodable
-            self._decodable[state.window.length :] = False  # past the answer's length: scored, never committed
+            decodable[state.window.positions()] = True
+        if state.window is None and plan.span is not None and plan.span[0] <= lo and hi <= plan.span[1]:
+            self.positions = plan.positions  # the plan holds the block: its positions, known on the host
         else:
-            block = slice(*(self.cache_policy.decodable(state) or (state.block_start, state.block_end)))
-            self._decodable[block] = state.masked[block]
-            computed |= self._decodable
-        self.positions = computed.nonzero().flatten()
+            computed = decodable.clone()
+            computed[plan.positions] = True
+            self.positions = computed.nonzero().flatten()
+        if state.window is not None:
+            decodable[state.window.length :] = False  # past the answer's length: scored, never committed
+        self._decodable = decodable
         return self.positions
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:

@@ -42,7 +42,9 @@ class WindowAttention(ForwardObserver):
         self._rows: torch.Tensor | None = None
 
     def on_begin(self, positions, was_valid, live):
-        self.scores.zero_()
+        # A new tensor each forward, summed out of place: a CUDA graph captures no write to a buffer
+        # that lives outside it.
+        self.scores = torch.zeros_like(self.scores)
         self._rows = torch.searchsorted(positions, self.window.to(positions.device))  # the positions are sorted
 
     def on_attend(self, layer, q, keys, key_mask):
@@ -52,7 +54,8 @@ class WindowAttention(ForwardObserver):
         if keys.shape[1] != q.shape[1]:  # grouped K/V heads
             keys = keys.repeat_interleave(q.shape[1] // keys.shape[1], dim=1)
         raw = torch.matmul(q, keys.float().transpose(-1, -2))  # [1, heads, window, keys]
-        self.scores[: raw.shape[-1]] += raw.mean(dim=(0, 1, 2)).to(self.scores.device)
+        mean = raw.mean(dim=(0, 1, 2)).to(self.scores.device)
+        self.scores = self.scores + torch.nn.functional.pad(mean, (0, self.scores.shape[-1] - mean.shape[-1]))
 
 
 class FlashCache(CachePolicy):
