@@ -280,7 +280,12 @@ def model(kind: object) -> st.SearchStrategy:
     named = st.fixed_dictionaries({}, optional={
         "name": st.just("tiny") | TEXT, "stop_ids": st.lists(TOKEN, max_size=3), "quantized_modules": st.lists(TEXT, max_size=2),
         "canvas_defaults": st.dictionaries(TEXT, SCALAR, max_size=2), "experts": st.sampled_from([8, 64]) | SCALAR,
-        "active_experts": st.sampled_from([2, 8]) | SCALAR, "canvas_length": SCALAR, "block_size": SCALAR})
+        "active_experts": st.sampled_from([2, 8]) | SCALAR, "canvas_length": SCALAR, "block_size": SCALAR,
+        # What the cost panel's measured steps read: the device, the GPU by name, the model's size.
+        "device": st.sampled_from(["cpu", "cuda:0"]) | SCALAR,
+        "gpu_name": st.sampled_from(["NVIDIA H100 80GB HBM3", "Tesla T4"]) | SCALAR,
+        "weight_read_mb": st.sampled_from([10.7, 0.0]) | SCALAR,
+        "arithmetic_parameters": st.sampled_from([2_804_160, -1]) | SCALAR})
     return st.builds(lambda e, m: {**e, **m, **({"kind": kind} if kind is not None else {})}, extra, named)
 
 

@@ -4,9 +4,10 @@ the rest one at a time.
 1. Requests arrive on the pipe as ``(request_id, method, kwargs, options)``; a reader thread
    queues them and acts on a ``stop`` at once (the main thread may be deep in a sweep).
 2. They wait in arrival order; a lecturer's (``options["first"]``) goes ahead of the waiting ones.
-3. A run the batch can take (a LLaDA-family model; no exact drift, no guider, not ``alone``)
-   joins the batch: it takes a free slot of ``slots``, or waits for one, and is told its place
-   in line (``{"queued": n}``) whenever it changes. Its first forward is packed with the others'.
+3. A run the batch can take (a LLaDA-family model; no exact drift, no guider, no compiled or
+   graphs forward mode named, not ``alone``) joins the batch: it takes a free slot of ``slots``, or
+   waits for one, and is told its place in line (``{"queued": n}``) whenever it changes. Its first
+   forward is packed with the others'.
 4. Anything else (a sweep, a model switch, a run timed alone, a lecturer's run longer than a
    lab's slots) waits until the batch has drained,
    then has the engine to itself; runs behind it wait for it.
@@ -139,7 +140,9 @@ class Scheduler:
         handle, settings = self.engine.handle, request.kwargs.get("settings")
         if request.method != "run" or request.options.get("alone") or not kinds.get(handle.kind).shares_batch:
             return False
-        return handle.model.packs_requests and not settings.exact_drift and not settings.unmask_spec.needs_guider
+        # A run that names a compiled mode runs alone: the batch's packed forward runs eager in every mode.
+        return (handle.model.packs_requests and not settings.exact_drift and not settings.unmask_spec.needs_guider
+                and settings.forward_mode not in ("compiled", "graphs"))
 
     def _apply_stops(self) -> None:
         with self.lock:

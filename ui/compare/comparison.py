@@ -36,6 +36,15 @@ def answers_compared(trace_a: Trace, trace_b: Trace) -> dict:
             "first_difference": differing[0] if differing else None}
 
 
+def forward_ran(trace: Trace) -> str:
+    """The mode the run's forwards ran in, and why it is not the one asked for when it is not (a
+    fallback to eager): a side that asked for compiled and ran eager is timed as eager. "—": a trace
+    that does not say."""
+    stats = trace.get("stats") or {}
+    mode, notice = stats.get("forward_mode"), stats.get("forward_notice")
+    return "—" if not mode else f"{mode} (⚠ {notice})" if notice else str(mode)
+
+
 def compare(trace_a: Trace, trace_b: Trace, repeats_a: Sequence[Trace] = (), repeats_b: Sequence[Trace] = ()) -> dict:
     """How run b compares with run a (e.g. a = no cache, b = cached).
 
@@ -43,8 +52,9 @@ def compare(trace_a: Trace, trace_b: Trace, repeats_a: Sequence[Trace] = (), rep
     ``repeats_b`` the timed repeats of each side's settings (default: the shown run alone).
 
     Keys: per side (``_a``/``_b``): ``answer``, ``length`` (answer positions: the generation
-    length), ``nfe``, ``tau``, ``content_tau``, ``repeats`` (timed runs), ``timing`` (a
-    :func:`~ui.parts.timing.spread` per ``TIMED`` number), ``wall_s`` and ``model_s`` (their medians)
+    length), ``nfe``, ``tau``, ``content_tau``, ``forward`` (:func:`forward_ran`), ``repeats`` (timed
+    runs), ``timing`` (a :func:`~ui.parts.timing.spread` per ``TIMED`` number), ``wall_s`` and
+    ``model_s`` (their medians)
     and ``same_tokens`` (every repeat committed the shown run's final tokens: the times are of
     the same work); ``same_length``; ``speed_wall`` and ``speed_model`` (:func:`~ui.parts.timing.speedup`
     of B over A, its verdict "different lengths" and no ratio when ``same_length`` is False);
@@ -58,7 +68,8 @@ def compare(trace_a: Trace, trace_b: Trace, repeats_a: Sequence[Trace] = (), rep
         timing = {key: spread(values) for key, values in times[side].items()}
         result.update({f"answer_{side}": trace.get("text", ""), f"length_{side}": answer_length(trace),
                        f"nfe_{side}": shown["nfe"], f"tau_{side}": shown["tau"],
-                       f"content_tau_{side}": shown["content_tau"], f"repeats_{side}": len(runs),
+                       f"content_tau_{side}": shown["content_tau"], f"forward_{side}": forward_ran(trace),
+                       f"repeats_{side}": len(runs),
                        f"timing_{side}": timing, f"wall_s_{side}": timing["wall_s"]["median"],
                        f"model_s_{side}": timing["model_s"]["median"],
                        f"same_tokens_{side}": all(r.get("final_ids") == trace.get("final_ids") for r in repeats)})
@@ -87,6 +98,7 @@ def compare_html(result: dict) -> str:
     rows = [
         ("answer", (result["answer_a"], result["answer_b"])),
         ("generation length", pair("length", "d")),
+        ("forward mode (ran)", (result["forward_a"], result["forward_b"])),
         ("wall time", timed("wall_s", ".3f", " s")),
         ("model time", timed("model_s", ".3f", " s")),
         ("speed (answer tokens / s, model time)", timed("content_tokens_per_s", ".1f")),

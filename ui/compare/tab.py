@@ -26,7 +26,8 @@ from ..parts.presets import CURRENT_RUN
 from ..run.tab import RunTab
 from ..parts.timing import ALPHA, MAX_REPEATS, MIN_REPEATS, REPEATS, repeats_needed, smallest_p
 
-SETTING_FIELDS = ("gen_length", "block_size", "steps", "temperature", "seed", "exact_drift", "early_stop")
+SETTING_FIELDS = ("gen_length", "block_size", "steps", "temperature", "seed", "exact_drift", "early_stop",
+                  "forward_mode")
 Repeats = integer(MIN_REPEATS, MAX_REPEATS)  # the repeat count: timed runs of each side
 
 
@@ -72,6 +73,13 @@ def apply_changes(settings: dict, changes: str, specs: Specs) -> dict:
                                     f"{out['cache']} or {out['unmask']}")
             out[f"{kind}_params"][key] = value
     return out
+
+
+def side_line(settings: Settings) -> str:
+    """A side's settings in one line, with its forward mode where it asks for one (B may differ from
+    A in nothing else: forward_mode=compiled against eager)."""
+    mode = "" if settings.forward_mode == "auto" else f" · forward {settings.forward_mode}"
+    return settings_line(settings.to_dict()) + mode
 
 
 class CompareTab:
@@ -166,7 +174,7 @@ class CompareTab:
                                          "student's run")
         current, _ = settings_from_controls(controls, self.specs, self.session.info())
         sides, length_note = self._sides(name_a, name_b, changes, current)
-        labels = {key: f"{key.upper()}: {settings_line(settings.to_dict())}" for key, settings in sides.items()}
+        labels = {key: f"{key.upper()}: {side_line(settings)}" for key, settings in sides.items()}
         if length_note:
             labels["b"] += f" ({length_note})"
         grids = {"a": "", "b": ""}  # a new comparison clears the last one's grids

@@ -22,7 +22,7 @@ LENGTH = TypeAdapter(Length)  # a length control's value (a slider's float, or a
 Specs = dict[str, list[dict]]  # kind ("cache", "unmask") -> its policies' spec dicts
 KINDS = ("cache", "unmask")
 # The settings the page has a control for, each with its knob's default (``settings.knob``).
-SETTING_CONTROLS = ("gen_length", "block_size", "steps", "temperature", "seed", *KINDS, "exact_drift")
+SETTING_CONTROLS = ("gen_length", "block_size", "steps", "temperature", "seed", *KINDS, "exact_drift", "forward_mode")
 # The page's trace level, whatever the settings' default: its views read every recorded position.
 PAGE_TRACE = "full"
 
@@ -139,8 +139,9 @@ def fit_block(gen_length: int, block_size: int) -> tuple[int, int, str]:
 
 def masked_only(specs: Specs) -> list[str]:
     """The controls that mean nothing for a canvas model (``canvas_controls.REASON``): the
-    policies and their knobs, the block, steps, temperature and exact drift."""
-    return [*KINDS, *knobs(specs), "block_size", "steps", "temperature", "exact_drift"]
+    policies and their knobs, the block, steps, temperature, exact drift and the forward mode (its
+    sampler calls transformers' own model, not the forward runner)."""
+    return [*KINDS, *knobs(specs), "block_size", "steps", "temperature", "exact_drift", "forward_mode"]
 
 
 def settings_from_controls(v: dict, specs: Specs | None = None, model: dict | None = None) -> tuple[dict, str]:
@@ -167,7 +168,7 @@ def settings_from_controls(v: dict, specs: Specs | None = None, model: dict | No
     settings = {
         "gen_length": gen_length, "block_size": block_size, "steps": steps,
         "temperature": v["temperature"], "seed": v["seed"],
-        "trace": PAGE_TRACE, "exact_drift": v["exact_drift"], "early_stop": False,
+        "trace": PAGE_TRACE, "exact_drift": v["exact_drift"], "early_stop": False, "forward_mode": v["forward_mode"],
     }
     for kind, spec in chosen.items():
         settings[kind] = spec["name"]

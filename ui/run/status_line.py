@@ -35,8 +35,9 @@ def run_status(trace: dict, notice: str, first_paint: float | None, done: bool, 
         st = trace.get("stats", {})
         answer = trace.get("text", "")
         settings = (canvas_settings_line if is_canvas_model(trace.get("model") or {}) else settings_line)(trace["settings"])
+        parts.extend(filter(None, [forward_notice_line(trace)]))  # before the answer: a fallback is never missed
         parts.append(("Stopped" if st.get("stopped") else "Done") + f": {work_line(trace)} "
-                     f"({settings}). **Answer:** {answer}{_verdict_text(trace, answer)}")
+                     f"({settings}{forward_part(trace)}). **Answer:** {answer}{_verdict_text(trace, answer)}")
     else:
         parts.append(f"Running… {count(n, 'step')} so far.")
         if frozen_at is not None:
@@ -47,6 +48,24 @@ def run_status(trace: dict, notice: str, first_paint: float | None, done: bool, 
     if first_paint is not None:
         parts.append(f"(first step painted {first_paint * 1e3:.0f} ms after the click)")
     return " ".join(parts)
+
+
+def forward_part(trace: dict) -> str:
+    """" · forward: compiled": the mode the run's forwards ran in; "" for a trace that does not say
+    (written before the forward runner, when every forward ran eager)."""
+    mode = (trace.get("stats") or {}).get("forward_mode")
+    return f" · forward: {mode}" if mode else ""
+
+
+def forward_notice_line(trace: dict) -> str:
+    """Why the run's forwards did not run as its settings asked, when they did not (a fallback to
+    eager, CUDA graphs skipped): never left unsaid. "" when they ran as asked."""
+    stats = trace.get("stats") or {}
+    notice = stats.get("forward_notice")
+    if not notice:
+        return ""
+    asked = (trace.get("settings") or {}).get("forward_mode", "auto")
+    return f"⚠ **Forward mode {asked} asked, {stats.get('forward_mode', 'eager')} ran:** {str(notice).rstrip('.')}."
 
 
 def work_line(trace: dict) -> str:

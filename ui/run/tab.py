@@ -169,13 +169,16 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, B
         # The what-if threshold changes the grid only: no plot redraw, no model run.
         self.what_if.change(self.redraw_grid, [self.trace, self.scrub, self.color_by, self.what_if], [self.grid],
                             queue=False)
-        self.wire_import(outputs, controls)
+        imported = self.wire_import(outputs, controls)
         self._wire_model_box()
         # The side panel and the branch follow every move of the step (not the slider's every
         # change: a run's own updates of it would send a step past the maximum it has just set).
         self._wire_branching([scrubbed, *self._wire_presenter(self.engine.page, views, outputs)])
         for box in (self.cost_target, self.cost_device):  # arithmetic on the trace: no model, no queue
             box.change(show_cost, [self.trace, self.cost_target, self.cost_device], [self.cost_html], queue=False)
+        # An imported trace is costed as a run is (one run on a GPU, say, read on a laptop).
+        imported.then(show_cost, [self.trace, self.cost_target, self.cost_device], [self.cost_html],
+                      api_visibility="private", queue=False)
 
     def _wire_run(self) -> None:
         """Run (button or Enter in the prompt), then the export file and the cost model once it ends."""

@@ -20,13 +20,14 @@ class TraceFiles:
     """The Run tab's export and import. Mixed into ``RunTab``, whose ``exports``, components,
     ``shown``, ``control_values``, ``preset_matching`` and ``apply_preset`` it reads."""
 
-    def wire_import(self, views: list, controls: list) -> None:
+    def wire_import(self, views: list, controls: list) -> gr.events.Dependency:
         """Import trace: checked in full (size, schema, lengths) before anything is drawn; a bad
-        file is one message. ``views``: the view boxes; ``controls``: the run's controls."""
-        self.import_file.upload(self.import_trace, [self.import_file, *self.view_inputs],
-                                [self.trace, *views, self.scrub, self.status, self.export_btn, self.prompt, *controls,
-                                 self.preset, self.layer, self.which, self.kv_view],
-                                api_name="import_trace", concurrency_limit=2, concurrency_id="import")
+        file is one message. ``views``: the view boxes; ``controls``: the run's controls. Returns
+        the upload's event, for what follows it."""
+        return self.import_file.upload(self.import_trace, [self.import_file, *self.view_inputs],
+                                       [self.trace, *views, self.scrub, self.status, self.export_btn, self.prompt,
+                                        *controls, self.preset, self.layer, self.which, self.kv_view],
+                                       api_name="import_trace", concurrency_limit=2, concurrency_id="import")
 
     def export_ready(self, trace: dict):
         # After the final state is drawn: writing a long trace is not what the user waits to see.

@@ -15,6 +15,7 @@ from ..lessons import acceptance, verdicts as lessons
 from ..grid import tokens as grid
 from .. import figures as run_figures
 from ..parts import tables
+from ..parts.measured_steps import measured_steps_html
 from ..block.lessons import stored_verdict
 from ..block.edit_lessons import edit_verdict
 from ..canvas.parts import is_canvas
@@ -85,14 +86,15 @@ def step_slider(steps: int, finished: bool, **value: int) -> dict:
 
 @checked
 def show_cost(trace: PageState, model: TargetName, device: DeviceName) -> str:
-    """This run's G and τ projected onto a real model on a GPU (see costmodel.project)."""
+    """This run's G and τ projected onto a real model on a GPU (see costmodel.project), and its
+    measured steps beside it (``measured_steps``)."""
     stats = (trace or {}).get("stats") or {}
     if not stats.get("nfe"):
         return "Run something to project its G and τ onto a real model."
     if min(read_number(stats.get(key), float) or 0 for key in ("mean_g", "content_tokens_per_forward")) < 0:
         return "This trace's mean G or τ is negative: positions and tokens per forward cannot be, so it is not projected."
     rows = project(stats, len(trace["prompt_ids"]), int(trace["gen_length"]), TARGET_MODELS[model], DEVICES[device])
-    return tables.cost_table_html(rows, model, DEVICES[device].name, trace)
+    return tables.cost_table_html(rows, model, DEVICES[device].name, trace) + measured_steps_html(trace)
 
 
 class RunReplay:

@@ -48,12 +48,14 @@ def policy_knobs(specs: Specs, kind: str, values: dict, shown: dict[str, bool]) 
 
 def setting_widget(name: str, value: Any, step: float | None = None, **options: Any) -> gr.Component:
     """The component for the setting ``name``, labelled, explained and bounded by its knob: a
-    checkbox for a flag; with a ``step``, a slider from its low bound to its knob's ``top`` (else its
-    high bound); else a box of whole numbers within its bounds."""
+    checkbox for a flag; a menu of its choices; with a ``step``, a slider from its low bound to its
+    knob's ``top`` (else its high bound); else a box of whole numbers within its bounds."""
     spec = knob(name)
     common = {"label": spec.label, "info": spec.help, "elem_id": name.replace("_", "-"), **options}
     if isinstance(spec.default, bool):
         return gr.Checkbox(value, **common)
+    if spec.choices:
+        return gr.Dropdown(list(spec.choices), value=value, **common)
     if step is None:
         return gr.Number(value, precision=0, minimum=spec.low, maximum=spec.high, **common)
     return gr.Slider(spec.low, spec.high if spec.top is None else spec.top, value, step=step, **common)
@@ -103,6 +105,7 @@ def run_controls(specs: Specs, start: dict, model: dict) -> tuple[dict[str, gr.C
         controls["temperature"] = setting_widget("temperature", start["temperature"], step=0.1)
         controls["seed"] = setting_widget("seed", start["seed"])
     controls["exact_drift"] = setting_widget("exact_drift", start["exact_drift"])
+    controls["forward_mode"] = setting_widget("forward_mode", start["forward_mode"])
     controls.update(canvas_knob_widgets(start, canvas, model))
     for name in masked_only(specs):  # read as the page is put together (Blocks' config), not before
         controls[name].interactive = not canvas

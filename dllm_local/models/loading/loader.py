@@ -21,7 +21,7 @@ from .build import build_model, family_config, load_tokenizer
 from .checks import (check_chat_template, check_family, check_folder, check_guider_type, check_mask_id, check_memory,
                      check_tensors, check_weights, needed_bytes, read_json_object)
 from .find import ALIASES, ASSETS, TINY_GUIDER, TINY_MODEL, resolve_path
-from .footprint import logical_parameters, weight_read_bytes
+from .footprint import arithmetic_parameters, logical_parameters, weight_read_bytes
 from .placement import apply_threads, auto_cuda_dtype, free_bytes, free_device_memory, pick_device, pick_dtype
 from ..protocol import DiffusionLM
 from .quantize import quantization_config, quiet_bitsandbytes
@@ -96,8 +96,11 @@ class ModelHandle:
         """What the handle holds, as JSON values (``python -m dllm_local info`` prints it)."""
         return {
             "name": self.name, "path": str(self.path), "family": self.family, "device": str(self.device),
+            # The GPU by name: the page matches it to a device profile, for the floor of a measured step.
+            **({"gpu_name": torch.cuda.get_device_name(self.device)} if self.device.type == "cuda" else {}),
             "dtype": str(self.dtype).replace("torch.", ""), "quantization": self.quantization or "none",
-            "parameters": self.num_parameters, "memory_mb": round(self.memory_bytes / 2**20, 1),
+            "parameters": self.num_parameters, "arithmetic_parameters": arithmetic_parameters(self.model),
+            "memory_mb": round(self.memory_bytes / 2**20, 1),
             "weight_read_mb": round(self.weight_read_bytes / 2**20, 1),
             "max_length": self.max_length, "trained_length": self.trained_length, "mask_id": self.mask_id, "stop_ids": list(self.stop_ids),
             "layers": self.model.config.get_text_config().num_hidden_layers, "kind": self.kind,
