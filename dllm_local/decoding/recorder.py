@@ -257,7 +257,8 @@ class Recorder:
         st.wall_s = time.perf_counter() - self._t0 - self._paused
         st.forward_mode, st.forward_notice = self.runner.mode, self.runner.notice or ""
         if self._packed and self.runner.mode != "eager":  # a batch's packed forward runs eager in every mode
-            st.forward_mode, st.forward_notice = "eager", (
+            # Under ``auto`` that is the mode's own choice for a batch, not a failure: no notice.
+            st.forward_mode, st.forward_notice = "eager", "" if self.runner.asked == "auto" else (
                 f"its steps ran in the engine's batch, whose packed forwards run eager in every mode; only its "
                 f"other forwards (verification, cache reads) ran {self.runner.mode}")
         st.tokens_per_s = round(committed / st.model_s, 2) if st.model_s else 0.0
