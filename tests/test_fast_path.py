@@ -231,3 +231,15 @@ def test_flash_stays_token_identical_to_the_release_padded(unmask):
         runner.pads = False
     sink = calls[0][0][2].store.sink
     assert any(int(args[1][-1]) == sink for args, _ in calls)  # some forwards were padded
+
+
+@pytest.mark.parametrize("cache, most", [("dual", 2), ("flash", 6)])
+def test_a_step_reads_back_from_the_device_at_most_a_few_times(handle, cache, most):
+    """Plan, draft, select and commit on the device, read back once with the step's record: dual +
+    threshold makes 2 host syncs a step (7 before the fast path), flash + flash_verify at most 6 (20)."""
+    steps = iter(dllm_local.stream(handle, PROMPT, _settings(cache, "off")))
+    next(steps), next(steps)
+    with HostSyncCounter() as syncs:
+        next(steps)
+    print(f"{cache}: {syncs.total} host syncs a step ({dict(syncs.counts)})")
+    assert syncs.total <= most

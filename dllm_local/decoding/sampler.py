@@ -152,8 +152,11 @@ class Run:
         decodable[lo:hi] = state.masked[lo:hi]
         if state.window is not None:
             decodable[state.window.positions()] = True
-        if state.window is None and plan.span is not None and plan.span[0] <= lo and hi <= plan.span[1]:
-            self.positions = plan.positions  # the plan holds the block: its positions, known on the host
+        held = plan.span is not None and plan.span[0] <= lo and hi <= plan.span[1] and state.window is None
+        if held or plan.span == (0, state.total_len):  # the plan holds what decodes: known on the host
+            self.positions = plan.positions
+        elif plan.outside_window:  # apart from the window: the two joined by a sort, unasked
+            self.positions = torch.sort(torch.cat([plan.positions, state.window.positions()])).values
         else:
             computed = decodable.clone()
             computed[plan.positions] = True
@@ -228,7 +231,7 @@ class Run:
         return self.state
 
     def start_block(self, block: int) -> None:
-        self.state.block, self.state.step_in_block = block, 0
+        self.state.block, self.state.step_in_block, self.state.masks_left = block, 0, None
         self._store(self.cache_policy.settle(self.state))
         self.unmask_policy.start_block(self.state)
 
@@ -270,10 +273,14 @@ class Run:
     def commit(self, candidates: Candidates, selection: Selection) -> None:
         """6. commit."""
         x, window = self.state.x[0], self.state.window
-        x[selection.positions] = candidates.tokens[torch.searchsorted(candidates.positions, selection.positions)]
+        if selection.among is None:
+            x[selection.positions] = candidates.tokens[torch.searchsorted(candidates.positions, selection.positions)]
+        else:  # every candidate, its draft where the mask says: nothing read back
+            x[candidates.positions] = torch.where(selection.among, candidates.tokens, x[candidates.positions])
         if window is not None:
             ranked = candidates.positions[torch.sort(candidates.confidence, descending=True, stable=True).indices]
-            committed = ranked[torch.isin(ranked, selection.positions)]
+            chosen = selection.committed()
+            committed = ranked[torch.argsort(~torch.isin(ranked, chosen), stable=True)[: chosen.numel()]]
             newest = committed.numel() if selection.newest is None else selection.newest
             window.commit(ranked, committed, x[committed], newest, self.cache_policy.ranking())
         if selection.edits:  # rewritten in place; a forward after the block's last mask is one of finitely many
@@ -303,6 +310,7 @@ class Run:
             raise SettingsError(f"answer position {p - state.prompt_len} is in block {block}, finished before step "
                                 f"{branch.after_step + 1}: re-mask a position of block {state.block} or later")
         branch.replaced = None if bool(state.masked[p]) else int(state.x[0, p])
+        state.masks_left = None
         state.x[0, p] = self.handle.mask_id if branch.token is None else branch.token
         self._max_forwards += branch.token is None
 

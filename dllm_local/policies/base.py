@@ -61,6 +61,9 @@ class DecodeState:
     # Where block 0 starts: the answer's first position (masked diffusion), or for block diffusion
     # the block holding it, blocks sitting at absolute positions (a prompt's tail decodes with it).
     blocks_from: int | None = None
+    # The current block's masks as the last step's record read them back with its commits (None:
+    # not known since, e.g. a new block or a branch's change): whether the block is done, unasked.
+    masks_left: int | None = None
 
     @property
     def total_len(self) -> int:

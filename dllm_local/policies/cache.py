@@ -21,6 +21,7 @@ class Plan:
     positions: torch.Tensor
     full: bool  # every position recomputed: a refresh
     span: tuple[int, int] | None = None  # the positions are range(*span): the run needs not ask the device
+    outside_window: bool = False  # none is a sliding window's: the run joins them to it by a sort, unasked
 
     @classmethod
     def over(cls, start: int, end: int, device: torch.device, full: bool = False) -> "Plan":

@@ -86,14 +86,15 @@ class FlashCache(CachePolicy):
             return Plan.over(0, state.total_len, state.x.device, full=True)
         self._tracked = decoded[max(0, decoded.numel() - self.track_num * state.block_size):].clone()
         upcoming = window.undecoded_after_window((self.mask_num - 1) * state.block_size)
-        return Plan(torch.cat([self._tracked, upcoming]), False)
+        return Plan(torch.cat([self._tracked, upcoming]), False, outside_window=True)
 
     def ranking(self):
         return self._attention.scores
 
     def info(self):
         # "length": where the answer ends for the window (nothing at or past it is decoded), as of this step.
-        return {"window": self._attention.window.tolist(), "tracked": sorted(self._tracked.tolist()),
+        # Tensors: the step's record reads them back with its commits.
+        return {"window": self._attention.window, "tracked": torch.sort(self._tracked).values,
                 "length": self._window.length}
 
 

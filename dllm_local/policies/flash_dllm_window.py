@@ -56,8 +56,8 @@ class SlidingWindow:
         in the order they join the decoded ones, their ``tokens``; the last ``newest`` of them stay
         last when ``ranking`` (a score per position, or None) re-sorts the decoded entries."""
         window = self.order[self.decoded : self.decoded + self.block_size]
-        rest = ranked[~torch.isin(ranked, committed)]
-        left = window[~torch.isin(window, ranked)]  # past the answer's length: never ranked
+        rest = without(ranked, committed)
+        left = without(window, ranked)  # past the answer's length: never ranked
         self.order[self.decoded : self.decoded + window.numel()] = torch.cat([committed, rest, left])
         self.decoded += committed.numel()
         if not self.eos_seen:
@@ -68,3 +68,10 @@ class SlidingWindow:
         if ranking is not None:
             older = self.order[: self.decoded - newest]
             self.order[: older.numel()] = older[torch.sort(ranking[older], stable=True).indices]
+
+
+def without(values: torch.Tensor, taken: torch.Tensor) -> torch.Tensor:
+    """``values`` but those in ``taken`` (a subset of them), in their order: a stable sort puts the
+    kept first and the host knows how many, so nothing is read back (a boolean index would ask)."""
+    kept_first = torch.argsort(torch.isin(values, taken).to(torch.uint8), stable=True)
+    return values[kept_first[: values.numel() - taken.numel()]]

@@ -59,6 +59,13 @@ class Selection:
     newest: int | None = None
     # Committed tokens rewritten in place: [position, new token, its probability, old token].
     edits: list[list] = field(default_factory=list)
+    # The commits as a mask over ``positions`` (then every candidate's), kept on the device: the run
+    # commits through it and reads it back with the step's record, one read-back a step.
+    among: torch.Tensor | None = None
+
+    def committed(self) -> torch.Tensor:
+        """The positions committed (a mask's found here, which reads it back)."""
+        return self.positions if self.among is None else self.positions[self.among]
 
 
 class UnmaskPolicy(Policy):
@@ -71,6 +78,8 @@ class UnmaskPolicy(Policy):
     def block_done(self, state: DecodeState) -> bool:
         """Whether the current block is finished: it has no mask left (an editing policy may
         go on rewriting it)."""
+        if state.masks_left is not None:
+            return state.masks_left == 0
         return not bool(state.masked[state.block_start : state.block_end].any())
 
 
@@ -107,8 +116,11 @@ class Threshold(UnmaskPolicy):
     """Fast-dLLM: every masked position with confidence >= threshold, at least the most confident."""
 
     def select(self, state, cand, calls):
-        chosen = cand.positions[_threshold_mask(cand.confidence, self.threshold)]
-        return Selection(chosen if chosen.numel() else _top(cand, 1))
+        if not cand.positions.numel():
+            return Selection(cand.positions)
+        passed = _threshold_mask(cand.confidence, self.threshold)
+        best = torch.zeros_like(passed).index_fill_(0, torch.topk(cand.confidence, 1).indices, True)
+        return Selection(cand.positions, among=passed | (best & ~passed.any()))  # decided on the device
 
 
 class Factor(UnmaskPolicy):
