@@ -128,23 +128,25 @@ class FlashVerify(UnmaskPolicy):
         logits = calls.read_cache(torch.cat([sequence[tracked], tokens, masks]), torch.cat([tracked, at, at]),  # 3. verify
                                   _verify_visibility(tracked.numel(), drafts.numel(), at.device))
         p = torch.softmax(logits[-drafts.numel():].double(), -1).gather(-1, tokens[:, None]).squeeze(-1)
-        length = self._length(state, sequence, committed)
-        if length is not None:
-            p = torch.where(at >= length, torch.zeros_like(p), p)
-        accepted = int((torch.cumprod(p, 0) >= self.gamma).sum())  # 4. accept
-        return Selection(torch.cat([committed, at[:accepted]]),
-                         {"verify_candidates": int(drafts.numel()), "verify_accepted": accepted,
-                          "accepted_at": [[pos, token, round(prob, 6)] for pos, token, prob in
-                                          zip(at[:accepted].tolist(), tokens[:accepted].tolist(), p[:accepted].tolist())]},
-                         newest=accepted)
+        p = torch.where(at >= self._length(state, sequence, committed), torch.zeros_like(p), p)
+        accepted = torch.cumprod(p, 0) >= self.gamma  # 4. accept
+        # One read-back: each draft's position, token, probability and acceptance.
+        rows = torch.stack([at.double(), tokens.double(), p, accepted.double()], 1).tolist()
+        n = sum(int(row[3]) for row in rows)
+        return Selection(torch.cat([committed, at[:n]]),
+                         {"verify_candidates": int(drafts.numel()), "verify_accepted": n,
+                          "accepted_at": [[int(pos), int(token), round(prob, 6)] for pos, token, prob, _ in rows[:n]]},
+                         newest=n)
 
     @staticmethod
-    def _length(state, sequence: torch.Tensor, committed: torch.Tensor) -> int | None:
-        """The sliding window's answer length once this step's threshold commits are in (None: no end-of-text yet)."""
+    def _length(state, sequence: torch.Tensor, committed: torch.Tensor) -> torch.Tensor | int:
+        """The sliding window's answer length once this step's threshold commits are in (past the
+        sequence while no end-of-text is known), found on the device."""
         window = state.window
         if window is None:
-            return None
+            return sequence.numel()
         if window.eos_seen:
             return window.length
-        ends = committed[sequence[committed] == window.eos_id]
-        return int(ends.max()) + 1 if ends.numel() else None
+        ends = torch.where(sequence[committed] == window.eos_id, committed, -1)
+        last = ends.amax() if ends.numel() else ends.new_tensor(-1)
+        return torch.where(last >= 0, last + 1, sequence.numel())
