@@ -116,7 +116,9 @@ class Experts(nn.ModuleList):
         group ends found by search, each projection one grouped GEMM."""
         rows, k = chosen.shape
         out = flat.new_empty(rows, k, flat.shape[-1])
-        if self.stacked is None:
+        # torch 2.13 traces grouped_mm (its meta kernel) in bfloat16 only, though eager runs any
+        # float dtype: a compiled forward in another dtype keeps the loop and its graph breaks.
+        if self.stacked is None or (torch.compiler.is_compiling() and flat.dtype != torch.bfloat16):
             for expert in torch.unique(chosen).tolist():
                 row, slot = torch.where(chosen == expert)
                 out[row, slot] = self[expert](flat[row]).to(out.dtype)
