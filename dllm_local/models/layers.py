@@ -91,7 +91,7 @@ class Experts(nn.ModuleList):
         linears = [(e.gate_proj, e.up_proj, e.down_proj) for e in self]
         weights = [linear.weight for trio in linears for linear in trio]
         if (not all(type(linear) is nn.Linear and linear.bias is None for trio in linears for linear in trio)
-                or len({(w.dtype, w.device) for w in weights}) != 1 or weights[0].device.type == "meta"):
+                or len({(w.dtype, w.device) for w in weights}) != 1 or not _grouped_gemm_runs(weights[0])):
             self.stacked = None
             return
         with torch.no_grad():
@@ -131,6 +131,14 @@ class Experts(nn.ModuleList):
         x = flat[order // k]
         hidden = F.silu(F.grouped_mm(x, gate.mT, offs=ends)) * F.grouped_mm(x, up.mT, offs=ends)
         return out.view(rows * k, -1).index_copy_(0, order, F.grouped_mm(hidden, down.mT, offs=ends)).view_as(out)
+
+
+def _grouped_gemm_runs(weight: torch.Tensor) -> bool:
+    """Whether ``grouped_mm`` runs where ``weight`` is: the CPU in any float dtype; CUDA only in
+    bfloat16 from Hopper (compute capability 9.0) on, as torch 2.13 builds its kernels; never "meta"."""
+    if weight.device.type == "cuda":
+        return weight.dtype == torch.bfloat16 and torch.cuda.get_device_capability(weight.device) >= (9, 0)
+    return weight.device.type == "cpu"
 
 
 def stack_experts(model: nn.Module) -> None:
