@@ -74,12 +74,88 @@ class SwiGLU(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-def mix_experts(flat: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, experts: nn.ModuleList) -> torch.Tensor:
+class Experts(nn.ModuleList):
+    """A layer's SwiGLU experts (``experts.N.{gate,up,down}_proj``). Once ``stack``ed, each
+    projection of all experts lives in one ``[experts, out, in]`` tensor, every expert's Linear
+    weight a view into it (the state dict unchanged, no copy per forward), and a forward runs all
+    experts as three grouped GEMMs; unstacked (quantized, offloaded or mixed experts) each expert
+    runs on its own rows."""
+
+    def __init__(self, count: int, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__(SwiGLU(hidden_size, intermediate_size) for _ in range(count))
+        self.stacked: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def stack(self) -> None:
+        """Gather each projection's weights into one tensor where the experts allow it: plain
+        unbiased Linears, all of one dtype on one real device."""
+        linears = [(e.gate_proj, e.up_proj, e.down_proj) for e in self]
+        weights = [linear.weight for trio in linears for linear in trio]
+        if (not all(type(linear) is nn.Linear and linear.bias is None for trio in linears for linear in trio)
+                or len({(w.dtype, w.device) for w in weights}) != 1 or not _grouped_gemm_runs(weights[0])):
+            self.stacked = None
+            return
+        with torch.no_grad():
+            stacked = tuple(torch.stack([trio[i].weight for trio in linears]) for i in range(3))
+        for expert, trio in enumerate(linears):
+            for i, linear in enumerate(trio):
+                linear.weight = nn.Parameter(stacked[i][expert], requires_grad=False)
+        self.stacked = stacked
+
+    def _apply(self, fn, recurse: bool = True):
+        # Moving or casting the module gives each weight new storage: stack it again there, so
+        # the stacked tensors never go stale.
+        super()._apply(fn, recurse)
+        if self.stacked is not None:
+            self.stack()
+        return self
+
+    def routed(self, flat: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """``flat`` ``[N, hidden]`` through the experts each row was routed to (``chosen``
+        ``[N, k]``): ``[N, k, hidden]``, each (row, slot)'s output. Stacked, no host round trip:
+        the pairs sorted by expert (rows ascending within one, as the loop feeds them), their
+        group ends found by search, each projection one grouped GEMM."""
+        rows, k = chosen.shape
+        out = flat.new_empty(rows, k, flat.shape[-1])
+        # torch 2.13 traces grouped_mm (its meta kernel) in bfloat16 only, though eager runs any
+        # float dtype: a compiled forward in another dtype keeps the loop and its graph breaks.
+        if self.stacked is None or (torch.compiler.is_compiling() and flat.dtype != torch.bfloat16):
+            for expert in torch.unique(chosen).tolist():
+                row, slot = torch.where(chosen == expert)
+                out[row, slot] = self[expert](flat[row]).to(out.dtype)
+            return out
+        gate, up, down = self.stacked
+        ids = chosen.flatten()
+        order = torch.argsort(ids, stable=True)
+        experts = torch.arange(len(self), device=ids.device, dtype=ids.dtype)
+        ends = torch.searchsorted(ids[order], experts, right=True, out_int32=True)
+        x = flat[order // k]
+        hidden = F.silu(F.grouped_mm(x, gate.mT, offs=ends)) * F.grouped_mm(x, up.mT, offs=ends)
+        return out.view(rows * k, -1).index_copy_(0, order, F.grouped_mm(hidden, down.mT, offs=ends)).view_as(out)
+
+
+def _grouped_gemm_runs(weight: torch.Tensor) -> bool:
+    """Whether ``grouped_mm`` runs where ``weight`` is: the CPU in any float dtype; CUDA only in
+    bfloat16 from Hopper (compute capability 9.0) on, as torch 2.13 builds its kernels; never "meta"."""
+    if weight.device.type == "cuda":
+        return weight.dtype == torch.bfloat16 and torch.cuda.get_device_capability(weight.device) >= (9, 0)
+    return weight.device.type == "cpu"
+
+
+def stack_experts(model: nn.Module) -> None:
+    """Stack every mixture-of-experts layer's weights, once the model is loaded and placed."""
+    for module in model.modules():
+        if isinstance(module, Experts):
+            module.stack()
+
+
+def mix_experts(flat: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, experts: Experts) -> torch.Tensor:
     """``flat`` ``[N, hidden]`` through the experts each row was routed to (``chosen`` ``[N, k]``),
-    weighted (``weights`` ``[N, k]``, in ``flat``'s dtype) and summed: each expert runs once, on
-    exactly its rows, in ascending order of expert (as the references add them up)."""
+    weighted (``weights`` ``[N, k]``, in ``flat``'s dtype) and summed in ascending order of expert,
+    one addition after another from zero: the same float additions as the references' per-expert
+    ``index_add_``."""
+    chosen, slots = chosen.sort(dim=-1)
+    weighted = (experts.routed(flat, chosen) * weights.gather(1, slots)[..., None]).to(flat.dtype)
     out = torch.zeros_like(flat)
-    for expert in torch.unique(chosen).tolist():
-        row, slot = torch.where(chosen == expert)
-        out.index_add_(0, row, (experts[expert](flat[row]) * weights[row, slot, None]).to(out.dtype))
+    for slot in range(chosen.shape[1]):
+        out = out + weighted[:, slot]
     return out

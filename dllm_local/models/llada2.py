@@ -16,7 +16,7 @@ from transformers import PretrainedConfig
 
 from .attention import Attention, BlockCausal
 from .family import FamilySpec, WeightNames, register
-from .layers import RMSNorm, SwiGLU, apply_rope
+from .layers import Experts, RMSNorm, SwiGLU, apply_rope
 from .stack import LayerStackLM
 
 # The block LLaDA2 was trained with and its released generate decodes by (block_length=32); the
@@ -128,8 +128,7 @@ class LLaDA2MoeSparseMoeBlock(nn.Module):
     def __init__(self, config: LLaDA2MoeConfig) -> None:
         super().__init__()
         self.gate = LLaDA2MoeGate(config)
-        self.experts = nn.ModuleList(SwiGLU(config.hidden_size, config.moe_intermediate_size)
-                                     for _ in range(config.num_experts))
+        self.experts = Experts(config.num_experts, config.hidden_size, config.moe_intermediate_size)
         self.shared_experts = (None if config.num_shared_experts is None else
                                SwiGLU(config.hidden_size, config.moe_intermediate_size * config.num_shared_experts))
 
@@ -138,12 +137,7 @@ class LLaDA2MoeSparseMoeBlock(nn.Module):
         flat = x.reshape(-1, shape[-1])
         ids, weights = self.gate(flat)
         attention.routed(layer, ids.view(shape[0], shape[1], -1)[0])  # batch rows share positions
-        out = flat.new_zeros(*ids.shape, shape[-1])
-        # Each expert runs once, on exactly the tokens routed to it (a host read per layer, as the
-        # reference's does).
-        for e in torch.unique(ids).tolist():
-            rows, slots = (ids == e).nonzero(as_tuple=True)
-            out[rows, slots] = self.experts[e](flat[rows]).to(out.dtype)
+        out = self.experts.routed(flat, ids)
         y = (out.float() * weights[..., None]).sum(1).to(x.dtype)
         if self.shared_experts is not None:
             y = y + self.shared_experts(flat)

@@ -20,7 +20,7 @@ from transformers import PretrainedConfig
 from .attention import Attention
 from .family import QWEN2_WEIGHTS, FamilySpec, register
 from .llada import LLaDAConfig
-from .layers import RMSNorm, SwiGLU, apply_rope, mix_experts
+from .layers import Experts, RMSNorm, SwiGLU, apply_rope, mix_experts
 from .stack import LayerStackLM
 
 
@@ -101,8 +101,7 @@ class LLaDAMoESparseMoeBlock(nn.Module):
         super().__init__()
         self.index, self.top_k = index, config.num_experts_per_tok
         self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=False)
-        self.experts = nn.ModuleList(SwiGLU(config.hidden_size, config.expert_intermediate_size)
-                                     for _ in range(config.num_experts))
+        self.experts = Experts(config.num_experts, config.hidden_size, config.expert_intermediate_size)
         bias = torch.zeros(config.num_experts) if config.moe_router_enable_expert_bias else None
         self.register_buffer("expert_bias", bias)  # saved with the weights where the config enables it
 

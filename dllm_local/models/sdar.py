@@ -16,7 +16,7 @@ from transformers import PretrainedConfig
 
 from .attention import Attention, BlockCausal
 from .family import QWEN2_WEIGHTS, FamilySpec, register
-from .layers import RMSNorm, SwiGLU, attend, mix_experts
+from .layers import Experts, RMSNorm, SwiGLU, attend, mix_experts
 from .stack import LayerStackLM
 
 
@@ -134,8 +134,7 @@ class SDARSparseMoeBlock(nn.Module):
         super().__init__()
         self.index, self.top_k, self.norm_topk_prob = index, config.num_experts_per_tok, config.norm_topk_prob
         self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=False)
-        self.experts = nn.ModuleList(SwiGLU(config.hidden_size, config.moe_intermediate_size)
-                                     for _ in range(config.num_experts))
+        self.experts = Experts(config.num_experts, config.hidden_size, config.moe_intermediate_size)
 
     def forward(self, x: torch.Tensor, attention: Attention) -> torch.Tensor:
         b, n, d = x.shape
