@@ -29,7 +29,8 @@ class Forward:
 
 class ForwardRunner:
     """The forwards of one model in one mode (``modes.py``). ``pads``: whether one request's
-    forwards are padded to buckets (``buckets.py``; default: when compiled, whose shapes are fixed).
+    forwards are padded to buckets (``buckets.py``; default: in a compiled mode, where each new
+    length is a compile or a CUDA graph capture).
     ``shapes``: every (kind, rows, length) run so far; ``notice``: why the mode asked for did not run
     as asked (None while it does); ``mode``: the mode running now."""
 
@@ -39,7 +40,6 @@ class ForwardRunner:
         self.asked = mode
         self.mode = resolve_mode(mode, model.get_input_embeddings().weight.device)
         self.pads = self.mode != "eager" if pads is None else pads
-        self.backend = backend
         self.gpus = model_gpus(model)
         self.notice: str | None = None
         self.shapes: set[tuple[str, int, int]] = set()
