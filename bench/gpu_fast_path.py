@@ -30,8 +30,7 @@ first length first; the other lengths last):
   ``compile_s`` is that run's wall time less the second's), the shapes the runner has met and the
   graphs dynamo compiled (a forward compiles again for what its shape does not show: a policy's
   observers), the mode that actually ran and any fallback notice (``ForwardRunner.notice``, never
-  silent). The model's rotary table is built at its full length first: grown by a longer span
-  later, it would make every graph compiled before it compile again;
+  silent);
 - one DualCache step under torch.profiler, eager and fast: the host's time from its first
   launch to its last, against the GPU's busy time (the kernels' durations summed);
 - batches (``--batches``, first length): dual + threshold 0.9 through ``dllm_local.stream_batch``
@@ -534,13 +533,6 @@ def measure(args: argparse.Namespace, device: torch.device, out: dict) -> dict:
     policies = [p for p in ("dual", "none") if p in registry.CACHE]
     policies += [p for p in registry.for_model("masked", registry.CACHE) if p not in policies]
     out.update(fast=args.fast, batch_note=PACKED_NOTE, notes=[], policies=[], profile=[], batches=[], released=[])
-    # The rotary table is rebuilt whenever a forward spans more positions than it holds, and every
-    # graph compiled before then guards on its old size and compiles again (after flash's padded
-    # span, after each longer length): built at the model's full length first, on the device its
-    # forwards look it up by (the weights', "cuda:0" rather than "cuda").
-    handle.model.rope_table(handle.device, handle.max_length)
-    out["notes"].append(f"the rotary table was built at the model's {handle.max_length} positions before any compile: "
-                        "grown later (a longer span) it invalidates every graph compiled so far")
     out["warm_up_s"] = warm_up(handle, prompt, lengths[0], args)
     print(f"warm-up (an eager dual run) {out['warm_up_s']:.1f}s", flush=True)
 

@@ -155,26 +155,27 @@ class Recorder:
             columns = [selection.positions, cand.tokens[index], cand.confidence[index]]
         else:  # every candidate and whether it was committed, sorted out after the read-back
             columns = [cand.positions, cand.tokens, cand.confidence, selection.among]
-        # The commits, the forward's reads and the block's masks left, read back from the device at once
-        # (float64 holds the ids exactly).
-        # A policy's report may hold device tensors (positions): read back with the rest, as lists.
+        # One read-back (float64 holds the ids exactly): the forward's reads, the block's masks left,
+        # the commits, and a policy's report of device tensors (positions), each cut out after it.
         policy = {**selection.info, **step.policy_info}
-        shown = {key: value for key, value in policy.items() if isinstance(value, torch.Tensor)}
+        reported = {key: value for key, value in policy.items() if isinstance(value, torch.Tensor)}
         device = cand.positions.device
-        tail = torch.stack([torch.as_tensor(self.counter.reads, device=device),
-                            state.masked[state.block_start : state.block_end].sum()]).double()
-        numbers = torch.cat([torch.stack([c.double() for c in columns], 1).flatten(),
-                             *(t.flatten().double().to(device) for t in shown.values()), tail]).tolist()
-        for key, value in reversed(shown.items()):
-            cut = len(numbers) - 2 - value.numel()
-            policy[key] = [int(v) if not value.is_floating_point() else v for v in numbers[cut:-2]]
-            numbers[cut:-2] = []
-        rows = zip(*[iter(numbers[:-2])] * len(columns))
+        parts = [torch.as_tensor(self.counter.reads, device=device).reshape(1),
+                 state.masked[state.block_start : state.block_end].sum().reshape(1),
+                 torch.stack([c.double() for c in columns], 1).flatten(), *(t.flatten().to(device) for t in reported.values())]
+        numbers, pieces = torch.cat([part.double() for part in parts]).tolist(), []
+        for part in parts:
+            pieces.append(numbers[: part.numel()])
+            numbers = numbers[part.numel() :]
+        (reads,), (masks_left,), commits, *reports = pieces
+        for (key, value), piece in zip(reported.items(), reports):
+            policy[key] = piece if value.is_floating_point() else [int(v) for v in piece]
+        rows = zip(*[iter(commits)] * len(columns))
         committed = self._handed + [[int(r[0]), int(r[1]), round(r[2], 6)] for r in rows if len(r) == 3 or r[3]]
-        state.masks_left = int(numbers[-1])
+        state.masks_left = int(masks_left)
         record = StepRecord(
             step=state.step, block=state.block, step_in_block=state.step_in_block, full_refresh=step.full_refresh,
-            g=self.counter.recomputed, reads=int(numbers[-2]), committed=committed, forwards=self._forwards,
+            g=self.counter.recomputed, reads=int(reads), committed=committed, forwards=self._forwards,
             guider_forwards=self._guider_forwards,
             model_ms=round(self._model_s * 1e3, 4), other_ms=0.0, exact_ms=round(self._exact_s * 1e3, 4),
             exact=self._exact_record(cand) if self._exact is not None else None,

@@ -109,7 +109,7 @@ class ForwardRunner:
         except Exception as error:  # noqa: BLE001 -- any failure to compile: eager, and say why
             self._fall_back(f"{self.mode} forward failed ({_root_cause(error)}); running eager")
             return self._eager(*args)
-        if graph_skips() > skips and self.notice is None:
+        if self.mode == "graphs" and graph_skips() > skips and self.notice is None:
             self.notice = "CUDA graphs were skipped for a forward (see torch's log): it ran compiled without them"
         return logits
 
