@@ -402,10 +402,11 @@ LONG_FILES_ALLOWED = {
                                  "policy fields the specs declare into it; one module for one input boundary"),
     "dllm_local/policies/registry.py": (425, "the spec types and the built-in policies' Param tables "
                                              "(declarative data: one register call per policy)"),
-    "dllm_local/decoding/sampler.py": (360, "the decoding loop on one screen, its eight stages, a branch's one change "
+    "dllm_local/decoding/sampler.py": (370, "the decoding loop on one screen, its eight stages, a branch's one change "
                                    "between two of them, block diffusion's store forward, the run's cache "
-                                   "taken from and given back to the runner, and the plan and commit found "
-                                   "without asking the device (split, the loop would be read across files)"),
+                                   "taken from and given back to the runner, the plan and commit found "
+                                   "without asking the device, and the head's rows a step reads "
+                                   "(split, the loop would be read across files)"),
 }
 
 

@@ -9,7 +9,7 @@ import torch
 
 import dllm_local
 from dllm_local.experiments.probes import HostSyncCounter
-from dllm_local.models.layers import Experts, stack_experts
+from dllm_local.models.layers import Experts, pack_weights
 from dllm_local.models.observers import ExpertsRouted
 from dllm_local.tiny_checkpoints import random_llada2, random_llada_moe, random_sdar
 
@@ -58,7 +58,7 @@ def test_a_forward_makes_no_host_sync_and_equals_the_loop(handle):
     try:
         looped, looped_routes, loop_syncs = _forward(handle)
     finally:
-        stack_experts(handle.model)
+        pack_weights(handle.model)
     assert loop_syncs.total > 0  # the loop reads the routing back: the probe sees it
     print(f"{handle.family}: max |grouped - loop| = {(grouped - looped).abs().max().item():.1e}")
     assert torch.equal(grouped, looped)

@@ -22,6 +22,7 @@ class ThisStep(Protocol):
     """This step's forward as its run holds it (the sampler's ``Run``): read when a call is made."""
 
     positions: torch.Tensor | None  # the positions it computed, sorted (None between steps)
+    read_positions: torch.Tensor | None  # those it gave logits at (the block's, or all of them)
     logits: torch.Tensor | None  # its logits there, [n, vocab]
 
 
@@ -78,7 +79,8 @@ def run_calls(run: RunModel) -> StepCalls:
 
     def this_forward(positions: torch.Tensor, what: str) -> torch.Tensor:
         """The logits this step's forward gave at ``positions``."""
-        done, logits = computed(what), run.step.logits
+        computed(what)
+        done, logits = run.step.read_positions, run.step.logits
         if logits is None:
             raise ValueError(f"{what}: called before this step's forward")
         index = torch.searchsorted(done, positions)

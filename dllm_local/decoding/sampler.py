@@ -70,9 +70,10 @@ class Run:
         self.cache: CacheView | None = None
         self._owns_cache = False
         self.recorder: Recorder | None = None
-        # The current step's forward: its positions and logits, read by current_probabilities.
-        self.positions: torch.Tensor | None = None
-        self.logits: torch.Tensor | None = None
+        # The current step's forward: the positions it computed, those it read logits at (its head's
+        # rows) and those logits, read by current_probabilities.
+        self.positions = self.read_positions = self.logits = None
+        self._read_rows: tuple[int, int] | None = None
 
     @property
     def answer_length(self) -> int:
@@ -94,7 +95,7 @@ class Run:
         if self.cache is not None and self._owns_cache:
             with torch.inference_mode():  # its tensors were made there
                 self.cache.store.free(self.cache)  # its slot goes back to the runner's pool, emptied
-        self.cache = self._cache_access = self.calls = self.positions = self.logits = None
+        self.cache = self._cache_access = self.calls = self.positions = self.read_positions = self.logits = None
         if self.recorder is not None:
             self.recorder.shadow = None
 
@@ -164,22 +165,30 @@ class Run:
         if state.window is not None:
             decodable[state.window.length :] = False  # past the answer's length: scored, never committed
         self._decodable = decodable
+        # The head's rows where the host knows them: the block's, unless the trace lists every masked
+        # position scored or the cache policy reads every computed position (then every row).
+        reads_block = held and self.handle.model.packs_requests and not (self.recorder.reads_masked
+                                                                         or self.cache_policy.reads_every_logit)
+        self._read_rows, self.read_positions = (lo - plan.span[0], hi - plan.span[0]) if reads_block else None, self.positions
         return self.positions
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
         """2. forward: the model on ``positions`` of the sequence (the rest read from the cache),
-        ``[n, vocab]``, watched by the recorder's and the cache policy's observers."""
-        x = self.state.x
-        forward = self.runner(x[:, positions], positions, self.cache, self.observers, x, self.layout)
+        watched by the recorder's and the cache policy's observers: the logits ``[n, vocab]`` at
+        ``read_positions`` (the block's alone where the step reads no others)."""
+        x, rows, read = self.state.x, self._read_rows, None
+        if rows is not None and rows != (0, positions.numel()):
+            self.read_positions, read = positions[rows[0] : rows[1]], torch.arange(*rows, device=positions.device)
+        forward = self.runner(x[:, positions], positions, self.cache, self.observers, x, self.layout, read)
         self.recorder.count_forward(forward.seconds)
         self.recorder.exact_forward(x, self.cache)
         return forward.logits[0]
 
     def after_forward(self, logits: torch.Tensor) -> StepRecord:
-        """Stages 3 to 8, given the forward's ``logits`` at the planned positions."""
-        state, positions = self.state, self.positions
+        """Stages 3 to 8, given the forward's ``logits`` at ``read_positions``."""
+        state, positions = self.state, self.read_positions
         self.logits = logits
-        self._cache_access.written(positions, state.step)
+        self._cache_access.written(self.positions, state.step)
         self.cache_policy.observe(state, self._cache_access, StepSignals(positions, logits))  # 3. observe
         masked_positions = masked_logits = None
         if self.recorder.reads_masked:  # what the trace shows of every still-masked position scored
@@ -336,7 +345,7 @@ class Run:
             tail[tail == self.handle.mask_id] = self.handle.eos_id
         self.result = Result(self.recorder.finish(self.state, stopped))
         self.result.trace.branch = self.branch
-        self.positions = self.logits = None  # in a batch, views of the batch's logits
+        self.positions = self.read_positions = self.logits = None  # in a batch, views of the batch's logits
         return False
 
 

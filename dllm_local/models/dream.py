@@ -13,7 +13,7 @@ from transformers import PretrainedConfig
 from .attention import BIDIRECTIONAL, Attention
 from .cache import CacheFork, CacheView
 from .family import QWEN2_WEIGHTS, FamilySpec, register
-from .layers import RMSNorm, SwiGLU, attend
+from .layers import FusedProjections, RMSNorm, SwiGLU, attend
 from .stack import LayerStackLM
 
 
@@ -63,7 +63,9 @@ class DreamConfig(PretrainedConfig):
         return self.max_position_embeddings
 
 
-class DreamAttention(nn.Module):
+class DreamAttention(FusedProjections):
+    fuses = {"qkv": ("q_proj", "k_proj", "v_proj")}
+
     def __init__(self, config: DreamConfig, index: int) -> None:
         super().__init__()
         d, hd = config.hidden_size, config.head_dim
@@ -76,9 +78,10 @@ class DreamAttention(nn.Module):
 
     def forward(self, h: torch.Tensor, rope, attention: Attention) -> torch.Tensor:
         b, n, _ = h.shape
-        q = self.q_proj(h).view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(h).view(b, n, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(h).view(b, n, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = self.project("qkv", h)
+        q = q.view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, n, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(b, n, self.n_kv_heads, self.head_dim).transpose(1, 2)
         return self.o_proj(attend(q, k, v, rope, self.index, attention))
 
 

@@ -1,4 +1,5 @@
-"""Building blocks the families share: fp32 RMSNorm, fp32 rotary embeddings, attention's entry."""
+"""Building blocks the families share: fp32 RMSNorm, fp32 rotary embeddings, attention's entry,
+projections fused into one GEMM, experts as grouped GEMMs."""
 from __future__ import annotations
 
 import torch
@@ -61,8 +62,60 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: tuple[torch.
     return attention(layer, apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)
 
 
-class SwiGLU(nn.Module):
-    """The gated MLP of Llama, Qwen and their kin, with their weight names."""
+class FusedProjections(nn.Module):
+    """A module whose Linears that read one input (Q, K and V; gate and up) run as one GEMM once
+    ``fuse``d: ``fuses`` names each group's Linears in order. Fused, each Linear's weight (and bias)
+    is a view into the group's concatenated tensor, so the state dict and every weight name stay as
+    released; ``project(group, x)`` returns each Linear's output, the same products as calling
+    them one by one. Unfused (quantized or offloaded Linears, or training, whose gradients belong
+    to each Linear's own weight) the Linears run one by one."""
+
+    fuses: dict[str, tuple[str, ...]] = {}
+
+    def fuse(self) -> None:
+        """Concatenate each group's weights where its Linears allow it: plain Linears, all with a
+        bias or none, of one dtype on one real device."""
+        fused = {}
+        for group, names in self.fuses.items():
+            linears = [getattr(self, name) for name in names]
+            params = [p for linear in linears for p in (linear.weight, linear.bias) if p is not None]
+            if (not all(type(linear) is nn.Linear for linear in linears)
+                    or len({linear.bias is None for linear in linears}) != 1
+                    or len({(p.dtype, p.device) for p in params}) != 1 or params[0].device.type == "meta"):
+                continue
+            sizes = [linear.out_features for linear in linears]
+            with torch.no_grad():
+                weight = torch.cat([linear.weight for linear in linears])
+                bias = None if linears[0].bias is None else torch.cat([linear.bias for linear in linears])
+            for linear, part, part_bias in zip(linears, weight.split(sizes), (bias.split(sizes) if bias is not None
+                                                                              else [None] * len(linears))):
+                linear.weight = nn.Parameter(part, requires_grad=linear.weight.requires_grad)
+                if part_bias is not None:
+                    linear.bias = nn.Parameter(part_bias, requires_grad=linear.bias.requires_grad)
+            fused[group] = (weight, bias, sizes)
+        self.__dict__["_fused"] = fused
+
+    def _apply(self, fn, recurse: bool = True):
+        # Moving or casting gives each weight new storage: fuse again there, never a stale copy.
+        super()._apply(fn, recurse)
+        if self.__dict__.get("_fused"):
+            self.fuse()
+        return self
+
+    def project(self, group: str, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The outputs of ``group``'s Linears on ``x``, in the order ``fuses`` names them."""
+        fused = self.__dict__.get("_fused", {}).get(group)
+        if fused is None or self.training:
+            return tuple(getattr(self, name)(x) for name in self.fuses[group])
+        weight, bias, sizes = fused
+        return F.linear(x, weight, bias).split(sizes, dim=-1)
+
+
+class SwiGLU(FusedProjections):
+    """The gated MLP of Llama, Qwen and their kin, with their weight names (gate and up one GEMM
+    once fused)."""
+
+    fuses = {"gate_up": ("gate_proj", "up_proj")}
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
@@ -71,7 +124,8 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.project("gate_up", x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Experts(nn.ModuleList):
@@ -141,11 +195,16 @@ def _grouped_gemm_runs(weight: torch.Tensor) -> bool:
     return weight.device.type == "cpu"
 
 
-def stack_experts(model: nn.Module) -> None:
-    """Stack every mixture-of-experts layer's weights, once the model is loaded and placed."""
+def pack_weights(model: nn.Module) -> None:
+    """Once the model is loaded and placed: stack every mixture-of-experts layer's weights and
+    fuse the projections that read one input (fewer, larger kernels; the same products)."""
+    experts = [module for module in model.modules() if isinstance(module, Experts)]
+    inside = {id(part) for module in experts for part in module.modules()}  # stacked, not fused
+    for module in experts:
+        module.stack()
     for module in model.modules():
-        if isinstance(module, Experts):
-            module.stack()
+        if isinstance(module, FusedProjections) and id(module) not in inside:
+            module.fuse()
 
 
 def mix_experts(flat: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, experts: Experts) -> torch.Tensor:

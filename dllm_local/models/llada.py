@@ -12,7 +12,7 @@ from transformers import PretrainedConfig
 
 from .attention import Attention
 from .family import FamilySpec, WeightNames, register
-from .layers import RMSNorm, attend
+from .layers import FusedProjections, RMSNorm, attend
 from .stack import LayerStackLM
 
 
@@ -71,7 +71,9 @@ class LLaDAConfig(PretrainedConfig):
         return self.max_sequence_length
 
 
-class LLaDABlock(nn.Module):
+class LLaDABlock(FusedProjections):
+    fuses = {"qkv": ("q_proj", "k_proj", "v_proj"), "gate_up": ("ff_proj", "up_proj")}
+
     def __init__(self, config: LLaDAConfig, index: int) -> None:
         super().__init__()
         d, hd = config.d_model, config.head_dim
@@ -89,13 +91,13 @@ class LLaDABlock(nn.Module):
 
     def forward(self, x: torch.Tensor, rope, attention: Attention) -> torch.Tensor:
         b, n, _ = x.shape
-        h = self.attn_norm(x)
-        q = self.q_proj(h).view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(h).view(b, n, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(h).view(b, n, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = self.project("qkv", self.attn_norm(x))
+        q = q.view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, n, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(b, n, self.n_kv_heads, self.head_dim).transpose(1, 2)
         x = x + self.attn_out(attend(q, k, v, rope, self.index, attention))
-        h = self.ff_norm(x)
-        return x + self.ff_out(F.silu(self.ff_proj(h)) * self.up_proj(h))
+        gate, up = self.project("gate_up", self.ff_norm(x))
+        return x + self.ff_out(F.silu(gate) * up)
 
 
 class LLaDATransformer(nn.Module):

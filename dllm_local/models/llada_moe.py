@@ -20,7 +20,7 @@ from transformers import PretrainedConfig
 from .attention import Attention
 from .family import QWEN2_WEIGHTS, FamilySpec, register
 from .llada import LLaDAConfig
-from .layers import Experts, RMSNorm, SwiGLU, apply_rope, mix_experts
+from .layers import Experts, FusedProjections, RMSNorm, SwiGLU, apply_rope, mix_experts
 from .stack import LayerStackLM
 
 
@@ -119,7 +119,9 @@ class LLaDAMoESparseMoeBlock(nn.Module):
         return out.view_as(x)
 
 
-class LLaDAMoEAttention(nn.Module):
+class LLaDAMoEAttention(FusedProjections):
+    fuses = {"qkv": ("q_proj", "k_proj", "v_proj")}
+
     def __init__(self, config: LLaDAMoEConfig, index: int) -> None:
         super().__init__()
         d, hd, bias = config.hidden_size, config.head_dim, config.attention_bias
@@ -134,9 +136,10 @@ class LLaDAMoEAttention(nn.Module):
 
     def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attention: Attention) -> torch.Tensor:
         b, n, _ = h.shape
-        q = self.q_proj(h).view(b, n, self.n_heads, self.head_dim)
-        k = self.k_proj(h).view(b, n, self.n_kv_heads, self.head_dim)
-        v = self.v_proj(h).view(b, n, self.n_kv_heads, self.head_dim)
+        q, k, v = self.project("qkv", h)
+        q = q.view(b, n, self.n_heads, self.head_dim)
+        k = k.view(b, n, self.n_kv_heads, self.head_dim)
+        v = v.view(b, n, self.n_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.clip is not None:

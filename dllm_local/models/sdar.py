@@ -16,7 +16,7 @@ from transformers import PretrainedConfig
 
 from .attention import Attention, BlockCausal
 from .family import QWEN2_WEIGHTS, FamilySpec, register
-from .layers import Experts, RMSNorm, SwiGLU, attend, mix_experts
+from .layers import Experts, FusedProjections, RMSNorm, SwiGLU, attend, mix_experts
 from .stack import LayerStackLM
 
 
@@ -106,7 +106,9 @@ class SDARMoeConfig(SDARConfig):
                 and (index + 1) % self.decoder_sparse_step == 0)
 
 
-class SDARAttention(nn.Module):
+class SDARAttention(FusedProjections):
+    fuses = {"qkv": ("q_proj", "k_proj", "v_proj")}
+
     def __init__(self, config: SDARConfig, index: int) -> None:
         super().__init__()
         d, hd, bias = config.hidden_size, config.head_dim, config.attention_bias
@@ -121,9 +123,10 @@ class SDARAttention(nn.Module):
 
     def forward(self, h: torch.Tensor, rope, attention: Attention) -> torch.Tensor:
         b, n, _ = h.shape
-        q = self.q_norm(self.q_proj(h).view(b, n, self.n_heads, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(h).view(b, n, self.n_kv_heads, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(h).view(b, n, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = self.project("qkv", h)
+        q = self.q_norm(q.view(b, n, self.n_heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(k.view(b, n, self.n_kv_heads, self.head_dim)).transpose(1, 2)
+        v = v.view(b, n, self.n_kv_heads, self.head_dim).transpose(1, 2)
         return self.o_proj(attend(q, k, v, rope, self.index, attention))
 
 

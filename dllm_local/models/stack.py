@@ -110,13 +110,16 @@ class LayerStackLM(PreTrainedModel):
         segments: list[Segment] | None = None,
         layout: AttentionLayout | None = None,
         sequence: torch.Tensor | None = None,
+        read: torch.Tensor | None = None,
         **unused,
     ) -> DiffusionLMOutput:
         """Logits ``[batch, n, vocab]`` for the ``n`` given tokens at absolute ``positions``, under
         ``layout`` (default: the model's own). With a cache only these positions are computed,
         their K/V written, each attending every valid entry the layout allows (``observers``
         watching); ``segments``: several requests packed in one row; without, a full forward.
-        ``sequence``: the whole sequence ``[batch, L]``, for a head that reads positions not given."""
+        ``sequence``: the whole sequence ``[batch, L]``, for a head that reads positions not given.
+        ``read``: indices into ``positions``, the only rows the final norm and head compute (a
+        model that ``packs_requests``: its head reads each position's own row); None: every row."""
         bound = _positions_bound(input_ids, positions, cache, segments, self.config.max_positions)
         if positions is None:
             if input_ids.shape[1] > self.config.max_positions:
@@ -132,6 +135,10 @@ class LayerStackLM(PreTrainedModel):
         x = self.get_input_embeddings()(run_ids)
         for layer in self.stack():
             x = layer(x, rope, attention)
+        if read is not None:
+            if not self.packs_requests:
+                raise ValueError(f"{type(self).__name__}'s head reads other rows than it returns: it takes no read")
+            x = x.index_select(1, read)
         logits = self.head(self.final_norm()(x))
         return DiffusionLMOutput(logits=self.read_logits(logits, positions, run_positions))
 

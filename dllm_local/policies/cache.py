@@ -33,6 +33,10 @@ class CachePolicy(Policy):
     # This request's share of a batch's cache budget, when its policy has a budget (``max_cached``) and
     # the batch shares budgets: set by ``set_quota`` each step.
     quota: int | None = None
+    # Whether ``observe`` reads the prediction at every computed position (``signals``); else a
+    # step whose positions hold the block computes the LM head over the block's rows alone, and
+    # ``signals`` holds those.
+    reads_every_logit: bool = False
 
     def padding(self, prompt_len: int, gen_length: int) -> int:
         """End-of-text positions after the answer that every forward attends (context, never decoded)."""
@@ -199,6 +203,8 @@ class AdaptiveCache(CachePolicy):
     a fraction of the sequence), evicting the lowest-confidence ones, K and V together. Like
     DualCache it refreshes at block starts, and also every ``refresh_every`` steps when set.
     """
+
+    reads_every_logit = True  # the entropy at every computed position
 
     def reset(self, state, cache, model):
         L = state.total_len

@@ -64,14 +64,17 @@ class ForwardRunner:
 
     def _eager(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: CacheView | CacheFork | None,
                observers: tuple[ForwardObserver, ...], sequence: torch.Tensor | None,
-               layout: AttentionLayout | None) -> torch.Tensor:
-        return self.model(input_ids, positions, cache, observers=observers, sequence=sequence, layout=layout).logits
+               layout: AttentionLayout | None, read: torch.Tensor | None) -> torch.Tensor:
+        return self.model(input_ids, positions, cache, observers=observers, sequence=sequence, layout=layout,
+                          read=read).logits
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: CacheView | CacheFork | None = None,
                  observers: Sequence[ForwardObserver] = (), sequence: torch.Tensor | None = None,
-                 layout: AttentionLayout | None = None) -> Forward:
+                 layout: AttentionLayout | None = None, read: torch.Tensor | None = None) -> Forward:
         """One request's forward: ``input_ids`` ``[rows, n]`` at ``positions`` ``[n]`` (sorted) over
-        ``cache`` (or none: a full forward), watched by ``observers``."""
+        ``cache`` (or none: a full forward), watched by ``observers``. ``read``: the indices into
+        ``positions`` whose logits are wanted (a model that ``packs_requests`` computes its head
+        on those rows alone); None: every position's."""
         n = positions.numel()
         # A shifted head (Dream) reads each position's predecessor, which a padding row would turn
         # into a real position: those models run their lengths as they are.
@@ -83,10 +86,10 @@ class ForwardRunner:
             if padded:
                 input_ids, positions, cache = pad(input_ids, positions, cache, length)
         self.shapes.add((type(cache).__name__, input_ids.shape[0], input_ids.shape[1]))
-        args = (input_ids, positions, cache, tuple(observers), sequence, layout)
+        args = (input_ids, positions, cache, tuple(observers), sequence, layout, read)
         logits, seconds = timed(lambda: self._run(*args), self.gpus)
         if padded:
-            logits = logits[:, :n]
+            logits = logits if read is not None else logits[:, :n]
             for observer in observers:
                 observer.on_end(n)
         return Forward(logits, seconds)

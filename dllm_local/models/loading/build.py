@@ -9,7 +9,7 @@ from huggingface_hub.errors import StrictDataclassError
 
 from ...errors import ModelLoadError
 from ..family import FamilySpec
-from ..layers import stack_experts
+from ..layers import pack_weights
 from ..protocol import DiffusionLM, FamilyConfig
 
 if TYPE_CHECKING:
@@ -59,5 +59,5 @@ def build_model(path: Path, family: FamilySpec, config: FamilyConfig, dtype: tor
         raise ModelLoadError(f"weights in {path} do not match the {family.model_type} architecture: {bad}")
     if qconfig is None and device_map is None:
         model = model.to(device)
-    stack_experts(model)
+    pack_weights(model)
     return model.eval()
