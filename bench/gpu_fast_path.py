@@ -35,8 +35,8 @@ first length first; the other lengths last):
   launch to its last, against the GPU's busy time (the kernels' durations summed);
 - batches (``--batches``, first length): dual + threshold 0.9 through ``dllm_local.stream_batch``
   in each mode, the cached step's time against the floor of B x block positions. A batch's main
-  forward is packed (``ForwardRunner.packed``), which runs eagerly in every mode: these rows are
-  the baseline for a fast packed forward;
+  forward is packed (``ForwardRunner.packed``), compiled or captured per number of requests and
+  packed length in the fast modes;
 - with ``--released``: the released generator (``generate_with_Flash_dLLM``, verify on) on this
   same model (its modules built empty and given these weights, its logits held to the ids our
   drafts may be) against ``flash`` + ``flash_verify`` with the release's defaults at its block
@@ -86,8 +86,8 @@ EAGER = "eager"
 DUAL_TARGET, FULL_TARGET, BATCH_TARGET, RELEASED_TARGET = 1.5, 1.3, 1.5, 1.2
 TARGET_BATCH = 32
 BATCH_THRESHOLD = 0.9  # Fast-dLLM's: random weights never reach it, one token per request per step
-PACKED_NOTE = ("a batch's main forward is packed (ForwardRunner.packed) and runs eagerly in every mode: the fast "
-               "rows time the eager packed path, the baseline for a fast one")
+PACKED_NOTE = ("a batch's main forward is packed (ForwardRunner.packed): the fast rows run it compiled or as CUDA "
+               "graphs, one per number of requests and packed length")
 
 
 # ---------------------------------------------------------------- the time budget

@@ -1,6 +1,7 @@
 """What the page reads of a run's forwards, from the engine (issue 58): the loaded model's GPU by name
-and the parameters its arithmetic uses in its info, and the engine's batch never claiming a compiled
-mode its packed forwards did not run (a run that names one runs alone)."""
+and the parameters its arithmetic uses in its info, and a batch's packed forward compiled: one graph
+without a break, a graph per number of requests, the same tokens as eager, the trace naming the mode
+(and a run that names a compiled mode runs alone, in it)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -9,10 +10,12 @@ from types import SimpleNamespace
 import torch
 
 import dllm_local
-from dllm_local.decoding.batch import stream_batch
+from dllm_local.decoding.batch import BatchRun
+from dllm_local.models.attention import Segment
 from dllm_local.runner import runner_for
 from dllm_local.serving.scheduler import Request, Scheduler
 from dllm_local.settings import Settings, knob
+from test_fast_path import GraphCounter
 
 PROMPT = "Mia has 4 boxes of 5 shells and 3 loose shells. How many in all?"
 H100 = "NVIDIA H100 80GB HBM3"
@@ -25,15 +28,61 @@ def test_the_model_info_names_a_cuda_gpu_and_the_parameters_its_arithmetic_uses(
     assert replace(tiny, device=torch.device("cuda:0")).summary()["gpu_name"] == f"{H100} (cuda:0)"
 
 
-def test_a_batched_run_never_claims_a_compiled_mode_and_a_compiled_run_is_not_batched(tiny):
-    handle = dllm_local.load("tiny")  # a model of its own: its compiled runner is this test's
-    runner_for(handle.model, "compiled", backend="eager")  # dynamo's graph run as it is: no compile time
-    settings = Settings(gen_length=32, block_size=32, cache="dual", unmask="threshold", forward_mode="compiled")
-    batch = stream_batch(handle, [PROMPT, "Give two numbers whose sum is 9."], settings)
+PROMPTS = [PROMPT, "Give two numbers whose sum is 9.", "Name a color.", "What is 2 + 2?", "Count to three."]
+
+
+def _batch(handle, settings: Settings) -> list[BatchRun]:
+    """``PROMPTS`` decoded continuously in 3 slots: requests join as others finish, so the packed
+    forwards meet 1 to 3 requests, prefills packed with steps."""
+    batch = BatchRun(handle, PROMPTS, settings, slots=3)
     list(batch)
-    for run in batch.runs:
-        stats = run.recorder.trace.stats
-        assert stats.forward_mode == "eager" and "engine's batch" in stats.forward_notice, stats
+    return batch
+
+
+def test_a_batch_compiles_its_packed_forward_and_decodes_as_eager(tiny):
+    handle = dllm_local.load("tiny")  # a model of its own: its compiled runner is this test's
+    torch._dynamo.reset()
+    counter = GraphCounter()
+    runner = runner_for(handle.model, "compiled", backend=counter)
+    settings = Settings(gen_length=32, block_size=32, cache="dual", unmask="threshold")
+    eager = _batch(handle, settings)
+    fast = _batch(handle, settings.with_(forward_mode="compiled"))
+    assert [r.token_ids for r in fast.results] == [r.token_ids for r in eager.results]
+    for result in fast.results:
+        assert result.stats.forward_mode == "compiled" and result.stats.forward_notice == "", result.stats
+        assert result.stats.batch_size >= 2
+    packed = {shape for shape in runner.shapes if shape[0] == "packed"}
+    assert {requests for _, requests, _ in packed} >= {2, 3}
+    print(f"{counter.graphs} graphs for {sorted(runner.shapes)}")
+    assert counter.graphs <= len(runner.shapes), (counter.graphs, sorted(runner.shapes))
+    graphs = counter.graphs
+    again = _batch(handle, settings.with_(forward_mode="compiled", seed=1))
+    assert [r.token_ids for r in again.results] == [r.token_ids for r in fast.results]
+    assert counter.graphs == graphs  # the same compositions again: no new graph
+
+
+def test_a_packed_forward_is_one_graph_without_a_break():
+    handle = dllm_local.load("tiny")
+    runner, explained = runner_for(handle.model, "auto"), []  # the batch's settings: auto, eager on a CPU
+    model_call = runner._eager_packed
+
+    def explain_one(input_ids, positions, segments: list[Segment]):
+        if not explained and len(segments) > 1:
+            torch._dynamo.reset()
+            explained.append(torch._dynamo.explain(model_call)(input_ids, positions, segments))
+        return model_call(input_ids, positions, segments)
+
+    runner._eager_packed = explain_one
+    try:
+        _batch(handle, Settings(gen_length=32, block_size=32, cache="dual", unmask="threshold"))
+    finally:
+        del runner._eager_packed
+    assert explained[0].graph_break_count == 0, [str(b.reason) for b in explained[0].break_reasons]
+    assert explained[0].graph_count == 1
+
+
+def test_a_run_that_names_a_compiled_mode_is_not_batched(tiny):
+    settings = Settings(gen_length=32, block_size=32, cache="dual", unmask="threshold")
     scheduler = Scheduler(SimpleNamespace(handle=tiny), conn=None)
     asked = {mode: scheduler._batchable(Request("r", "run", {"settings": settings.with_(forward_mode=mode)}))
              for mode in knob("forward_mode").choices}

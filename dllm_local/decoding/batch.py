@@ -237,7 +237,7 @@ class BatchRun:
         records = []
         for row, i in enumerate(active):
             runs[i].recorder.count_forward(seconds, counts[row] / len(positions))
-            runs[i].recorder.in_batch(len(active))
+            runs[i].recorder.in_batch(len(active), runs[active[0]].runner)
             records.append((i, runs[i].after_forward(logits[row])))
         return records
 

@@ -73,7 +73,6 @@ class Recorder:
         self._committed = self._g = self._reads = self._main_forwards = 0
         self._t0 = self._t_step = time.perf_counter()
         self._paused = 0.0
-        self._packed = False  # whether its steps' forwards ran packed in a batch
         self._new_step()
 
     @property
@@ -81,11 +80,12 @@ class Recorder:
         """What the recorder watches the run's forwards with: counts, and drift with a trace."""
         return tuple(o for o in (self.counter, self.drift, self.experts) if o is not None)
 
-    def in_batch(self, size: int) -> None:
-        """A forward of this run packed ``size`` requests (its time is theirs together): the trace
-        keeps the most that ever shared one."""
+    def in_batch(self, size: int, runner: ForwardRunner) -> None:
+        """A forward of this run packed ``size`` requests (its time is theirs together), run by
+        ``runner`` (the batch's, whose mode the trace reports): the trace keeps the most that ever
+        shared one."""
         self.trace.stats.batch_size = max(self.trace.stats.batch_size, size)
-        self._packed = True
+        self.runner = runner
 
     def _new_step(self) -> None:
         self._model_s = self._exact_s = 0.0
@@ -273,11 +273,6 @@ class Recorder:
         st.cache_hit_rate = round(self._reads / max(1, self._g + self._reads), 4)
         st.wall_s = time.perf_counter() - self._t0 - self._paused
         st.forward_mode, st.forward_notice = self.runner.mode, self.runner.notice or ""
-        if self._packed and self.runner.mode != "eager":  # a batch's packed forward runs eager in every mode
-            # Under ``auto`` that is the mode's own choice for a batch, not a failure: no notice.
-            st.forward_mode, st.forward_notice = "eager", "" if self.runner.asked == "auto" else (
-                f"its steps ran in the engine's batch, whose packed forwards run eager in every mode; only its "
-                f"other forwards (verification, cache reads) ran {self.runner.mode}")
         st.tokens_per_s = round(committed / st.model_s, 2) if st.model_s else 0.0
         st.content_tokens_per_s = round(content / st.model_s, 2) if st.model_s else 0.0
         return trace

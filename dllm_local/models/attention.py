@@ -162,11 +162,12 @@ class Attention:
         slots = [s.cache.slot for s in self.segments]
         # Every slot in order: the store's tensors as they are; else this forward's rows, gathered.
         self._rows = None if slots == list(range(store.slots)) else torch.tensor(slots, device=device)
-        n = torch.tensor(counts, device=device)
-        token_slot = torch.repeat_interleave(torch.tensor(slots, device=device), n)
-        token_row = torch.repeat_interleave(torch.arange(len(slots), device=device), n)
+        # Each repeat's output length given (the host knows it): else it is read back from the device.
+        n, total = torch.tensor(counts, device=device), positions.numel()
+        token_slot = torch.repeat_interleave(torch.tensor(slots, device=device), n, output_size=total)
+        token_row = torch.repeat_interleave(torch.arange(len(slots), device=device), n, output_size=total)
         starts = torch.cumsum(n, 0) - n
-        token_at = torch.arange(positions.numel(), device=device) - torch.repeat_interleave(starts, n)
+        token_at = torch.arange(total, device=device) - torch.repeat_interleave(starts, n, output_size=total)
         was_valid = store.valid[token_slot, positions]
         store.valid[token_slot, positions] = True
         live = store.valid if self._rows is None else store.valid.index_select(0, self._rows)

@@ -43,10 +43,11 @@ class ForwardRunner:
         self.gpus = model_gpus(model)
         self.notice: str | None = None
         self.shapes: set[tuple[str, int, int]] = set()
-        self._compiled = None
+        self._compiled = self._compiled_packed = None
         if self.mode != "eager":
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
             self._compiled = compile_forward(self._eager, self.mode, backend)
+            self._compiled_packed = compile_forward(self._eager_packed, self.mode, backend)
         self._static: weakref.WeakSet[KVCache] = weakref.WeakSet()
         self._pool: list[KVCache] = []  # most recently used last
 
@@ -87,37 +88,48 @@ class ForwardRunner:
                 input_ids, positions, cache = pad(input_ids, positions, cache, length)
         self.shapes.add((type(cache).__name__, input_ids.shape[0], input_ids.shape[1]))
         args = (input_ids, positions, cache, tuple(observers), sequence, layout, read)
-        logits, seconds = timed(lambda: self._run(*args), self.gpus)
+        logits, seconds = timed(lambda: self._run_one(*args), self.gpus)
         if padded:
             logits = logits if read is not None else logits[:, :n]
             for observer in observers:
                 observer.on_end(n)
         return Forward(logits, seconds)
 
+    def _eager_packed(self, input_ids: torch.Tensor, positions: torch.Tensor, segments: list[Segment]) -> torch.Tensor:
+        return self.model(input_ids, positions, segments=segments).logits
+
     def packed(self, input_ids: torch.Tensor, positions: torch.Tensor, segments: list[Segment]) -> Forward:
-        """Several requests' positions in one row (a batch's step): run eagerly in every mode, since
-        its length changes with who is in the batch."""
-        logits, seconds = timed(lambda: self.model(input_ids, positions, segments=segments).logits, self.gpus)
+        """Several requests' positions in one row (a batch's step), in the runner's mode: a
+        compiled mode compiles (or captures) one graph per number of requests and, once a second
+        length has come, one generic in the length."""
+        self.shapes.add(("packed", len(segments), input_ids.shape[1]))
+        store = segments[0].cache.store
+        logits, seconds = timed(lambda: self._run(self._compiled_packed, self._eager_packed, store,
+                                                  input_ids, positions, segments), self.gpus)
         return Forward(logits, seconds)
 
-    def _run(self, *args) -> torch.Tensor:
-        if self._compiled is None:
-            return self._eager(*args)
+    def _run_one(self, *args) -> torch.Tensor:
         cache = args[2]
-        if self.mode == "graphs" and cache is not None:
-            self._mark_static(cache.parent.store if isinstance(cache, CacheFork) else cache.store)
+        store = None if cache is None else cache.parent.store if isinstance(cache, CacheFork) else cache.store
+        return self._run(self._compiled, self._eager, store, *args)
+
+    def _run(self, compiled: Callable | None, eager: Callable, store: KVCache | None, *args) -> torch.Tensor:
+        if compiled is None or self.mode == "eager":
+            return eager(*args)
+        if self.mode == "graphs" and store is not None:
+            self._mark_static(store)
         skips = graph_skips()
         try:
-            logits = self._compiled(*args)
+            logits = compiled(*args)
         except Exception as error:  # noqa: BLE001 -- any failure to compile: eager, and say why
             self._fall_back(f"{self.mode} forward failed ({_root_cause(error)}); running eager")
-            return self._eager(*args)
+            return eager(*args)
         if self.mode == "graphs" and graph_skips() > skips and self.notice is None:
             self.notice = "CUDA graphs were skipped for a forward (see torch's log): it ran compiled without them"
         return logits
 
     def _fall_back(self, notice: str) -> None:
-        self.notice, self.mode, self._compiled = notice, "eager", None
+        self.notice, self.mode, self._compiled, self._compiled_packed = notice, "eager", None, None
 
     def _mark_static(self, store: KVCache) -> None:
         """A graph writes the cache in place: its tensors keep their addresses, so the graph is told."""

@@ -140,7 +140,7 @@ class Scheduler:
         handle, settings = self.engine.handle, request.kwargs.get("settings")
         if request.method != "run" or request.options.get("alone") or not kinds.get(handle.kind).shares_batch:
             return False
-        # A run that names a compiled mode runs alone: the batch's packed forward runs eager in every mode.
+        # A run that names a compiled mode runs alone, in it: the batch's packed forwards run in the mode auto picks.
         return (handle.model.packs_requests and not settings.exact_drift and not settings.unmask_spec.needs_guider
                 and settings.forward_mode not in ("compiled", "graphs"))
 
