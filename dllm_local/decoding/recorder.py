@@ -81,11 +81,14 @@ class Recorder:
         """What the recorder watches the run's forwards with: counts, and drift with a trace."""
         return tuple(o for o in (self.counter, self.drift, self.experts) if o is not None)
 
-    def in_batch(self, size: int) -> None:
-        """A forward of this run packed ``size`` requests (its time is theirs together): the trace
-        keeps the most that ever shared one."""
-        self.trace.stats.batch_size = max(self.trace.stats.batch_size, size)
-        self._packed = True
+    def in_batch(self, size: int, mode: str) -> None:
+        """A step of this run decoded in a batch of ``size`` requests, ``mode`` "packed" (one forward
+        for them all, its time theirs together: the trace keeps the most that ever shared one) or
+        "invariant" (the run's own forward, as alone)."""
+        self.trace.stats.batch_mode = mode
+        if mode == "packed":
+            self.trace.stats.batch_size = max(self.trace.stats.batch_size, size)
+            self._packed = True
 
     def _new_step(self) -> None:
         self._model_s = self._exact_s = 0.0
