@@ -47,7 +47,7 @@ POLICIES_HELP = ("modules that register policies of your own, imported by the pa
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from dllm_local.experiments.ray_address import ray_address
-    from dllm_local.limits import SLOT_PROMPT_ROOM, SLOTS
+    from dllm_local.limits import BATCH_MODE, BATCH_MODES, SLOT_PROMPT_ROOM, SLOTS
 
     ap = argparse.ArgumentParser(description="dllm-local: watch diffusion-LLM decoding step by step")
     ap.add_argument("--model", default="tiny", help="hub id, local folder or short name (default: the embedded tiny model)")
@@ -65,6 +65,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     lab = ap.add_argument_group("a class on one page (docs/page.md, Running a lab)")
     lab.add_argument("--slots", type=positive, default=SLOTS,
                      help=f"runs decoding at once in the engine's batch (default {SLOTS}); the others wait in line")
+    lab.add_argument("--batch-mode", choices=BATCH_MODES, default=BATCH_MODE,
+                     help="packed (default): one forward for the batch's runs, fastest; on a GPU in bf16 a run's "
+                          "tokens may depend on who shares the batch. invariant: each run's own forward, its tokens "
+                          "those it gets alone, one forward per run a step (docs/performance.md)")
     lab.add_argument("--max-gen-length", type=positive, default=None, metavar="N",
                      help=f"the longest answer a student may ask for; each slot then holds N + {SLOT_PROMPT_ROOM} "
                           "positions (default: the model's maximum)")
@@ -120,7 +124,7 @@ def create(args: argparse.Namespace, roles: dict[str, str] | None = None):
     # The engine process loads the model while this one imports the page.
     session = Session(args.model, device=args.device, quantization=args.quantize, guider=args.guider,
                       threads=args.threads, lazy=True, memory_fraction=getattr(args, "gpu_memory_fraction", None),
-                      ray=getattr(args, "ray", None), slots=args.slots,
+                      ray=getattr(args, "ray", None), slots=args.slots, batch_mode=args.batch_mode,
                       max_length=args.max_gen_length and args.max_gen_length + SLOT_PROMPT_ROOM)
     from ui.lab.classroom import Lab, Limits
     from ui.model.access import ModelAccess

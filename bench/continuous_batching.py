@@ -32,12 +32,14 @@ from dllm_local.tiny.tasks import TASKS, make_problems  # noqa: E402
 LENGTHS = (32, 64, 128, 256)
 
 
-def workload(n: int, seed: int = 0) -> tuple[list[str], list[Settings]]:
-    """``n`` prompts of the tiny tasks in turn, each with an answer length of ``LENGTHS``."""
+def workload(n: int, seed: int = 0, lengths: tuple[int, ...] = LENGTHS, block: int = 32,
+             **more) -> tuple[list[str], list[Settings]]:
+    """``n`` prompts of the tiny tasks in turn, each with an answer length of ``lengths`` (``more``:
+    other settings, such as a forward mode)."""
     draw = random.Random(seed)
     problems = [make_problems(TASKS[i % len(TASKS)], 1, 1000 + i)[0] for i in range(n)]
-    settings = [Settings(gen_length=draw.choice(LENGTHS), block_size=32, cache="dual", unmask="threshold", seed=i)
-                for i in range(n)]
+    settings = [Settings(gen_length=draw.choice(lengths), block_size=block, cache="dual", unmask="threshold", seed=i,
+                         **more) for i in range(n)]
     return [p.prompt for p in problems], settings
 
 
@@ -83,14 +85,15 @@ def main() -> None:
     print_rows([compare(handle, prompts, settings, batch, args.rounds) for batch in map(int, args.batch_sizes.split(","))])
 
 
-def decode(handle, prompts: list[str], settings: list[Settings], batch: int, continuous: bool
-           ) -> tuple[list[list[int]], int]:
+def decode(handle, prompts: list[str], settings: list[Settings], batch: int, continuous: bool,
+           batch_mode: str = "packed") -> tuple[list[list[int]], int]:
     """Every problem's tokens and the forwards it took: one continuous batch of ``batch`` slots,
-    or static batches of ``batch`` problems one after another (``generate_all``'s two schedules)."""
+    or static batches of ``batch`` problems one after another (``generate_all``'s two schedules),
+    in ``batch_mode``."""
     tokens, forwards = [], 0
     for chunk in batches(len(prompts), batch, continuous):
         run = BatchRun(handle, [prompts[i] for i in chunk], [settings[i] for i in chunk], share_budget=False,
-                       slots=min(batch, len(chunk)))
+                       slots=min(batch, len(chunk)), batch_mode=batch_mode)
         for _ in run:
             pass
         tokens += [r.token_ids for r in run.results]

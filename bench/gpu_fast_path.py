@@ -37,6 +37,11 @@ first length first; the other lengths last):
   in each mode, the cached step's time against the floor of B x block positions. A batch's main
   forward is packed (``ForwardRunner.packed``), compiled or captured per number of requests and
   packed length in the fast modes;
+- batch invariance (``--invariance`` problems of the tiny tasks, answers of 16 or 32, block 16,
+  eager, in batches of ``--invariance-batch``; bench/batch_invariance.py's comparison): how many
+  problems packed continuous, packed static and invariant batching (app.py --batch-mode) give the
+  tokens they give alone (bf16 kernels follow the packed shape; invariant runs each request's own
+  forward), and the invariant mode's answer tokens/s against packed continuous, its cost;
 - with ``--released``: the released generator (``generate_with_Flash_dLLM``, verify on) on this
   same model (its modules built empty and given these weights, its logits held to the ids our
   drafts may be) against ``flash`` + ``flash_verify`` with the release's defaults at its block
@@ -75,6 +80,8 @@ from dllm_local.models.loading.loader import ModelHandle, free_device_memory  # 
 from dllm_local.policies import registry  # noqa: E402
 from dllm_local.prompts import encode_prompt  # noqa: E402
 from dllm_local.runner import ForwardRunner, runner_for  # noqa: E402
+from batch_invariance import compare as invariance_compare, print_comparison  # noqa: E402
+from continuous_batching import workload  # noqa: E402
 from cuda_smoke import profile_step, torch_threads  # noqa: E402
 from gpu_check import (REFERENCE, _print_table, build_random, make_handle, policy_settings, profile_for,  # noqa: E402
                        prompt_text, reference_config)
@@ -270,6 +277,21 @@ def batch_row(handle: ModelHandle, prompt: str, gen: int, batch: int, mode: str,
     return row
 
 
+# ---------------------------------------------------------------- batch invariance
+INVARIANCE_LENGTHS = (16, 32)  # small: the section stays within seconds on the 8B shape
+
+
+def invariance_row(handle: ModelHandle, args: argparse.Namespace) -> dict:
+    """Same tokens as alone for packed continuous, packed static and invariant batches, and the
+    invariant mode's tokens/s against packed continuous (``batch_invariance.compare``)."""
+    prompts, settings = workload(args.invariance, lengths=INVARIANCE_LENGTHS, block=16, forward_mode=EAGER,
+                                 trace="off")
+    result = invariance_compare(handle, prompts, settings, args.invariance_batch)
+    print_comparison(result)
+    free_device_memory()
+    return result
+
+
 # ---------------------------------------------------------------- Flash-dLLM as released
 @dataclass
 class Released:
@@ -406,7 +428,7 @@ def targets(policies: list[dict], batches: list[dict], released: list[dict], arg
             add(f"{name} <= {bound}x floor", bound, None, True, f"no {policy} row")
     big = [r for r in batches if r["batch"] == TARGET_BATCH and r["mode"] == args.fast]
     add(f"batch-{TARGET_BATCH} dual step <= {BATCH_TARGET}x floor", BATCH_TARGET, big[0]["x_floor"] if big else None,
-        True, f"gen {big[0]['gen']}, {args.fast} (packed: eager)" if big else f"no batch {TARGET_BATCH} row")
+        True, f"gen {big[0]['gen']}, {args.fast}" if big else f"no batch {TARGET_BATCH} row")
     for r in released or [None]:
         add(f"flash + flash_verify >= {RELEASED_TARGET}x released tokens/s", RELEASED_TARGET,
             r["fast_x_released"] if r else None, False,
@@ -434,6 +456,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=3, help="timed steps per policy row, after the middle block's first")
     ap.add_argument("--batches", default="1,8,32", help="batch sizes of the batch rows (first length)")
     ap.add_argument("--batch-steps", type=int, default=4, help="cached steps timed per batch row")
+    ap.add_argument("--invariance", type=int, default=8,
+                    help="problems of the batch-invariance rows (0: none)")
+    ap.add_argument("--invariance-batch", type=int, default=4, help="slots of the batch-invariance rows")
     ap.add_argument("--fast", choices=("graphs", "compiled"), default="graphs", help="the fast forward mode")
     ap.add_argument("--backend", default=None, help=argparse.SUPPRESS)  # tests: aot_eager compiles in seconds
     ap.add_argument("--released", default=None, help="a copy of VILA-Lab/Flash-dLLM's llada/ folder")
@@ -478,6 +503,12 @@ def print_tables(out: dict, args: argparse.Namespace) -> None:
                       ("tokens_per_s", 12, ".1f"), ("floor_ms", 8, ".3f"), ("x_floor", 7, ".2f")], out["batches"])
         print(f"batch rows: dual + threshold {BATCH_THRESHOLD}, stream_batch; floor of B x {args.block} positions. "
               f"{PACKED_NOTE}")
+    for result in out["invariance"]:
+        print()
+        print_comparison(result)
+        print(f"invariance rows: {args.invariance} problems of the tiny tasks, answers of "
+              f"{' or '.join(map(str, INVARIANCE_LENGTHS))}, dual + threshold, block 16, eager; same tokens as alone: "
+              f"each problem's answer against its run alone (app.py --batch-mode)")
     if out["released"]:
         print()
         _print_table([("gen", 4, ""), ("block", 5, ""), ("batch", 5, ""), ("released_tokens_per_s", 21, ".1f"),
@@ -532,7 +563,8 @@ def measure(args: argparse.Namespace, device: torch.device, out: dict) -> dict:
     fast = runner_for(handle.model, args.fast, args.backend)  # the first call names the compile backend
     policies = [p for p in ("dual", "none") if p in registry.CACHE]
     policies += [p for p in registry.for_model("masked", registry.CACHE) if p not in policies]
-    out.update(fast=args.fast, batch_note=PACKED_NOTE, notes=[], policies=[], profile=[], batches=[], released=[])
+    out.update(fast=args.fast, batch_note=PACKED_NOTE, notes=[], policies=[], profile=[], batches=[], released=[],
+               invariance=[])
     out["warm_up_s"] = warm_up(handle, prompt, lengths[0], args)
     print(f"warm-up (an eager dual run) {out['warm_up_s']:.1f}s", flush=True)
 
@@ -554,6 +586,8 @@ def measure(args: argparse.Namespace, device: torch.device, out: dict) -> dict:
         for mode in (EAGER, args.fast):
             add("batches", f"batch {batch}, {mode}",
                 lambda: batch_row(handle, prompt, lengths[0], batch, mode, args, roofline))
+    if args.invariance:
+        add("invariance", "batch invariance", lambda: invariance_row(handle, args))
     if args.released and device.type != "cuda":
         out["notes"].append("the released generator runs Triton kernels: it needs CUDA (not run)")
     elif args.released:

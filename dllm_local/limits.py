@@ -16,3 +16,10 @@ SWEEP_GEN_LENGTH = 64
 # tokens a slot holds beyond a lab's longest answer (--max-gen-length).
 SLOTS = 8
 SLOT_PROMPT_ROOM = 512
+
+# How the engine's batch runs its requests' step forwards (app.py --batch-mode, bench and eval
+# --batch-mode): "packed", one forward for them all (fastest; on a GPU in bf16 a request's tokens may
+# depend on who shares its forward, since kernels are chosen by the packed shape), or "invariant",
+# each request's own forward, the call it makes alone: its tokens are those it gets alone.
+BATCH_MODES = ("packed", "invariant")
+BATCH_MODE = "packed"

@@ -239,6 +239,7 @@ class Stats:
     stopped: Flag = False
     revisions: Count = 0  # committed tokens taken back to mask
     batch_size: Count = 1  # the most requests one of its forwards packed (that forward's time is theirs together)
+    batch_mode: Text = ""  # in the engine's batch: packed (forwards shared) or invariant (its own, as alone); "": alone
     encoder_forwards: Count = 0  # a canvas model's encoder passes (apart from ``nfe``, its decoder's)
     encoder_s: Number = 0.0  # of model_s: those passes
     # Block diffusion: forwards that only wrote K/V (the prompt's blocks, each finished block),

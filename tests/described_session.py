@@ -7,6 +7,8 @@ from dllm_local.policies import registry
 class DescribedSession:
     """What ``page.build`` asks of a session, answered from this process's registry (no engine)."""
 
+    batch_mode = "packed"
+
     def info(self) -> dict:
         return {"name": "tiny", "family": "llada", "parameters": 1e6, "device": "cpu", "dtype": "float32",
                 "quantization": "none", "memory_mb": 1, "layers": 2}

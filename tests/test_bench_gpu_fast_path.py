@@ -19,7 +19,8 @@ def test_the_cpu_dry_run_times_every_policy_eager_and_compiled_with_the_same_tok
     out = tmp_path / "fast_path.json"
     table = fast_path.main(["--tiny", "--device", "cpu", "--lengths", "64", "--prompt", "32", "--batches", "1,2",
                             "--repeats", "1", "--batch-steps", "2", "--fast", "compiled", "--backend", "aot_eager",
-                            "--time-budget", "600", "--out", str(out)])
+                            "--time-budget", "600", "--invariance", "4", "--invariance-batch", "2",
+                            "--out", str(out)])
     printed = capsys.readouterr().out
     assert json.loads(out.read_text()) == json.loads(json.dumps(table))
     assert not table["skipped"] and not table["failed"]
@@ -37,6 +38,12 @@ def test_the_cpu_dry_run_times_every_policy_eager_and_compiled_with_the_same_tok
     assert sorted((r["batch"], r["mode"]) for r in table["batches"]) == [
         (1, "compiled"), (1, "eager"), (2, "compiled"), (2, "eager")]
     assert all(r["step_ms"] > 0 and r["floor_ms"] > 0 for r in table["batches"])
+
+    invariance = table["invariance"][0]
+    assert [r["schedule"] for r in invariance["rows"]] == ["packed continuous", "packed static", "invariant"]
+    assert all(r["n"] == 4 and r["tokens_per_s"] > 0 for r in invariance["rows"])
+    assert invariance["rows"][-1]["same_as_alone"] == 4 and invariance["invariant_x_packed"] > 0  # float32, or any: exact
+    assert "same tokens as alone" in printed and "invariant / packed continuous tokens/s" in printed
 
     verdicts = {t["target"].split(" <=")[0].split(" >=")[0]: t for t in table["targets"]}
     assert verdicts["batch-32 dual step"]["met"] is None and verdicts["flash + flash_verify"]["met"] is None

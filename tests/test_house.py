@@ -36,6 +36,7 @@ LAYERS = {
     "dllm_local.canvas.run": 5,                 # CanvasRun: a canvas model's loop over transformers' step functions
     "dllm_local.decoding.run_blocks": 6,        # where a run's blocks sit by the model's kind
     "dllm_local.decoding.recorder": 6,          # one Step per step -> the trace
+    "dllm_local.decoding.quotas": 6,            # a batch's cache budget shared as quotas
     "dllm_local.canvas.watch": 6,               # hooks that read a canvas model's decoder for the trace
     "dllm_local.policies": 7,                   # cache and unmasking behaviour, the decoding state they read
     "dllm_local.runner": 7,                     # every forward of a model: timing, buckets, eager / compiled / graphs

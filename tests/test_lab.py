@@ -235,12 +235,15 @@ def test_in_a_browser_the_lab_tab_is_the_lecturers_only_and_a_row_clicked_is_sto
             page.wait_for_selector("#run-btn")
             page.wait_for_timeout(1500)  # the page's load events have answered
             shown[name] = [t.inner_text() for t in page.locator("button[role=tab]").all() if t.is_visible()]
+            assert page.inner_text("#batch-mode") == ("Batching: packed (fastest; on a GPU in bf16 a request's tokens "
+                                                      "may depend on who shares its batch)")
         assert shown == {"student1": ["Run", "Compare", "Tune"], "lee": ["Run", "Compare", "Tune", "Lab"]}
         # The lecturer clicks a student's row and stops it.
         long = _client(url, "student2").submit(LONG_PROMPT, api_name="/run", **STOPPED_RUN)
         _wait_for_a_request(session)
         lee = pages["lee"]
         lee.get_by_role("tab", name="Lab").click()
+        assert "Batching: packed (fastest" in lee.inner_text("#lab-intro")  # the lecturer's view says it too
         lee.click("#lab-refresh")
         user_cell = lee.locator("#lab-requests").get_by_test_id("cell-0-0")
         assert user_cell.inner_text() == "student2"

@@ -13,7 +13,7 @@ from dllm_local.trace import MAX_TRACE_BYTES
 from .compare.tab import CompareTab
 from .engine.queue import EngineQueue
 from .parts.exports import ExportFolder
-from .lab.classroom import Lab, LabTab
+from .lab.classroom import Lab, LabTab, batching_line
 from .model.access import ModelAccess
 from .model.box import model_line
 from .run.presenter import CSS as PRESENTER_CSS, KEYS_JS
@@ -82,6 +82,7 @@ def build(session, presets: dict, preset_problems: list[str], default_preset: st
                     "Timings are model time measured with device synchronisation; page work is counted apart.",
                     elem_id="page-head")
         line = gr.Markdown(model_line(session.info()), elem_id="model-line")
+        gr.Markdown(batching_line(session.batch_mode), elem_id="batch-mode")
         if preset_problems:
             gr.Markdown("\n".join(f"- ⚠ {p}" for p in preset_problems), elem_id="preset-problems")
         with gr.Tabs() as tabs:

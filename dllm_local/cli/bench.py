@@ -8,6 +8,7 @@ import sys
 from .. import kinds
 from ..devices import DEVICES
 from ..errors import SettingsError
+from ..limits import BATCH_MODE, BATCH_MODES
 from ..experiments.side_by_side import STRATEGY_SETS
 from ..experiments.problems import SCORERS
 from ..tiny.tasks import TASKS
@@ -58,6 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "with --concurrency, runs per level")
     p.add_argument("--out", default=None, help="also write the report as JSON here")
     p.add_argument("--batch-size", type=at_least_one, default=1, help=BATCH_HELP)
+    p.add_argument("--batch-mode", choices=BATCH_MODES, default=BATCH_MODE,
+                   help="with --batch-size: packed (one forward for the batch, default) or invariant (each problem's "
+                        "own forward, its tokens those it gets alone on any hardware; app.py --batch-mode)")
     p.add_argument("--concurrency", type=_levels, default=None, metavar="1,2,4,...",
                    help="instead of the strategy table: throughput and latency at each number of concurrent requests, "
                         "the diffusion model (these settings) against the autoregressive guider, and the crossover")
@@ -97,6 +101,6 @@ def run(args: argparse.Namespace) -> None:
         strategies = STRATEGY_SETS[args.set]()
         guider = guider_for(args, handle, needed=any(s.settings(base).unmask_spec.needs_guider for s in strategies))
         report = run_bench(handle, problems, strategies, base, guider, args.repeats, progress=not args.quiet,
-                           batch_size=args.batch_size)
+                           batch_size=args.batch_size, batch_mode=args.batch_mode)
         print(format_table(report))
     write_out(args.out, report, "bench")

@@ -1,66 +1,34 @@
 """Several requests decoded together: each keeps its own ``Run`` (positions, policies, seed,
-trace, cache slot) and all of them share one forward per step, packed into one sequence."""
+trace, cache slot) and all of them share one forward per step, packed into one sequence (or, batch
+mode ``invariant``, each its own forward, as alone, in the same loop)."""
 from __future__ import annotations
 
 import math
 import time
 from collections import deque
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Literal
 
 import torch
 from pydantic import TypeAdapter
 
 from ..errors import SettingsError
+from ..limits import BATCH_MODE, BATCH_MODES
 from ..models.attention import Segment
 from ..models.cache import KVCache
 from ..models.loading.loader import GuiderHandle, ModelHandle
 from ..prompts import Prompt
+from .quotas import FLOOR_SHARE, QuotaPool
 from .sampler import Result, Run, generate
 from ..settings import Settings
 from ..trace import Branch, StepRecord
 from ..values import integer, read
 
 SLOTS = TypeAdapter(integer(1, 4096))  # requests decoding at once: a batch's slots
-
-
-FLOOR_SHARE = 0.2  # the write-up's rule: every request keeps at least 20% of its length's K/V
+MODES = TypeAdapter(Literal[BATCH_MODES])  # type: ignore[valid-type] -- the tuple of limits.BATCH_MODES
 
 
 class TooLong(SettingsError):
     """A request longer than the batch's slots."""
-
-
-class QuotaPool:
-    """The cache budget of a batch, shared by its requests' adaptive caches (the I/O-aware
-    write-up's per-request quotas): ``total`` positions, the sum of the requests' own budgets.
-
-    After each forward the pool gives every request its floor first (``floors``: at least
-    ``FLOOR_SHARE`` of its length, never more than its own budget), so a long request cannot
-    take the memory of the others. The rest is split max-min fairly over what each holds beyond
-    its floor: a request wanting less than an even share keeps what it holds, and what it leaves
-    is split evenly among the others, and so on. So a request that needs more (a refresh fills
-    its cache) takes what the others do not use, and a finished request's quota goes back to the
-    pool. Each request then evicts by confidence, K and V together, down to its quota: the quotas
-    never sum to more than the total.
-    """
-
-    def __init__(self, total: int) -> None:
-        self.total = int(total)
-
-    def allocate(self, holding: dict[int, int], floors: dict[int, int] | None = None) -> dict[int, int]:
-        """Each request's quota, from the positions it holds now and its floor."""
-        floors = {i: (floors or {}).get(i, 0) for i in holding}
-        quotas = dict(floors)
-        left = self.total - sum(floors.values())
-        wants = {i: max(0, holding[i] - floors[i]) for i in holding}
-        waiting = sorted(wants, key=wants.get)
-        while waiting and wants[waiting[0]] <= left // len(waiting):
-            request = waiting.pop(0)
-            quotas[request] += wants[request]
-            left -= wants[request]
-        for k, request in enumerate(waiting):  # the rest share what is left evenly
-            quotas[request] += left // len(waiting) + (1 if k < left % len(waiting) else 0)
-        return quotas
 
 
 def _batchable(settings: Settings) -> None:
@@ -77,7 +45,12 @@ class BatchRun:
     as the others' next steps. Later forwards no longer compute a finished request.
 
     With ``share_budget`` the adaptive caches' budgets become one budget shared by quotas (see
-    ``QuotaPool``): the one thing that makes a request decode otherwise than alone.
+    ``QuotaPool``): the one thing that makes a request decode otherwise than alone, in exact
+    arithmetic. On a GPU in bf16 the packed forward's kernels are chosen by its shape, which
+    depends on who shares it, so a request's tokens may too. ``batch_mode="invariant"`` runs each
+    request's step as its own forward, the very call it makes alone (its own cache of its own
+    length; budgets never shared): its tokens are its tokens alone, on any hardware, at the cost of
+    one forward per request a step instead of one for all (``bench/batch_invariance.py``).
 
     Iterate for ``(request, StepRecord)`` pairs; ``results`` then holds one result per prompt.
     ``finished(request)`` is called as each request ends (a progress bar). Between records a
@@ -86,7 +59,8 @@ class BatchRun:
 
     def __init__(self, handle: ModelHandle, prompts: list[Prompt], settings: Settings | list[Settings],
                  guider: GuiderHandle | None = None, share_budget: bool = True, slots: int | None = None,
-                 finished: Callable[[int], None] | None = None, max_len: int | None = None) -> None:
+                 finished: Callable[[int], None] | None = None, max_len: int | None = None,
+                 batch_mode: str = BATCH_MODE) -> None:
         """``settings``: one for every request, or one per request (an evaluation's own seeds);
         ``max_len``: the positions each slot holds (default: the longest of ``prompts``' runs),
         what a request added later may take at most. A server's batch may start with no prompts
@@ -103,10 +77,14 @@ class BatchRun:
         for s in per_request:
             _batchable(s)
         self.slots = read(SLOTS, len(prompts) if slots is None else slots, "the batch size (slots)")
-        self.handle, self.guider, self.share_budget, self.finished = handle, guider, share_budget, finished
+        self.batch_mode = read(MODES, batch_mode, "the batch mode")
+        self.invariant = self.batch_mode == "invariant"
+        self.handle, self.guider, self.finished = handle, guider, finished
+        self.share_budget = share_budget and not self.invariant
         self.runs = [Run(handle, prompt, s, guider) for prompt, s in zip(prompts, per_request)]
         self.max_len = max_len or max(run.state_length for run in self.runs)
         self.waiting: deque[int] = deque(range(len(self.runs)))
+        self.holding: set[int] = set()  # the requests holding a slot now
         self.results: list[Result] | None = None
         self.cache: KVCache | None = None
         self.pool: QuotaPool | None = None
@@ -180,8 +158,14 @@ class BatchRun:
         self.results = [run.result for run in self.runs]
         self.release()
 
+    @property
+    def free_slots(self) -> int:
+        """Slots no request holds: the waiting requests the next forward admits."""
+        return self.slots - len(self.holding)
+
     def _start(self) -> None:
-        self.cache = self.handle.model.new_cache(self.slots, self.max_len)
+        # Invariant: no shared cache; each request takes its own, as alone (Run.start).
+        self.cache = None if self.invariant else self.handle.model.new_cache(self.slots, self.max_len)
         self._budgets: dict[int, int] = {}
         self._floors: dict[int, int] = {}
 
@@ -189,10 +173,11 @@ class BatchRun:
         """The waiting requests that free slots take, started: each one's first step is planned
         in the next forward, beside the others'."""
         admitted = []
-        while self.waiting and self.cache.in_use < self.cache.slots:
+        while self.waiting and self.free_slots:
             i = self.waiting.popleft()
             run = self.runs[i]
-            run.start(self.cache.alloc(run.state_length))
+            run.start(None if self.cache is None else self.cache.alloc(run.state_length))
+            self.holding.add(i)
             if budget := run.cache_policy.max_cached():
                 self._budgets[i] = budget
                 self._floors[i] = min(budget, math.ceil(FLOOR_SHARE * run.state_length))
@@ -200,7 +185,7 @@ class BatchRun:
                 admitted.append(i)
         if self.share_budget and self._budgets and admitted:
             # The budget of the slots' requests: each slot's largest own budget, as in a static batch.
-            self.pool = QuotaPool(sum(sorted(self._budgets.values(), reverse=True)[: self.cache.slots]))
+            self.pool = QuotaPool(sum(sorted(self._budgets.values(), reverse=True)[: self.slots]))
         return admitted
 
     def _going(self, i: int) -> bool:
@@ -208,7 +193,11 @@ class BatchRun:
         if self.runs[i].next_step():
             return True
         self.latency_s[i] = time.perf_counter() - self._start_s - self._paused
-        self.cache.free(self.runs[i].cache)
+        if self.cache is None:
+            self.runs[i].release()  # its own cache, back to the runner's pool
+        else:
+            self.cache.free(self.runs[i].cache)
+        self.holding.discard(i)
         self._budgets.pop(i, None)
         self._floors.pop(i, None)
         if self.finished is not None:
@@ -216,9 +205,31 @@ class BatchRun:
         return False
 
     def _step(self, active: list[int]) -> list[tuple[int, StepRecord]]:
-        """One forward for the ``active`` requests' planned positions, packed; then each takes its rows."""
-        runs, h = self.runs, self.handle
+        """One step of the ``active`` requests: their planned positions' forward (packed, or each
+        its own), then each takes its rows."""
+        runs = self.runs
         planned = [runs[i].plan() for i in active]
+        if self.invariant:  # each its own forward, the call it makes alone: shapes of its own only
+            forwards = [runs[i].forward(p) for i, p in zip(active, planned)]
+            logits = [forward.logits[0] for forward in forwards]
+            self.forwards += len(active)
+            self.model_s += sum(forward.seconds for forward in forwards)
+        else:
+            logits = self._packed(active, planned)
+        self.row_forwards += len(active)
+        if self.pool is not None:  # quotas from what each holds now, before anyone evicts
+            holding = {i: runs[i].cache.num_cached() for i in active if i in self._budgets}
+            for i, quota in self.pool.allocate(holding, self._floors).items():
+                runs[i].cache_policy.set_quota(quota)
+        records = []
+        for row, i in enumerate(active):
+            runs[i].recorder.in_batch(len(active), self.batch_mode, runs[active[0]].runner)
+            records.append((i, runs[i].after_forward(logits[row])))
+        return records
+
+    def _packed(self, active: list[int], planned: list[torch.Tensor]) -> list[torch.Tensor]:
+        """One forward for every active request's planned positions, packed; each request's logits."""
+        runs = self.runs
         # Each request attends under its own run's layout (a block-diffusion run's block size, which
         # requests of one batch may set apart): the segment carries it, Attention masks each row by its own.
         segments = [Segment(runs[i].cache, p, runs[i].observers, runs[i].layout) for i, p in zip(active, planned)]
@@ -226,20 +237,11 @@ class BatchRun:
         positions = torch.cat(planned)
         ids = torch.cat([runs[i].state.x[0, p] for i, p in zip(active, planned)])[None]
         forward = runs[active[0]].runner.packed(ids, positions, segments)
-        logits, seconds = forward.logits[0].split(counts), forward.seconds
         self.forwards += 1
-        self.row_forwards += len(active)
-        self.model_s += seconds
-        if self.pool is not None:  # quotas from what each holds now, before anyone evicts
-            holding = {i: runs[i].cache.num_cached() for i in active if i in self._budgets}
-            for i, quota in self.pool.allocate(holding, self._floors).items():
-                runs[i].cache_policy.set_quota(quota)
-        records = []
-        for row, i in enumerate(active):
-            runs[i].recorder.count_forward(seconds, counts[row] / len(positions))
-            runs[i].recorder.in_batch(len(active), runs[active[0]].runner)
-            records.append((i, runs[i].after_forward(logits[row])))
-        return records
+        self.model_s += forward.seconds
+        for i, count in zip(active, counts):
+            runs[i].recorder.count_forward(forward.seconds, count / len(positions))
+        return list(forward.logits[0].split(counts))
 
 
 def stream_batch(handle: ModelHandle, prompts: list[Prompt], settings: Settings | list[Settings] | None = None,
@@ -268,12 +270,13 @@ def batches(count: int, batch_size: int, continuous: bool = True) -> list[range]
 
 def generate_all(handle: ModelHandle, prompts: list[Prompt], settings: list[Settings], guider: GuiderHandle | None = None,
                  batch_size: int = 1, done: Callable[[int], None] | None = None,
-                 continuous: bool = True) -> list[Result]:
+                 continuous: bool = True, batch_mode: str = BATCH_MODE) -> list[Result]:
     """One result per prompt (each with its own settings), decoded ``batch_size`` at a time:
     continuously (a finished request's slot taken at once by the next prompt), or, with
     ``continuous=False``, in static batches that shrink as their requests finish. ``done(k)`` is
     called as ``k`` more requests finish (a progress bar). Budgets are not shared: an evaluation's
-    answers must not depend on its batch size."""
+    answers must not depend on its batch size (nor, ``batch_mode="invariant"``, on the GPU's
+    kernels for each batch's shape: see ``BatchRun``)."""
     batch_size = read(SLOTS, batch_size, "batch_size")
     if batch_size == 1:
         results = []
@@ -286,7 +289,7 @@ def generate_all(handle: ModelHandle, prompts: list[Prompt], settings: list[Sett
     results = []
     for chunk in batches(len(prompts), batch_size, continuous):
         run = BatchRun(handle, [prompts[i] for i in chunk], [settings[i] for i in chunk], guider, share_budget=False,
-                       slots=min(batch_size, len(chunk)), finished=finished)
+                       slots=min(batch_size, len(chunk)), finished=finished, batch_mode=batch_mode)
         for _ in run:
             pass
         results += run.results

@@ -80,12 +80,15 @@ class Recorder:
         """What the recorder watches the run's forwards with: counts, and drift with a trace."""
         return tuple(o for o in (self.counter, self.drift, self.experts) if o is not None)
 
-    def in_batch(self, size: int, runner: ForwardRunner) -> None:
-        """A forward of this run packed ``size`` requests (its time is theirs together), run by
-        ``runner`` (the batch's, whose mode the trace reports): the trace keeps the most that ever
-        shared one."""
-        self.trace.stats.batch_size = max(self.trace.stats.batch_size, size)
-        self.runner = runner
+    def in_batch(self, size: int, mode: str, runner: ForwardRunner) -> None:
+        """A step of this run decoded in a batch of ``size`` requests, ``mode`` "packed" (one forward
+        for them all, run by the batch's ``runner``, whose mode the trace reports; its time theirs
+        together: the trace keeps the most that ever shared one) or "invariant" (the run's own
+        forward, as alone)."""
+        self.trace.stats.batch_mode = mode
+        if mode == "packed":
+            self.trace.stats.batch_size = max(self.trace.stats.batch_size, size)
+            self.runner = runner
 
     def _new_step(self) -> None:
         self._model_s = self._exact_s = 0.0

@@ -35,7 +35,7 @@ from .model_calls import RunModel, run_calls
 from ..prompts import Prompt, encode_prompt
 from .recorder import Recorder, Step
 from ..result import Result
-from ..runner import runner_for
+from ..runner import Forward, runner_for
 from .run_blocks import check_policies, run_blocks
 from ..settings import Settings
 from ..softmax import draft_probability, draft_tokens
@@ -140,7 +140,7 @@ class Run:
     @torch.inference_mode()
     def step(self) -> StepRecord:
         """Stages 1 to 8 of the module's docstring."""
-        return self.after_forward(self.forward(self.plan()))
+        return self.after_forward(self.forward(self.plan()).logits[0])
 
     def plan(self) -> torch.Tensor:
         """1. plan: the positions this step's forward computes (sorted), the cache policy's and
@@ -172,9 +172,9 @@ class Run:
         self._read_rows, self.read_positions = (lo - plan.span[0], hi - plan.span[0]) if reads_block else None, self.positions
         return self.positions
 
-    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor) -> Forward:
         """2. forward: the model on ``positions`` of the sequence (the rest read from the cache),
-        watched by the recorder's and the cache policy's observers: the logits ``[n, vocab]`` at
+        watched by the recorder's and the cache policy's observers: the logits ``[1, n, vocab]`` at
         ``read_positions`` (the block's alone where the step reads no others)."""
         x, rows, read = self.state.x, self._read_rows, None
         if rows is not None and rows != (0, positions.numel()):
@@ -182,7 +182,7 @@ class Run:
         forward = self.runner(x[:, positions], positions, self.cache, self.observers, x, self.layout, read)
         self.recorder.count_forward(forward.seconds)
         self.recorder.exact_forward(x, self.cache)
-        return forward.logits[0]
+        return forward
 
     def after_forward(self, logits: torch.Tensor) -> StepRecord:
         """Stages 3 to 8, given the forward's ``logits`` at ``read_positions``."""

@@ -18,6 +18,7 @@ from ..errors import DllmError
 from ..policies import registry
 from ..settings import Settings
 from ..devices import DEVICES, machine_name
+from ..limits import BATCH_MODE
 from ..values import integer, read
 from .problems import Problem
 from ..analysis.costmodel import TARGET_MODELS, TEACHING_EXAMPLE, concurrency_crossovers
@@ -89,10 +90,10 @@ REPEATS = TypeAdapter(integer(1, 1000))  # timed repeats of a row: the median is
 
 def run_strategy(handle: ModelHandle, problems: list[Problem], settings: Settings,
                  guider: GuiderHandle | None = None, repeats: int = 3, bar: tqdm | None = None,
-                 batch_size: int = 1) -> dict:
+                 batch_size: int = 1, batch_mode: str = BATCH_MODE) -> dict:
     """One row of the table: per-answer means, and the median over repeats of the times (after
     one warm-up answer, so start-up costs stay out of it). ``batch_size`` answers are decoded
-    together, each with its own seed. ``bar`` advances as answers finish."""
+    together (in ``batch_mode``), each with its own seed. ``bar`` advances as answers finish."""
     from ..decoding.batch import generate_all
     from ..decoding.sampler import generate
 
@@ -102,7 +103,8 @@ def run_strategy(handle: ModelHandle, problems: list[Problem], settings: Setting
     prompts, per_problem = [p.prompt for p in problems], [settings.for_problem(i) for i in range(len(problems))]
     for _ in range(repeats):
         t0 = time.perf_counter()
-        results = generate_all(handle, prompts, per_problem, guider, batch_size, bar.update if bar is not None else None)
+        results = generate_all(handle, prompts, per_problem, guider, batch_size, bar.update if bar is not None else None,
+                               batch_mode=batch_mode)
         walls.append((time.perf_counter() - t0) / len(problems))
         stats = [r.stats for r in results]
         correct = [p.is_correct(r.text) for p, r in zip(problems, results)]
@@ -132,7 +134,8 @@ def run_strategy(handle: ModelHandle, problems: list[Problem], settings: Setting
 
 
 def run_bench(handle: ModelHandle, problems: list[Problem], strategies: list[Strategy], base: Settings,
-              guider: GuiderHandle | None = None, repeats: int = 3, progress: bool = True, batch_size: int = 1) -> dict:
+              guider: GuiderHandle | None = None, repeats: int = 3, progress: bool = True, batch_size: int = 1,
+              batch_mode: str = BATCH_MODE) -> dict:
     rows = []
     with tqdm(total=len(strategies) * repeats * len(problems), unit="answer", disable=not progress,
               mininterval=2) as bar:
@@ -140,12 +143,13 @@ def run_bench(handle: ModelHandle, problems: list[Problem], strategies: list[Str
             name = strat.name(base)
             bar.set_description(name)
             rows.append({"strategy": name, **run_strategy(handle, problems, strat.settings(base), guider, repeats, bar,
-                                                          batch_size)})
+                                                          batch_size, batch_mode)})
     base_wall = rows[0]["wall_s"]
     for row in rows:
         row["speedup"] = base_wall / row["wall_s"] if row["wall_s"] else 0.0
     return {"machine": machine_name(), "model": handle.summary()["name"], "problems": len(problems),
-            "repeats": repeats, "batch_size": batch_size, "base_settings": base.to_dict(), "rows": rows}
+            "repeats": repeats, "batch_size": batch_size, "batch_mode": batch_mode, "base_settings": base.to_dict(),
+            "rows": rows}
 
 
 def format_table(report: dict) -> str:
@@ -154,7 +158,8 @@ def format_table(report: dict) -> str:
     batch = report.get("batch_size", 1)
     lines = [f"machine: {report['machine']} | model: {report['model']} | {report['problems']} problems, "
              f"median of {report['repeats']} | gen {report['base_settings']['gen_length']}, "
-             f"block {report['base_settings']['block_size']} | {batch} request{'s' if batch > 1 else ''} at a time",
+             f"block {report['base_settings']['block_size']} | {batch} request{'s' if batch > 1 else ''} at a time"
+             + (f", {report.get('batch_mode', BATCH_MODE)}" if batch > 1 else ""),
              head, "-" * len(head)]
     for r in report["rows"]:
         lines.append(f"{r['strategy']:<34} {r['nfe']:>6.1f} {r['tau']:>6.2f} {r['tau_content']:>6.2f} {r['g']:>7.1f} "

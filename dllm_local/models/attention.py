@@ -162,8 +162,7 @@ class Attention:
         slots = [s.cache.slot for s in self.segments]
         # Every slot in order: the store's tensors as they are; else this forward's rows, gathered.
         self._rows = None if slots == list(range(store.slots)) else torch.tensor(slots, device=device)
-        # Each repeat's output length given (the host knows it): else it is read back from the device.
-        n, total = torch.tensor(counts, device=device), positions.numel()
+        n, total = torch.tensor(counts, device=device), positions.numel()  # each repeat's length given: none read back
         token_slot = torch.repeat_interleave(torch.tensor(slots, device=device), n, output_size=total)
         token_row = torch.repeat_interleave(torch.arange(len(slots), device=device), n, output_size=total)
         starts = torch.cumsum(n, 0) - n

@@ -24,7 +24,7 @@ from ..models.loading.loader import GuiderHandle, ModelHandle, free_device_memor
 from ..decoding.sampler import stream
 from ..settings import Settings
 from ..trace import SCHEMA_VERSION, Branch
-from ..limits import SLOTS
+from ..limits import BATCH_MODE, SLOTS
 from .failures import portable
 from .scheduler import Scheduler
 
@@ -175,6 +175,7 @@ def serve(conn: Connection, stop: Event, spec: dict) -> None:
     engine_threads(spec.pop("threads", 0))
     memory_fraction = spec.pop("memory_fraction", None)
     slots, max_length = spec.pop("slots", SLOTS), spec.pop("max_length", None)
+    batch_mode = spec.pop("batch_mode", BATCH_MODE)
     # Progress bars (model loading) lock with a thread lock, not tqdm's default cross-process
     # semaphore, which this process would leave behind when the page process ends it.
     tqdm.set_lock(threading.RLock())
@@ -191,4 +192,4 @@ def serve(conn: Connection, stop: Event, spec: dict) -> None:
         conn.send((None, "error", portable(exc)))
         return
     conn.send((None, "ready", engine.describe()))
-    Scheduler(engine, conn, slots, max_length).serve()
+    Scheduler(engine, conn, slots, max_length, batch_mode).serve()

@@ -4,10 +4,11 @@ the rest one at a time.
 1. Requests arrive on the pipe as ``(request_id, method, kwargs, options)``; a reader thread
    queues them and acts on a ``stop`` at once (the main thread may be deep in a sweep).
 2. They wait in arrival order; a lecturer's (``options["first"]``) goes ahead of the waiting ones.
-3. A run the batch can take (a LLaDA-family model; no exact drift, no guider, no compiled or
-   graphs forward mode named, not ``alone``) joins the batch: it takes a free slot of ``slots``, or
-   waits for one, and is told its place in line (``{"queued": n}``) whenever it changes. Its first
-   forward is packed with the others'.
+3. A run the batch can take (a LLaDA-family model; no exact drift, no guider, not ``alone``; in
+   batch mode ``packed`` no compiled or graphs forward mode named) joins the batch: it takes a
+   free slot of ``slots``, or waits for one, and is told its place in line (``{"queued": n}``)
+   whenever it changes. Its first forward is packed with the others' (``invariant``: its own, as
+   alone, in the same loop).
 4. Anything else (a sweep, a model switch, a run timed alone, a lecturer's run longer than a
    lab's slots) waits until the batch has drained,
    then has the engine to itself; runs behind it wait for it.
@@ -25,7 +26,7 @@ from multiprocessing.connection import Connection
 from .. import kinds
 from ..decoding.batch import BatchRun, TooLong
 from ..errors import DllmError, EngineError, NeverRanError, OutOfMemory
-from ..limits import SLOTS
+from ..limits import BATCH_MODE, SLOTS
 from ..models.loading.loader import free_device_memory
 from ..decoding.sampler import Run
 from ..settings import Settings
@@ -53,10 +54,12 @@ class Request:
 class Scheduler:
     """The engine process's loop over ``engine`` (``serving.engine.Engine``), answering on ``conn``."""
 
-    def __init__(self, engine, conn: Connection, slots: int = SLOTS, max_length: int | None = None) -> None:
-        """``max_length``: the positions each slot holds (None: the model's maximum)."""
+    def __init__(self, engine, conn: Connection, slots: int = SLOTS, max_length: int | None = None,
+                 batch_mode: str = BATCH_MODE) -> None:
+        """``max_length``: the positions each slot holds (None: the model's maximum); ``batch_mode``:
+        the batch's (``BatchRun``)."""
         self.engine, self.conn = engine, conn
-        self.slots, self.max_length = slots, max_length
+        self.slots, self.max_length, self.batch_mode = slots, max_length, batch_mode
         self.inbox: queue.Queue = queue.Queue()
         self.stops: set[str] = set()
         self.lock = threading.Lock()
@@ -140,9 +143,10 @@ class Scheduler:
         handle, settings = self.engine.handle, request.kwargs.get("settings")
         if request.method != "run" or request.options.get("alone") or not kinds.get(handle.kind).shares_batch:
             return False
-        # A run that names a compiled mode runs alone, in it: the batch's packed forwards run in the mode auto picks.
+        # A run that names a compiled mode runs alone, in it: the batch's packed forwards run in the mode
+        # auto picks (an invariant batch runs each request's forward in its own mode, as alone).
         return (handle.model.packs_requests and not settings.exact_drift and not settings.unmask_spec.needs_guider
-                and settings.forward_mode not in ("compiled", "graphs"))
+                and (settings.forward_mode not in ("compiled", "graphs") or self.batch_mode == "invariant"))
 
     def _apply_stops(self) -> None:
         with self.lock:
@@ -157,15 +161,13 @@ class Scheduler:
             self.pending.remove(request)
             self.send(request.id, "error", NeverRanError())
 
-    def _free_slots(self) -> int:
-        return self.batch.slots - (self.batch.cache.in_use if self.batch.cache is not None else 0)
 
     def _tell_places(self) -> None:
         """Each waiting request's place in line, when it changed: those the batch's free slots take
         at its next forward wait for nothing; then the batch's waiting ones, then ``pending``."""
         waiting = []
         if self.batch is not None:
-            waiting = [self.members[n][0] for n in list(self.batch.waiting)[self._free_slots():]]
+            waiting = [self.members[n][0] for n in list(self.batch.waiting)[self.batch.free_slots :]]
         for place, request in enumerate([*waiting, *self.pending], start=1):
             if request.told != place:
                 request.told = place
@@ -208,7 +210,7 @@ class Scheduler:
                 length = self.max_length or round_up(Run(handle, kwargs["prompt"], settings, None, branch).state_length,
                                                      SLOT_ROUNDING)
                 self.batch = BatchRun(handle, [], [], slots=self.slots, max_len=min(handle.max_length, length),
-                                      finished=self._finished)
+                                      finished=self._finished, batch_mode=self.batch_mode)
                 self.records = iter(self.batch)
             number = self.batch.add(kwargs["prompt"], settings, first=bool(request.options.get("first")), branch=branch)
         except TooLong:  # it waits for the batch to end: the next batch's slots are sized for it, or a
@@ -220,7 +222,7 @@ class Scheduler:
             return True
         self.members[number] = member = (request, self.engine.events(self.batch.runs[number], settings,
                                                                      kwargs.get("branch")))
-        if list(self.batch.waiting).index(number) < self._free_slots():  # its page draws the empty grid meanwhile
+        if list(self.batch.waiting).index(number) < self.batch.free_slots:  # its page draws the empty grid meanwhile
             self._started(*member)
         return True
 

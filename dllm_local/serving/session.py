@@ -19,9 +19,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from ..errors import EngineError
+from ..errors import EngineError, SettingsError
 from ..hub import HUB_MODELS, TINY_FAMILIES
-from ..limits import SLOTS
+from ..limits import BATCH_MODE, BATCH_MODES, SLOTS
 from ..policies import registry
 from ..settings import Settings
 from ..trace import fold
@@ -48,16 +48,20 @@ class Session:
     ``memory_fraction``: the share of the GPU's memory the engine may use (None: all of it), for a
     GPU shared with other programs. ``ray``: the Ray cluster the engine runs sweeps on (None: the
     engine itself; the page process never imports Ray). ``slots``: runs decoding at once in the
-    engine's batch; ``max_length``: the positions each slot holds (None: the model's maximum).
+    engine's batch; ``max_length``: the positions each slot holds (None: the model's maximum);
+    ``batch_mode``: how the batch runs its requests' forwards (``decoding.batch.BatchRun``).
     ``lazy``: return at once and wait for the model (and raise its error) on first use."""
 
     def __init__(self, model: str = "tiny", device: str = "auto", quantization: str | None = None,
                  guider: str | None = "tiny-guider", threads: int = 0, lazy: bool = False,
                  memory_fraction: float | None = None, ray: str | None = None, slots: int = SLOTS,
-                 max_length: int | None = None) -> None:
+                 max_length: int | None = None, batch_mode: str = BATCH_MODE) -> None:
+        if batch_mode not in BATCH_MODES:  # said here, not at the first batched run
+            raise SettingsError(f"the batch mode must be one of {', '.join(BATCH_MODES)} (not {batch_mode!r})")
         self._spec = {"model": model, "device": device, "quantization": quantization, "guider": guider,
                       "ray": ray, "threads": threads, "memory_fraction": memory_fraction,
-                      "policies": registry.load_plugins(), "slots": slots, "max_length": max_length}
+                      "policies": registry.load_plugins(), "slots": slots, "max_length": max_length,
+                      "batch_mode": batch_mode}
         self._lock = threading.Lock()  # the open requests, the pipe's sending end, a restart
         self._open: dict[str, Request] = {}
         self._ids = itertools.count(1)
@@ -201,6 +205,11 @@ class Session:
 
     def info(self) -> dict:
         return self._described["info"]
+
+    @property
+    def batch_mode(self) -> str:
+        """How the engine's batch runs its requests' forwards: "packed" or "invariant"."""
+        return self._spec["batch_mode"]
 
     def switch_model(self, name: str, quantization: str | None = None,
                      on_wait: Callable[[float], None] | None = None, run_id: str | None = None) -> dict:

@@ -23,6 +23,14 @@ import gradio as gr
 from dllm_local.errors import DllmError
 
 RATE_WINDOW_S = 60.0
+# The engine's batch mode (app.py --batch-mode) as the page says it.
+BATCHING = {"packed": "packed (fastest; on a GPU in bf16 a request's tokens may depend on who shares its batch)",
+            "invariant": "invariant (each request's tokens as if alone; one forward per request a step, slower)"}
+
+
+def batching_line(mode: str) -> str:
+    """The page header's line on how the engine batches the runs of every tab."""
+    return f"**Batching:** {BATCHING[mode]}"
 
 
 def client_of(request) -> str:
@@ -133,7 +141,8 @@ class LabTab:
     def __init__(self, engine) -> None:
         self.engine, self.session, self.lab = engine, engine.session, engine.lab
         gr.Markdown("Every request the engine is answering, whoever's tab it came from. Runs decode together in "
-                    "one batch; a waiting run is told its place in line. Stop ends the chosen tab's requests only.")
+                    "one batch; a waiting run is told its place in line. Stop ends the chosen tab's requests only.\n\n"
+                    + batching_line(self.session.batch_mode), elem_id="lab-intro")
         self.table = gr.Dataframe(headers=COLUMNS, interactive=False, elem_id="lab-requests", wrap=True,
                                   column_widths=["14%", "9%", "37%", "15%", "8%", "17%"])
         with gr.Row():

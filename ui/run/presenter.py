@@ -27,7 +27,7 @@ body {--dl-scale: 1}
 #numbers, #status {zoom: var(--dl-scale)}
 body:not(.dl-present) #stage {flex-wrap: wrap}
 body:not(.dl-present) #stage > .column {min-width: 100% !important}
-body.dl-present #page-head, body.dl-present #model-line, body.dl-present #preset-problems,
+body.dl-present #page-head, body.dl-present #model-line, body.dl-present #batch-mode, body.dl-present #preset-problems,
 body.dl-present .dl-knobs, body.dl-present .caption, body.dl-present #what-if, body.dl-present #numbers,
 body.dl-present #cost-accordion, body.dl-present #examples, body.dl-present #preset-info,
 body.dl-present #stop-note {display: none !important}
