@@ -12,7 +12,8 @@ import torch
 import dllm_local
 from dllm_local.decoding.batch import BatchRun
 from dllm_local.models.attention import Segment
-from dllm_local.runner import runner_for
+from dllm_local.runner import ForwardRunner, runner_for
+from dllm_local.runner.forward import POOLED
 from dllm_local.serving.scheduler import Request, Scheduler
 from dllm_local.settings import Settings, knob
 from test_fast_path import GraphCounter
@@ -87,3 +88,20 @@ def test_a_run_that_names_a_compiled_mode_is_not_batched(tiny):
     asked = {mode: scheduler._batchable(Request("r", "run", {"settings": settings.with_(forward_mode=mode)}))
              for mode in knob("forward_mode").choices}
     assert asked == {"auto": True, "eager": True, "compiled": False, "graphs": False}
+
+
+def test_the_runner_reuses_every_cache_an_invariant_batch_freed_and_keeps_few_idle(tiny):
+    """An invariant batch's requests each take a cache of their own: all of them come back to the
+    runner's pool, so the next requests replay graphs on the same addresses; idle ones are capped."""
+    runner = ForwardRunner(tiny.model, "eager")
+    views = [runner.new_cache(1, 64).alloc(64) for _ in range(3)]
+    stores = {id(view.store) for view in views}
+    assert len(stores) == 3
+    for view in views:
+        view.store.free(view)
+    again = [runner.new_cache(1, 64).alloc(64) for _ in range(3)]
+    assert {id(view.store) for view in again} == stores
+    for view in again:
+        view.store.free(view)
+    runner.new_cache(1, 32)  # a new shape: the idle ones beyond the pool's few are let go
+    assert sum(store.in_use == 0 for store in runner._pool) == POOLED

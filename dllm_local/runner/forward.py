@@ -18,7 +18,7 @@ from .timing import model_gpus, timed
 # A session meets a few cache lengths times a few buckets; past dynamo's default of 8 graphs per
 # function it would stop compiling and run eagerly without a word.
 RECOMPILE_LIMIT = 64
-POOLED = 2  # caches kept for reuse: a CUDA graph replays on the addresses it was captured with
+POOLED = 2  # idle caches kept for reuse: a CUDA graph replays on the addresses it was captured with
 
 
 @dataclass
@@ -53,14 +53,17 @@ class ForwardRunner:
 
     def new_cache(self, slots: int, max_len: int) -> KVCache:
         """A KV cache for a run: the last one of this shape when every slot of it was freed (a graph
-        captured over it replays as it is, without a new capture), else a new one."""
+        captured over it replays as it is, without a new capture), else a new one. The pool keeps
+        every cache in use (an invariant batch's requests each hold one) and the last ``POOLED`` idle."""
         for store in reversed(self._pool):
             if store.slots == slots and store.max_len == max_len and store.in_use == 0:
                 self._pool.remove(store)
                 self._pool.append(store)
                 return store
         store = self.model.new_cache(slots, max_len)
-        self._pool = [*self._pool, store][-POOLED:]
+        idle = [kept for kept in self._pool if kept.in_use == 0]
+        dropped = {id(kept) for kept in idle[: max(0, len(idle) - POOLED + 1)]}
+        self._pool = [kept for kept in self._pool if id(kept) not in dropped] + [store]
         return store
 
     def _eager(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: CacheView | CacheFork | None,
