@@ -63,9 +63,13 @@ class QuotaPool:
         return quotas
 
 
-def _batchable(settings: Settings) -> None:
+def _batchable(settings: Settings, attention: str) -> None:
+    """``attention``: the batch's backend, its first request's (one packed forward attends them all)."""
     if settings.exact_drift:
         raise SettingsError("exact_drift runs a second, uncached model per request: turn it off to decode a batch")
+    if settings.attention_backend != attention:
+        raise SettingsError(f"attention backend {settings.attention_backend}: a batch's requests share one packed "
+                            f"forward, attended by {attention}; give them one attention backend")
 
 
 class BatchRun:
@@ -101,7 +105,7 @@ class BatchRun:
         if len(per_request) != len(prompts):
             raise SettingsError(f"{len(per_request)} settings for {len(prompts)} prompts: give one, or one per prompt")
         for s in per_request:
-            _batchable(s)
+            _batchable(s, per_request[0].attention_backend)
         self.slots = read(SLOTS, len(prompts) if slots is None else slots, "the batch size (slots)")
         self.handle, self.guider, self.share_budget, self.finished = handle, guider, share_budget, finished
         self.runs = [Run(handle, prompt, s, guider) for prompt, s in zip(prompts, per_request)]
@@ -120,7 +124,7 @@ class BatchRun:
         """A request joining the batch: it takes the next free slot (before the waiting ones if
         ``first``: a lecturer's). ``branch``: a run repeated with one change (``trace.Branch``).
         Returns its number."""
-        _batchable(settings)
+        _batchable(settings, (self.runs[0].settings if self.runs else settings).attention_backend)
         run = Run(self.handle, prompt, settings, self.guider, branch)
         if run.state_length > self.max_len:
             raise TooLong(f"this request needs {run.state_length} positions; the batch's slots hold "

@@ -55,7 +55,8 @@ class Recorder:
         self.handle, self.settings, self.level = handle, settings, settings.trace
         self.answer_length, self.layout = answer_length, layout
         self.banned = banned  # ids no draft may be: the exact diagnostic renormalises as the drafts do
-        self.runner = runner if runner is not None else runner_for(handle.model, settings.forward_mode)
+        self.runner = runner if runner is not None else runner_for(handle.model, settings.forward_mode,
+                                                                   attention=settings.attention_backend)
         self.gpus = self.runner.gpus
         self.trace = Trace(settings=settings.to_dict(), model=handle.summary(), prompt_ids=list(prompt_ids),
                            gen_length=answer_length, mask_id=handle.mask_id, blocks_from=blocks_from)
@@ -273,6 +274,7 @@ class Recorder:
         st.cache_hit_rate = round(self._reads / max(1, self._g + self._reads), 4)
         st.wall_s = time.perf_counter() - self._t0 - self._paused
         st.forward_mode, st.forward_notice = self.runner.mode, self.runner.notice or ""
+        st.attention_backend = self.runner.attention
         if self._packed and self.runner.mode != "eager":  # a batch's packed forward runs eager in every mode
             # Under ``auto`` that is the mode's own choice for a batch, not a failure: no notice.
             st.forward_mode, st.forward_notice = "eager", "" if self.runner.asked == "auto" else (

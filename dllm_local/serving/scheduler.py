@@ -5,7 +5,7 @@ the rest one at a time.
    queues them and acts on a ``stop`` at once (the main thread may be deep in a sweep).
 2. They wait in arrival order; a lecturer's (``options["first"]``) goes ahead of the waiting ones.
 3. A run the batch can take (a LLaDA-family model; no exact drift, no guider, no compiled or
-   graphs forward mode named, not ``alone``) joins the batch: it takes a free slot of ``slots``, or
+   graphs forward mode named, the default attention backend, not ``alone``) joins the batch: it takes a free slot of ``slots``, or
    waits for one, and is told its place in line (``{"queued": n}``) whenever it changes. Its first
    forward is packed with the others'.
 4. Anything else (a sweep, a model switch, a run timed alone, a lecturer's run longer than a
@@ -28,7 +28,7 @@ from ..errors import DllmError, EngineError, NeverRanError, OutOfMemory
 from ..limits import SLOTS
 from ..models.loading.loader import free_device_memory
 from ..decoding.sampler import Run
-from ..settings import Settings
+from ..settings import Settings, knob
 from ..trace import Branch
 from .failures import LOAD_OOM_ADVICE, OOM_ADVICE, failure_kind, portable
 
@@ -140,9 +140,11 @@ class Scheduler:
         handle, settings = self.engine.handle, request.kwargs.get("settings")
         if request.method != "run" or request.options.get("alone") or not kinds.get(handle.kind).shares_batch:
             return False
-        # A run that names a compiled mode runs alone: the batch's packed forward runs eager in every mode.
+        # A run that names a compiled mode runs alone: the batch's packed forward runs eager in every mode;
+        # one that names another attention backend too: the batch's forward is attended by one, the default.
         return (handle.model.packs_requests and not settings.exact_drift and not settings.unmask_spec.needs_guider
-                and settings.forward_mode not in ("compiled", "graphs"))
+                and settings.forward_mode not in ("compiled", "graphs")
+                and settings.attention_backend == knob("attention_backend").default)
 
     def _apply_stops(self) -> None:
         with self.lock:
