@@ -25,6 +25,7 @@ from .values import FLAG, WORD, about, integer, number, optional, read
 TraceLevel = Literal["off", "summary", "full"]
 TRACE_LEVELS = get_args(TraceLevel)
 ForwardMode = Literal["auto", "eager", "compiled", "graphs"]  # dllm_local/runner/modes.py
+AttentionBackendName = Literal["sdpa", "flex"]  # dllm_local/models/attention_backends/ (BACKENDS)
 Length = integer(1, MAX_GEN_LENGTH)
 Params = optional(dict[str, Any])  # a policy's parameters, read through its spec (null: none given)
 
@@ -55,6 +56,10 @@ class Settings:
                         "(torch.compile, one graph), graphs (compiled and replayed as CUDA graphs); auto: graphs on a "
                         "CUDA GPU, else eager. The tokens are the same; a mode that cannot run falls back to eager "
                         "with a notice") = "auto"
+    attention_backend: about(AttentionBackendName, "Attention backend", "what attends each forward's queries: "
+                             "sdpa (PyTorch's scaled dot-product attention over a dense mask; a batch's requests "
+                             "padded to the longest) or flex (FlexAttention with the mask as a rule; a batch's "
+                             "requests unpadded). The tokens are the same") = "sdpa"
     canvas_params: about(Params, "Canvas parameters", "a canvas model's (DiffusionGemma's) own knobs: "
                          "max_denoising_steps, canvas_length, entropy_bound, t_max, t_min, stability_threshold, "
                          "confidence_threshold (its generation_config.json's where not given)") = field(default_factory=dict)

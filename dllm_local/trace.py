@@ -248,6 +248,7 @@ class Stats:
     store_s: Number = 0.0
     forward_mode: Text = "eager"  # how the forwards ran (runner/modes.py): the mode asked for, or eager after a fallback
     forward_notice: Text = ""  # why the mode asked for did not run as asked, when it did not
+    attention_backend: Text = "sdpa"  # what attended (models/attention_backends/): the settings' backend
 
 
 def _masked_lists_agree(step: StepRecord) -> StepRecord:

@@ -49,5 +49,5 @@ def test_the_cpu_dry_run_times_every_policy_eager_and_compiled_with_the_same_tok
     assert verdicts["batch-32 dual step"]["met"] is None and verdicts["flash + flash_verify"]["met"] is None
     assert verdicts["DualCache step, batch 1"]["figure"] == rows["dual"]["fast_x_floor"]
     assert printed.startswith("device: ") and "torch " in printed
-    assert "$ python bench/gpu_fast_path.py --tiny" in printed and "runs eagerly in every mode" in printed
+    assert "$ python bench/gpu_fast_path.py --tiny" in printed and "one per number of requests and packed length" in printed
     assert "targets:" in printed and "not measured (no --released)" in printed

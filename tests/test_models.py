@@ -543,8 +543,11 @@ class _Causal:
     """A layout no family uses yet: each query attends its own position and those before it."""
 
     def key_mask(self, live, queries, keys):
-        allowed = keys[None, None, :] <= queries[:, :, None]
+        allowed = self.allows(queries[:, :, None], keys[None, None, :])
         return (allowed if live is None else live[:, None, :] & allowed)[:, None]
+
+    def allows(self, queries, keys):
+        return keys <= queries
 
 
 @torch.no_grad()

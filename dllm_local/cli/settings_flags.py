@@ -37,6 +37,7 @@ def add_settings_args(ap: argparse.ArgumentParser, long_answers: bool = False) -
     _knob_flag(ap, "exact_drift", action="store_true")
     _knob_flag(ap, "early_stop", action="store_true")
     _knob_flag(ap, "forward_mode")
+    _knob_flag(ap, "attention_backend")
     ap.add_argument("--guider", default=None, help="guider model for a policy that needs one (default: tiny-guider)")
     _add_param_shorthands(ap)
     _add_canvas_flags(ap)
@@ -174,5 +175,6 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         gen_length=args.gen_length, block_size=block_size, steps=args.steps, temperature=args.temperature,
         seed=args.seed, cache=cache, cache_params=cache_params,
         unmask=unmask, unmask_params=unmask_params, trace=args.trace, exact_drift=args.exact_drift,
-        early_stop=args.early_stop, forward_mode=args.forward_mode, canvas_params=canvas,
+        early_stop=args.early_stop, forward_mode=args.forward_mode, attention_backend=args.attention_backend,
+        canvas_params=canvas,
     )

@@ -31,9 +31,13 @@ class TooLong(SettingsError):
     """A request longer than the batch's slots."""
 
 
-def _batchable(settings: Settings) -> None:
+def _batchable(settings: Settings, attention: str | None) -> None:
+    """``attention``: the backend a packed batch's requests share (one forward); None: any (invariant)."""
     if settings.exact_drift:
         raise SettingsError("exact_drift runs a second, uncached model per request: turn it off to decode a batch")
+    if attention is not None and settings.attention_backend != attention:
+        raise SettingsError(f"attention backend {settings.attention_backend}: a batch's requests share one packed "
+                            f"forward, attended by {attention}; give them one attention backend")
 
 
 class BatchRun:
@@ -74,11 +78,11 @@ class BatchRun:
         per_request = list(settings) if isinstance(settings, (list, tuple)) else [settings] * len(prompts)
         if len(per_request) != len(prompts):
             raise SettingsError(f"{len(per_request)} settings for {len(prompts)} prompts: give one, or one per prompt")
-        for s in per_request:
-            _batchable(s)
-        self.slots = read(SLOTS, len(prompts) if slots is None else slots, "the batch size (slots)")
         self.batch_mode = read(MODES, batch_mode, "the batch mode")
         self.invariant = self.batch_mode == "invariant"
+        for s in per_request:
+            _batchable(s, None if self.invariant else per_request[0].attention_backend)
+        self.slots = read(SLOTS, len(prompts) if slots is None else slots, "the batch size (slots)")
         self.handle, self.guider, self.finished = handle, guider, finished
         self.share_budget = share_budget and not self.invariant
         self.runs = [Run(handle, prompt, s, guider) for prompt, s in zip(prompts, per_request)]
@@ -98,7 +102,8 @@ class BatchRun:
         """A request joining the batch: it takes the next free slot (before the waiting ones if
         ``first``: a lecturer's). ``branch``: a run repeated with one change (``trace.Branch``).
         Returns its number."""
-        _batchable(settings)
+        shared = None if self.invariant else (self.runs[0].settings if self.runs else settings).attention_backend
+        _batchable(settings, shared)
         run = Run(self.handle, prompt, settings, self.guider, branch)
         if run.state_length > self.max_len:
             raise TooLong(f"this request needs {run.state_length} positions; the batch's slots hold "
@@ -112,8 +117,7 @@ class BatchRun:
         return len(self.runs) - 1
 
     def withdraw(self, request: int) -> bool:
-        """Take a request still waiting for a slot out of line (it never runs: no result); False
-        if it has started."""
+        """Take a request still waiting for a slot out of line (it never runs); False if it started."""
         if request not in self.waiting:
             return False
         self.waiting.remove(request)

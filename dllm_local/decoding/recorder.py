@@ -55,7 +55,8 @@ class Recorder:
         self.handle, self.settings, self.level = handle, settings, settings.trace
         self.answer_length, self.layout = answer_length, layout
         self.banned = banned  # ids no draft may be: the exact diagnostic renormalises as the drafts do
-        self.runner = runner if runner is not None else runner_for(handle.model, settings.forward_mode)
+        self.runner = runner if runner is not None else runner_for(handle.model, settings.forward_mode,
+                                                                   attention=settings.attention_backend)
         self.gpus = self.runner.gpus
         self.trace = Trace(settings=settings.to_dict(), model=handle.summary(), prompt_ids=list(prompt_ids),
                            gen_length=answer_length, mask_id=handle.mask_id, blocks_from=blocks_from)
@@ -276,6 +277,7 @@ class Recorder:
         st.cache_hit_rate = round(self._reads / max(1, self._g + self._reads), 4)
         st.wall_s = time.perf_counter() - self._t0 - self._paused
         st.forward_mode, st.forward_notice = self.runner.mode, self.runner.notice or ""
+        st.attention_backend = self.runner.attention
         st.tokens_per_s = round(committed / st.model_s, 2) if st.model_s else 0.0
         st.content_tokens_per_s = round(content / st.model_s, 2) if st.model_s else 0.0
         return trace

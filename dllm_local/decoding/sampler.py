@@ -219,7 +219,7 @@ class Run:
         steps_per_block = (s.steps // self.num_blocks) if s.steps else s.block_size
         self.state = DecodeState(x, P, G, s.block_size, h.mask_id, steps_per_block, blocks_from=self.blocks_from)
         self.state.window = self.cache_policy.window(self.state, h.eos_id)
-        self.runner = runner_for(h.model, s.forward_mode)
+        self.runner = runner_for(h.model, s.forward_mode, attention=s.attention_backend)
         self._owns_cache = cache is None  # else a batch's slot, which the batch frees
         self.cache = cache if cache is not None else self.runner.new_cache(1, L).alloc(L)
         self._cache_access = CacheAccess(self.cache, L)

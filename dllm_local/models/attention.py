@@ -8,7 +8,7 @@ lets the observers see the forward (before each write, and each layer's queries 
 packed one after another in the forward's one row (``[n_1 + n_2 + ...]``): every matmul runs on exactly the
 positions the requests compute, with no padding; only attention lays the queries out by request. Nothing
 here reads a value back from the device (writes by position tensor, masks built there, bounds the run's to
-check once): a forward queues its kernels without waiting and compiles to one graph.
+check once): a forward queues its kernels without waiting and compiles to one graph. ``attention_backends`` attend.
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 import torch
-import torch.nn.functional as F
 
+from .attention_backends import DEFAULT, AttentionBackend, KeyRule, get as get_backend
 from .cache import CacheFork, CacheView
 
 
@@ -57,12 +57,19 @@ class AttentionLayout(Protocol):
         ``queries``: the positions of each row's queries (``[rows, n]``); ``keys``: the position of
         each key column (``[keys]``)."""
 
+    def allows(self, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """``key_mask``'s rule, every key live, elementwise over broadcast positions (FlexAttention's
+        ``mask_mod`` asks it one query and key at a time)."""
+
 
 class Bidirectional:
     """Every position attends every valid entry (LLaDA, Dream): the masked-diffusion layout."""
 
     def key_mask(self, live: torch.Tensor | None, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor | None:
         return None if live is None else live.view(live.shape[0], 1, 1, live.shape[-1])
+
+    def allows(self, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        return torch.ones((), dtype=torch.bool, device=keys.device).expand(torch.broadcast_shapes(queries.shape, keys.shape))
 
 
 BIDIRECTIONAL = Bidirectional()
@@ -79,9 +86,11 @@ class BlockCausal:
         self.block_size = block_size
 
     def key_mask(self, live: torch.Tensor | None, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor | None:
-        B = self.block_size
-        allowed = (keys // B)[None, None, :] <= (queries // B)[:, :, None]  # [rows, n, keys]
+        allowed = self.allows(queries[:, :, None], keys[None, None, :])  # [rows, n, keys]
         return (allowed if live is None else allowed & live[:, None, :])[:, None]
+
+    def allows(self, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        return keys // self.block_size <= queries // self.block_size
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, BlockCausal) and other.block_size == self.block_size
@@ -108,15 +117,16 @@ class Attention:
     read and written in place, at its positions (a padded forward's padding at the sink). One fork: each
     variant row attends the view's entries plus its own fresh K/V (or one query attends the view's other entries
     and its own rows, as the fork's ``visible`` says). Several segments: packed rows, each request's queries
-    over its own slot, under its own layout.
+    over its own slot, under its own layout. ``backend`` attends (SDPA unless named).
     """
 
-    def __init__(self, positions: torch.Tensor, segments: Sequence[Segment], layout: AttentionLayout) -> None:
-        self.layout, self.segments = layout, list(segments)
+    def __init__(self, positions: torch.Tensor, segments: Sequence[Segment], layout: AttentionLayout,
+                 backend: AttentionBackend = get_backend(DEFAULT)) -> None:
+        self.layout, self.segments, self.backend = layout, list(segments), backend
         self._per_device: dict[torch.device, tuple] = {}
         if not self.segments:  # the keys are the queries' own positions, all of them live
-            self._key_mask = self.layout.key_mask(None, positions[None], positions)
-            self._per_device[positions.device] = (self._key_mask,)
+            dense = self.layout.key_mask(None, positions[None], positions)
+            self._keep(positions.device, KeyRule(dense, positions, positions, None, (self.layout,)))
             return
         if len(self.segments) == 1:
             self._begin_one(self.segments[0])
@@ -134,21 +144,22 @@ class Attention:
             row = view.store.valid[view.slot].clone()  # the sink too: a padded query's padding is there
             at = positions.to(row.device)
             row[at] = cache.visible is None  # a query's own positions: its fresh K/V, appended, replace them
-            live = row[: view.seq_len]
-            self._key_mask = self.layout.key_mask(live[None], at[None], _key_positions(live))
-            if cache.visible is not None:
-                cached = live.expand(at.numel(), -1) if self._key_mask is None else self._key_mask[0, 0].expand(at.numel(), -1)
-                self._key_mask = torch.cat([cached, cache.visible.to(live.device)], -1)[None, None]
-            self._per_device[live.device] = (None, self._key_mask)
+            live, keys = row[: view.seq_len], _key_positions(row[: view.seq_len])
+            dense = self.layout.key_mask(live[None], at[None], keys)
+            rule = KeyRule(dense, at, keys, live[None], (self.layout,))
+            if cache.visible is not None:  # the fork's own rows are its visible matrix's: the dense mask is the rule
+                cached = live.expand(at.numel(), -1) if dense is None else dense[0, 0].expand(at.numel(), -1)
+                rule = KeyRule(torch.cat([cached, cache.visible.to(live.device)], -1)[None, None], at, keys, None, ())
+            self._keep(live.device, rule)
             return
         row = cache.store.valid[cache.slot]  # the sink last, never valid
         positions = positions.to(row.device)
         segment.positions = positions
         was_valid = row[positions]
         row.index_put_((positions,), positions < cache.max_len)  # the sink's padding rows stay invalid
-        live = row[: cache.seq_len]
-        self._key_mask = self.layout.key_mask(live[None], positions[None], _key_positions(live))
-        self._per_device[row.device] = (positions, self._key_mask)
+        live, keys = row[: cache.seq_len], _key_positions(row[: cache.seq_len])
+        dense = self.layout.key_mask(live[None], positions[None], keys)
+        self._keep(row.device, positions, KeyRule(dense, positions, keys, live[None], (self.layout,)))
         for observer in segment.observers:
             observer.on_begin(positions, was_valid, live)
 
@@ -175,12 +186,13 @@ class Attention:
         queries[token_row, token_at] = positions
         layouts, keys = [s.layout or self.layout for s in self.segments], _key_positions(live)
         if all(layout == layouts[0] for layout in layouts):  # one layout (a batch at one block size): every row at once
-            self._key_mask = layouts[0].key_mask(live, queries, keys)
+            dense = layouts[0].key_mask(live, queries, keys)
         else:  # each row under its own request's layout, [1, 1, n, keys] each (a layout's None: every key)
             masks = [layout.key_mask(live[r : r + 1], queries[r : r + 1], keys) for r, layout in enumerate(layouts)]
             full = live.new_ones(1, 1, self._max_n, live.shape[-1])
-            self._key_mask = torch.cat([full if m is None else m.expand_as(full) for m in masks])
-        self._per_device[device] = (token_slot, positions, token_row, token_at, self._key_mask, self._rows)
+            dense = torch.cat([full if m is None else m.expand_as(full) for m in masks])
+        rule = KeyRule(dense, positions, keys, live, layouts, token_row, token_at, self._max_n)
+        self._keep(device, token_slot, positions, self._rows, rule)
         self._spans, begin = [], 0
         for s, count in zip(self.segments, counts):
             s.positions = positions[begin : begin + count]
@@ -189,23 +201,23 @@ class Attention:
                 observer.on_begin(s.positions, was_valid[begin : begin + count], store.valid[s.cache.slot, : s.cache.seq_len])
             begin += count
 
+    def _keep(self, device: torch.device, *indices_and_rule) -> None:
+        """This forward's indices and ``KeyRule`` on ``device``, and the backend's mask of the rule."""
+        self._per_device[device] = (*indices_and_rule, self.backend.mask(indices_and_rule[-1]))
+
     def _on(self, device: torch.device) -> tuple:
-        """This forward's indices and mask on ``device`` (copied once to each other device)."""
+        """This forward's indices, rule and mask on ``device`` (copied once to each other device; the mask built anew)."""
         if device not in self._per_device:
-            self._per_device[device] = tuple(t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) else t
-                                             for t in next(iter(self._per_device.values())))
+            *indices_and_rule, _ = next(iter(self._per_device.values()))
+            self._keep(device, *(t.to(device, non_blocking=True) if isinstance(t, (torch.Tensor, KeyRule)) else t
+                                 for t in indices_and_rule))
         return self._per_device[device]
 
     def routed(self, layer: int, experts: torch.Tensor) -> None:
         """A mixture-of-experts ``layer`` routed the forward's positions to ``experts`` (``[n, k]``,
         the forward's positions in order): each request's observers see its own rows."""
-        if not self.segments:
-            return
-        if len(self.segments) == 1:
-            for observer in self.segments[0].observers:
-                observer.on_route(layer, experts)
-            return
-        for s, (begin, count) in zip(self.segments, self._spans):
+        spans = self._spans if len(self.segments) > 1 else [(0, experts.shape[0])] * len(self.segments)
+        for s, (begin, count) in zip(self.segments, spans):
             for observer in s.observers:
                 observer.on_route(layer, experts[begin : begin + count])
 
@@ -214,7 +226,7 @@ class Attention:
         """``q``: ``[batch, heads, n, head_dim]``; ``k``/``v``: ``[batch, kv_heads, n, head_dim]``.
         Returns ``[batch, n, heads * head_dim]``."""
         if not self.segments:
-            out = _sdpa(q, k, v, self._on(q.device)[0])
+            out = self.backend.attend(q, k, v, self._on(q.device)[-1])
         elif len(self.segments) > 1:
             out = self._packed(layer, q, k, v)
         elif isinstance(self.segments[0].cache, CacheFork):
@@ -227,33 +239,33 @@ class Attention:
         segment, cache = self.segments[0], self.segments[0].cache
         k_rows, v_rows = cache.store.k[layer][cache.slot : cache.slot + 1], cache.store.v[layer][cache.slot : cache.slot + 1]
         k, v = k.to(k_rows.dtype), v.to(v_rows.dtype)
-        index, key_mask = self._on(k_rows.device)
+        index, rule, mask = self._on(k_rows.device)
         for observer in segment.observers:
             observer.on_write(layer, k_rows, v_rows, index, k, v)
         k_rows.index_copy_(2, index, k)
         v_rows.index_copy_(2, index, v)
         keys, values = k_rows[:, :, : cache.seq_len], v_rows[:, :, : cache.seq_len]
         for observer in segment.observers:
-            observer.on_attend(layer, q, keys, key_mask)
-        return _sdpa(q, keys, values, key_mask)
+            observer.on_attend(layer, q, keys, rule.dense)
+        return self.backend.attend(q, keys, values, mask)
 
     def _fork(self, layer: int, q, k, v) -> torch.Tensor:
         view, positions = self.segments[0].cache.parent, self.segments[0].positions
         k_rows = view.store.k[layer][view.slot : view.slot + 1]
         v_rows = view.store.v[layer][view.slot : view.slot + 1]
-        _, key_mask = self._on(k_rows.device)
+        _, mask = self._on(k_rows.device)
         if self.segments[0].cache.visible is not None:  # one query: the cache, then its own rows
             keys = torch.cat([k_rows[:, :, : view.seq_len], k.to(k_rows.dtype)], 2)
             values = torch.cat([v_rows[:, :, : view.seq_len], v.to(v_rows.dtype)], 2)
-            return _sdpa(q, keys, values, key_mask)
+            return self.backend.attend(q, keys, values, mask)
         at, rows = positions.to(k_rows.device), k.shape[0]  # written over the whole row, the sink included
         keys = k_rows.expand(rows, -1, -1, -1).index_copy(2, at, k.to(k_rows.dtype))[:, :, : view.seq_len]
         values = v_rows.expand(rows, -1, -1, -1).index_copy(2, at, v.to(v_rows.dtype))[:, :, : view.seq_len]
-        return _sdpa(q, keys, values, key_mask)
+        return self.backend.attend(q, keys, values, mask)
 
     def _packed(self, layer: int, q, k, v) -> torch.Tensor:
         k_store, v_store = self.segments[0].cache.store.k[layer], self.segments[0].cache.store.v[layer]
-        token_slot, index, token_row, token_at, key_mask, rows = self._on(k_store.device)
+        token_slot, index, rows, rule, mask = self._on(k_store.device)
         k, v = k.to(k_store.dtype), v.to(v_store.dtype)
         for s, (begin, count) in zip(self.segments, self._spans):
             for observer in s.observers:
@@ -265,36 +277,22 @@ class Attention:
         v_store[token_slot, :, index] = v[0].transpose(0, 1)
         keys = k_store if rows is None else k_store.index_select(0, rows)
         values = v_store if rows is None else v_store.index_select(0, rows)
-        mask = key_mask
-        by_row = q.new_zeros(len(self.segments), q.shape[1], self._max_n, q.shape[3])
-        by_row[token_row, :, token_at] = q[0].transpose(0, 1)
         for r, (s, (begin, count)) in enumerate(zip(self.segments, self._spans)):
             for observer in s.observers:
-                observer.on_attend(layer, by_row[r : r + 1, :, :count], keys[r : r + 1, :, : s.cache.seq_len],
-                                   None if mask is None else mask[r : r + 1, ..., : s.cache.seq_len])
-        out = _sdpa(by_row, keys, values, mask)
-        return out[token_row, :, token_at].transpose(0, 1)[None]
+                observer.on_attend(layer, q[:, :, begin : begin + count], keys[r : r + 1, :, : s.cache.seq_len],
+                                   None if rule.dense is None else rule.dense[r : r + 1, ..., : s.cache.seq_len])
+        return self.backend.attend_packed(q, keys, values, rule, mask)
 
 
 def begin(positions: torch.Tensor, cache: CacheView | CacheFork | None, observers: Sequence[ForwardObserver],
-          segments: Sequence[Segment] | None, layout: AttentionLayout) -> Attention:
+          segments: Sequence[Segment] | None, layout: AttentionLayout, attention_backend: str = DEFAULT) -> Attention:
     """The attention of a forward over ``positions``: of ``segments`` (packed requests), else of one
-    request's ``cache`` watched by ``observers``, else (no cache) a plain full forward."""
+    request's ``cache`` watched by ``observers``, else (no cache) a plain full forward; attended by
+    the backend registered as ``attention_backend``."""
     if segments is None:
         segments = [] if cache is None else [Segment(cache, positions, observers)]
-    return Attention(positions, segments, layout)
+    return Attention(positions, segments, layout, get_backend(attention_backend))
 
 
 def _key_positions(live: torch.Tensor) -> torch.Tensor:  # the position of each key column of a cache: its index
     return torch.arange(live.shape[-1], device=live.device)
-
-
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
-    grouped = k.shape[1] != q.shape[1]  # Dream: 4 K/V heads for 28 query heads
-    if grouped and key_mask is not None:
-        # SDPA's grouped-query path has no fused kernel that takes a mask on CUDA (flash takes
-        # none): with a mask, repeated K/V keep the memory-efficient kernel.
-        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-    return F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=key_mask,
-                                          enable_gqa=grouped and key_mask is None)

@@ -85,5 +85,6 @@ class DiffusionLM(Protocol):
         """Logits for the given tokens at absolute ``positions``; with a cache, only they are
         recomputed (their K/V written, ``observers`` watching); ``segments``: several requests
         packed in one row, each over its own cache; ``layout``: this forward's, when not the
-        model's own (a block-diffusion run's block size). A mixture-of-experts layer reports its
+        model's own (a block-diffusion run's block size); ``attention_backend`` (in ``extra``): the
+        name of the backend that attends (``attention_backends``). A mixture-of-experts layer reports its
         routing through the forward's ``Attention.routed``."""

@@ -11,6 +11,7 @@ import torch.nn as nn
 from transformers import PreTrainedModel
 
 from .attention import BIDIRECTIONAL, AttentionLayout, ForwardObserver, Segment, begin
+from .attention_backends import DEFAULT
 from .cache import CacheFork, CacheView, KVCache
 from ..errors import SequenceTooLongError
 from .layers import RMSNorm, layer_devices, rope_table
@@ -111,6 +112,7 @@ class LayerStackLM(PreTrainedModel):
         layout: AttentionLayout | None = None,
         sequence: torch.Tensor | None = None,
         read: torch.Tensor | None = None,
+        attention_backend: str = DEFAULT,
         **unused,
     ) -> DiffusionLMOutput:
         """Logits ``[batch, n, vocab]`` for the ``n`` given tokens at absolute ``positions``, under
@@ -119,7 +121,8 @@ class LayerStackLM(PreTrainedModel):
         watching); ``segments``: several requests packed in one row; without, a full forward.
         ``sequence``: the whole sequence ``[batch, L]``, for a head that reads positions not given.
         ``read``: indices into ``positions``, the only rows the final norm and head compute (a
-        model that ``packs_requests``: its head reads each position's own row); None: every row."""
+        model that ``packs_requests``: its head reads each position's own row); None: every row.
+        ``attention_backend``: the registered backend that attends (``attention_backends``)."""
         bound = _positions_bound(input_ids, positions, cache, segments, self.config.max_positions)
         if positions is None:
             if input_ids.shape[1] > self.config.max_positions:
@@ -129,7 +132,7 @@ class LayerStackLM(PreTrainedModel):
         # Given positions are the caller's to bound (a run checks its length once, as it starts):
         # reading them back here would stop the host at every forward.
         run_ids, run_positions = self.run_inputs(input_ids, positions, cache, sequence)
-        attention = begin(run_positions, cache, observers, segments, layout or self.layout)
+        attention = begin(run_positions, cache, observers, segments, layout or self.layout, attention_backend)
         cos, sin = self.rope_table(run_positions.device, bound)
         rope = cos[run_positions], sin[run_positions]
         x = self.get_input_embeddings()(run_ids)

@@ -9,6 +9,7 @@ import torch
 from torch._dynamo.exc import BackendCompilerFailed
 
 from ..models.attention import AttentionLayout, ForwardObserver, Segment
+from ..models.attention_backends import DEFAULT, get as get_backend
 from ..models.cache import CacheFork, CacheView, KVCache
 from ..models.protocol import DiffusionLM
 from .buckets import bucket, pad
@@ -28,15 +29,17 @@ class Forward:
 
 
 class ForwardRunner:
-    """The forwards of one model in one mode (``modes.py``). ``pads``: whether one request's
+    """The forwards of one model in one mode (``modes.py``), attended by one attention backend
+    (``attention``, a name in ``models.attention_backends``). ``pads``: whether one request's
     forwards are padded to buckets (``buckets.py``; default: in a compiled mode, where each new
     length is a compile or a CUDA graph capture).
     ``shapes``: every (kind, rows, length) run so far; ``notice``: why the mode asked for did not run
     as asked (None while it does); ``mode``: the mode running now."""
 
     def __init__(self, model: DiffusionLM, mode: str = "auto", backend: str | Callable | None = None,
-                 pads: bool | None = None) -> None:
-        self.model = model
+                 pads: bool | None = None, attention: str = DEFAULT) -> None:
+        get_backend(attention)  # an unknown name fails here, not at the first forward
+        self.model, self.attention = model, attention
         self.asked = mode
         self.mode = resolve_mode(mode, model.get_input_embeddings().weight.device)
         self.pads = self.mode != "eager" if pads is None else pads
@@ -70,7 +73,7 @@ class ForwardRunner:
                observers: tuple[ForwardObserver, ...], sequence: torch.Tensor | None,
                layout: AttentionLayout | None, read: torch.Tensor | None) -> torch.Tensor:
         return self.model(input_ids, positions, cache, observers=observers, sequence=sequence, layout=layout,
-                          read=read).logits
+                          read=read, attention_backend=self.attention).logits
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: CacheView | CacheFork | None = None,
                  observers: Sequence[ForwardObserver] = (), sequence: torch.Tensor | None = None,
@@ -99,7 +102,7 @@ class ForwardRunner:
         return Forward(logits, seconds)
 
     def _eager_packed(self, input_ids: torch.Tensor, positions: torch.Tensor, segments: list[Segment]) -> torch.Tensor:
-        return self.model(input_ids, positions, segments=segments).logits
+        return self.model(input_ids, positions, segments=segments, attention_backend=self.attention).logits
 
     def packed(self, input_ids: torch.Tensor, positions: torch.Tensor, segments: list[Segment]) -> Forward:
         """Several requests' positions in one row (a batch's step), in the runner's mode: a
@@ -154,11 +157,13 @@ def _root_cause(error: BaseException) -> str:
 _RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def runner_for(model: DiffusionLM, mode: str = "eager", backend: str | Callable | None = None) -> ForwardRunner:
-    """The runner of ``model`` in ``mode``, kept with the model (a compiled mode's graphs are built
-    once and reused by every run after). ``backend``: the compiler's, where the first call for a
-    mode names one (tests: ``aot_eager``, or a callable that counts the graphs)."""
+def runner_for(model: DiffusionLM, mode: str = "eager", backend: str | Callable | None = None,
+               attention: str = DEFAULT) -> ForwardRunner:
+    """The runner of ``model`` in ``mode`` with the ``attention`` backend, kept with the model (a
+    compiled mode's graphs are built once and reused by every run after). ``backend``: the
+    compiler's, where the first call for a mode names one (tests: ``aot_eager``, or a callable that
+    counts the graphs)."""
     runners = _RUNNERS.setdefault(model, {})
-    if mode not in runners:
-        runners[mode] = ForwardRunner(model, mode, backend)
-    return runners[mode]
+    if (mode, attention) not in runners:
+        runners[mode, attention] = ForwardRunner(model, mode, backend, attention=attention)
+    return runners[mode, attention]

@@ -5,10 +5,10 @@ the rest one at a time.
    queues them and acts on a ``stop`` at once (the main thread may be deep in a sweep).
 2. They wait in arrival order; a lecturer's (``options["first"]``) goes ahead of the waiting ones.
 3. A run the batch can take (a LLaDA-family model; no exact drift, no guider, not ``alone``; in
-   batch mode ``packed`` no compiled or graphs forward mode named) joins the batch: it takes a
-   free slot of ``slots``, or waits for one, and is told its place in line (``{"queued": n}``)
-   whenever it changes. Its first forward is packed with the others' (``invariant``: its own, as
-   alone, in the same loop).
+   batch mode ``packed`` no compiled or graphs forward mode and no attention backend but the
+   default named) joins the batch: it takes a free slot of ``slots``, or waits for one, and is told
+   its place in line (``{"queued": n}``) whenever it changes. Its first forward is packed with the
+   others' (``invariant``: its own, as alone, in the same loop).
 4. Anything else (a sweep, a model switch, a run timed alone, a lecturer's run longer than a
    lab's slots) waits until the batch has drained,
    then has the engine to itself; runs behind it wait for it.
@@ -29,7 +29,7 @@ from ..errors import DllmError, EngineError, NeverRanError, OutOfMemory
 from ..limits import BATCH_MODE, SLOTS
 from ..models.loading.loader import free_device_memory
 from ..decoding.sampler import Run
-from ..settings import Settings
+from ..settings import Settings, knob
 from ..trace import Branch
 from .failures import LOAD_OOM_ADVICE, OOM_ADVICE, failure_kind, portable
 
@@ -143,10 +143,12 @@ class Scheduler:
         handle, settings = self.engine.handle, request.kwargs.get("settings")
         if request.method != "run" or request.options.get("alone") or not kinds.get(handle.kind).shares_batch:
             return False
-        # A run that names a compiled mode runs alone, in it: the batch's packed forwards run in the mode
-        # auto picks (an invariant batch runs each request's forward in its own mode, as alone).
+        # In a packed batch one runner runs every request's forward, in the mode auto picks and the
+        # default attention backend: a run that names others runs alone, in them. An invariant batch
+        # runs each request's forward with its own runner, as alone.
         return (handle.model.packs_requests and not settings.exact_drift and not settings.unmask_spec.needs_guider
-                and (settings.forward_mode not in ("compiled", "graphs") or self.batch_mode == "invariant"))
+                and (self.batch_mode == "invariant" or (settings.forward_mode not in ("compiled", "graphs")
+                                                        and settings.attention_backend == knob("attention_backend").default)))
 
     def _apply_stops(self) -> None:
         with self.lock:
