@@ -27,6 +27,8 @@ def test_theorem1_n_counts_every_commit_and_the_run_fails_on_one_unguaranteed_st
     assert first.numbers["n"] == 3 and first.numbers["end_of_text"] == 1
     assert first.numbers["epsilon"] == pytest.approx(0.58) and first.numbers["bound"] == pytest.approx(2.32)
     assert "n = 3 (1 end of text), ε = 0.58, (n+1)ε = 2.32 > 1" in first.text
+    # Step 0 of a run with two parallel steps: its one so far, not "the run's one".
+    assert "the one parallel step so far" in first.text and "the run's" not in first.text
     whole = lessons.theorem1_verdict(trace, 1)
     assert whole.status == lessons.FAILS and whole.numbers["unguaranteed_steps"] == [0]
     # The figures of the step that decides (the first without a guarantee), not the last step's.

@@ -45,10 +45,9 @@ THEOREM1_CLAIM = "Theorem 1 guarantees every parallel step"
 
 
 def theorem1_verdict(trace: Trace, step: int) -> Verdict:
-    """Does Fast-dLLM's Theorem 1 guarantee the parallel steps of the run up to step ``step``,
-    and that step? (see ``replay.theorem1``; n counts every committed position, as the theorem
-    does: it speaks of the whole parallel commit). Drafts self-verify sent back were never
-    committed: the verdict says apart where all a step drafted had no guarantee together."""
+    """Does Fast-dLLM's Theorem 1 guarantee the parallel steps of the run up to step ``step``, and that step?
+    (``replay.theorem1``; n counts every committed position: the theorem speaks of the whole parallel commit.)
+    Drafts self-verify sent back were never committed: said apart where a step's drafts had no guarantee together."""
     steps = steps_upto(trace, step)
     if not steps:
         return Verdict("theorem1", THEOREM1_CLAIM, UNMEASURABLE, "no step yet")
@@ -69,15 +68,16 @@ def theorem1_verdict(trace: Trace, step: int) -> Verdict:
                        f"no step so far committed more than one position (step {shown} committed {at['n']})"
                        + drafted, numbers)
     # A serial step (one commit) has no ε to show: the shown step may be one after guaranteed ones.
-    figures = "" if at["verdict"] == "serial" else (
-        f"step {deciding}: {at['verdict']}, n = {at['n']} ({ends} end of text), ε = {at['epsilon']:.2f}, "
-        f"(n+1)ε = {at['bound']:.2f} {'≤' if at['bound'] <= 1 else '>'} 1")
+    figures = "" if at["verdict"] == "serial" else (f"step {deciding}: {at['verdict']}, n = {at['n']} ({ends} end of "
+                                                    f"text), ε = {at['epsilon']:.2f}, (n+1)ε = {at['bound']:.2f} "
+                                                    f"{'≤' if at['bound'] <= 1 else '>'} 1")
     if not unguaranteed:
         every = "the one parallel step" if len(parallel) == 1 else f"all {len(parallel)} parallel steps"
-        return Verdict("theorem1", THEOREM1_CLAIM, HOLDS, f"{every} guaranteed"
-                       + (f"; {figures}" if figures else "") + drafted + f" ({THEOREM1_N})", numbers)
-    count = ("the run's one parallel step" if len(parallel) == 1 else
-             f"{len(unguaranteed)} of the {len(parallel)} parallel steps without a guarantee"
+        return Verdict("theorem1", THEOREM1_CLAIM, HOLDS, f"{every} guaranteed" + (f"; {figures}" if figures else "")
+                       + drafted + f" ({THEOREM1_N})", numbers)
+    so_far = " so far" if len(steps) < len(trace.get("steps") or []) else ""  # not at the run's end yet
+    count = ((f"the one parallel step{so_far}" if so_far else "the run's one parallel step") if len(parallel) == 1 else
+             f"{len(unguaranteed)} of the {len(parallel)} parallel steps{so_far} without a guarantee"
              + (f" (steps {_list(unguaranteed)})" if len(unguaranteed) > 1 else ""))
     return Verdict("theorem1", THEOREM1_CLAIM, FAILS, f"{figures}; {count}{drafted} ({THEOREM1_N})", numbers)
 

@@ -51,7 +51,7 @@ class LiveRun:
     """The Run tab's live run. Mixed into ``RunTab``, whose ``live`` (by client: the runs going,
     and the Follow live box of a client whose run has not started yet), ``last`` (by client: the
     trace its run going has reached, drawn again if it fails), ``run_numbers``, ``engine``,
-    ``session``, ``specs``, components and ``shown`` it reads."""
+    ``session``, ``specs``, components, ``shown`` and ``preset_not_landed`` it reads."""
 
     def viewed(self, request: gr.Request, step: int, color_by: str, what_if: float, full: bool = True) -> None:
         """Note what this client's view shows, for its run going (drawn as it ends while the view
@@ -83,8 +83,15 @@ class LiveRun:
     @checked
     def run(self, request: gr.Request, prompt: Text, trace: PageState, following: FLAG, color_by: ColorBy,
             layer: Choice, which: Which, kv_view: KVView, what_if: Fraction, font_scale: FontScale = "1×",
-            theme: Theme = "light", **controls: Any) -> Iterator[dict]:
+            theme: Theme = "light", preset: Choice | None = None, applied: Choice | None = None,
+            **controls: Any) -> Iterator[dict]:
         client = client_of(request)
+        # A preset picked and Run clicked at once: the preset's settings, not the controls its
+        # reply had not reached yet (a run of the previous settings under the preset's name).
+        landing = self.preset_not_landed(preset, applied)
+        prompt, controls = landing.get("prompt", prompt), {**controls, **landing.get("controls", {})}
+        layer, which, kv_view = (landing.get("view", {}).get(k, v) for k, v in
+                                 (("layer", layer), ("which", which), ("kv_view", kv_view)))
         # The model loaded now says which settings it takes (another tab may have switched it).
         chosen, notice = settings_from_controls(controls, self.specs, self.session.info())
         settings = Settings.from_dict(chosen)  # the one check of every knob

@@ -23,8 +23,12 @@ class RunSettings:
     def control_values(self, settings: dict) -> dict:
         """The controls set to ``settings`` (a preset's, a trace's), by component, with a cache policy
         the loaded model's kind refuses given way to what it starts at (``controls.fit_to_model``)."""
-        values = fit_to_model(controls_from_settings(settings, self.specs), self.specs, self.session.info())
+        values = self.fitted_controls(settings)
         return {box: values[name] for name, box in self.controls.items()}
+
+    def fitted_controls(self, settings: dict) -> dict:
+        """The control values of ``settings`` by control name, fitted to the loaded model."""
+        return fit_to_model(controls_from_settings(settings, self.specs), self.specs, self.session.info())
 
     @checked
     def show_policy(self, kind: Literal["cache", "unmask"], name: Choice) -> dict:
@@ -51,7 +55,8 @@ class RunSettings:
     def settings_loaded(self, settings: dict) -> dict:
         """The controls set to ``settings`` from elsewhere (a Tune row), and the preset box naming
         the preset they equal, or none: a name the controls no longer match would be stale."""
-        return {**self.control_values(settings), self.preset: self.preset_matching(settings)}
+        name = self.preset_matching(settings)
+        return {**self.control_values(settings), self.preset: name, self.preset_applied: name or ""}
 
     @checked
     def prompt_notice(self, prompt: Text, status: Text) -> str | dict:
@@ -68,12 +73,31 @@ class RunSettings:
         layer, which, kv_view; the defaults where it names none). No preset (the box cleared after
         an import): no description, the controls as they are."""
         if name not in self.presets:
-            return {self.preset_info: ""}
+            return {self.preset_info: "", self.preset_applied: ""}
         p = self.presets[name]
-        layers = layer_choices(self.session.info().get("layers", 1))
-        view = {"layer": layers["value"], **KV_VIEW_DEFAULTS, **p.get("view", {})}
-        if view["layer"] not in [value for _, value in layers["choices"]]:  # a smaller model than the preset's
-            view["layer"] = layers["value"]
+        view = self.preset_view(p)
+        # The controls and the name of the preset they now show land in one update: Run reads both.
         return {self.preset_info: p["description"], **({self.prompt: p["prompt"]} if "prompt" in p else {}),
                 **self.control_values(p["settings"]), self.layer: view["layer"], self.which: view["which"],
-                self.kv_view: view["kv_view"]}
+                self.kv_view: view["kv_view"], self.preset_applied: name}
+
+    def preset_view(self, preset: dict) -> dict:
+        """The KV view ``preset`` opens on: its "view" (layer, which, kv_view), the defaults where it
+        names none, and the middle layer where the loaded model is smaller than the preset's."""
+        layers = layer_choices(self.session.info().get("layers", 1))
+        view = {"layer": layers["value"], **KV_VIEW_DEFAULTS, **preset.get("view", {})}
+        if view["layer"] not in [value for _, value in layers["choices"]]:
+            view["layer"] = layers["value"]
+        return view
+
+    def preset_not_landed(self, preset: str | None, applied: str | None) -> dict:
+        """What Run must read instead of the controls when the preset box names ``preset`` but the
+        controls still show ``applied`` (the preset whose reply last set them): a preset picked and
+        Run clicked before its reply reached the browser, which sends Run the controls it showed at
+        the click. Then the preset's "prompt" (where it has one), "controls" (by name) and "view";
+        else nothing: the controls show the preset, or a knob moved since, and run as they stand."""
+        if preset not in self.presets or preset == (applied or None):
+            return {}
+        p = self.presets[preset]
+        return {**({"prompt": p["prompt"]} if "prompt" in p else {}), "controls": self.fitted_controls(p["settings"]),
+                "view": self.preset_view(p)}

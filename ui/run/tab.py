@@ -83,6 +83,9 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, B
             self.preset = gr.Dropdown(list(self.presets), value=preset.get("name"), label=preset_label(self.session.info()),
                                       elem_id="preset")
             self.preset_info = gr.Markdown(preset.get("description", ""), elem_id="preset-info")
+            # The preset whose reply last set the controls, in the browser beside them: Run reads it
+            # with the preset box, and a box ahead of it is a preset whose reply has not landed.
+            self.preset_applied = gr.Textbox(preset.get("name", ""), visible=False, elem_id="preset-applied")
             with gr.Column(elem_id="examples"):
                 gr.Examples([[e] for e in TINY_EXAMPLES], inputs=[self.prompt], label="Examples for the tiny model")
 
@@ -152,7 +155,8 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, B
             self.controls[kind].change(partial(self.show_policy, kind), [self.controls[kind]], [info, *toggled],
                                        queue=False)
         self.preset.change(self.apply_preset, [self.preset],
-                           [self.preset_info, self.prompt, *controls, self.layer, self.which, self.kv_view], queue=False)
+                           [self.preset_info, self.prompt, *controls, self.layer, self.which, self.kv_view,
+                            self.preset_applied], queue=False)
         self.controls["gen_length"].change(self.length_notice, [self.controls["gen_length"]],
                                            [self.length_notice_box], queue=False)
         self._wire_run()
@@ -182,7 +186,7 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, B
 
     def _wire_run(self) -> None:
         """Run (button or Enter in the prompt), then the export file and the cost model once it ends."""
-        inputs = [self.prompt, self.trace, self.follow, *self.view_inputs]
+        inputs = [self.prompt, self.trace, self.follow, *self.view_inputs, self.preset, self.preset_applied]
         outputs = [self.trace, *self.view_boxes.values(), self.scrub, self.status, self.controls["gen_length"]]
         # Gradio's queue position and timer on the status line only: overlays on the grid and the
         # plots would cover the live views and cost the browser CPU at every redraw.

@@ -26,7 +26,8 @@ class TraceFiles:
         the upload's event, for what follows it."""
         return self.import_file.upload(self.import_trace, [self.import_file, *self.view_inputs],
                                        [self.trace, *views, self.scrub, self.status, self.export_btn, self.prompt,
-                                        *controls, self.preset, self.layer, self.which, self.kv_view],
+                                        *controls, self.preset, self.preset_applied, self.layer, self.which,
+                                        self.kv_view],
                                        api_name="import_trace", concurrency_limit=2, concurrency_id="import")
 
     def export_ready(self, trace: dict):
@@ -68,4 +69,4 @@ class TraceFiles:
             yield {self.trace: trace, self.scrub: slider}
         yield {self.trace: trace, **self.shown(views), **panel, self.scrub: slider, self.status: status,
                 self.export_btn: self.exports.write(trace), **({} if prompt is None else {self.prompt: prompt}),
-                **controls, self.preset: preset}
+                **controls, self.preset: preset, self.preset_applied: preset or ""}

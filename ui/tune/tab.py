@@ -211,7 +211,8 @@ class TuneTab:
                         api_name="add_results", concurrency_limit=2, concurrency_id="import")
         # A click on a row only: without the click's data an API call has nothing to load.
         self.table.select(self.load_point, [self.report], [self.tabs, *self.run_tab.controls.values(),
-                                                           self.run_tab.preset], queue=False, api_visibility="private")
+                                                           self.run_tab.preset, self.run_tab.preset_applied],
+                          queue=False, api_visibility="private")
         self.concurrency.wire()
 
     @checked
