@@ -202,6 +202,9 @@ def test_compare_refuses_what_it_cannot_compare_and_checks_its_repeat_count(serv
     *_, status = client.predict(STRAIGHT_HOUSE, "LLaDA baseline", "block_size=64", prompt, api_name="/compare")
     assert status.startswith("⚠ B cannot run at A's generation length 32 (its own length is 64; steps 32 → 16")
     assert "block_size 64 does not divide gen_length 32" in status
+    # A change B refuses at any length: the change is named, not the length (issue 59, item 3).
+    *_, status = client.predict(STRAIGHT_HOUSE, "LLaDA baseline", "threshold=0.5", prompt, api_name="/compare")
+    assert "threshold" in status and "generation length" not in status and "block_size" not in status, status
     for repeats, message in ((31, "greater than maximum value 30"), (1, "less than minimum value 2"),
                              (2.5, "repeats must be a valid integer")):
         with pytest.raises(AppError, match=message):

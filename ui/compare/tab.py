@@ -46,6 +46,15 @@ def at_length(settings: dict, gen_length: int) -> tuple[dict, str]:
     return out, note
 
 
+def _applies(settings: dict, changes: str, specs: Specs) -> bool:
+    """Whether ``changes`` make valid settings of ``settings`` as they are (at their own length)."""
+    try:
+        Settings.from_dict(apply_changes(settings, changes, specs))
+    except SettingsError:
+        return False
+    return True
+
+
 def apply_changes(settings: dict, changes: str, specs: Specs) -> dict:
     """``settings`` with "key=value, ..." applied: a settings field (block_size, gen_length,
     temperature, cache, unmask, ...) or a parameter of the chosen policies (threshold, ...).
@@ -154,10 +163,10 @@ class CompareTab:
         try:
             b = Settings.from_dict(apply_changes(base_b, changes, self.specs))
         except SettingsError as exc:
-            if not note:
-                raise
+            if not note or not _applies(self._side(name_b, current), changes, self.specs):
+                raise  # the changes themselves, at any length: the length is not the problem
             raise SettingsError(f"B cannot run at A's generation length {a.gen_length} ({note}), so the two cannot "
-                                f"be compared: {exc}. Changes to B can fix it (e.g. block_size=…).") from exc
+                                f"be compared: {exc}. Changes to B can set what A's length needs.") from exc
         if b.gen_length != a.gen_length:
             raise SettingsError(f"Not compared: Changes to B set its generation length to {b.gen_length} and A's is "
                                 f"{a.gen_length}; times and answers of different lengths are of different work. "
