@@ -214,3 +214,20 @@ def test_export_for_slides_gives_the_grid_and_the_panel_as_png_and_svg_in_one_cl
         grid = archive.read("grid.svg").decode()
     shown = pg.inner_text("#grid-verdicts .dl-verdict")
     assert shown.split()[1] in grid  # the verdicts come with the grid
+
+
+def test_export_for_slides_before_any_run_says_what_to_do(browser, server):  # noqa: F811
+    """Before any run there is no grid to export: the page says so where the lecturer looks, and the
+    server answers without an error status (issue 59, item 10)."""
+    page = browser.new_page(viewport=SCREEN)
+    failed: list[int] = []
+    page.on("response", lambda response: failed.append(response.status) if response.status >= 500 else None)
+    try:
+        page.goto(server)
+        page.wait_for_selector("#run-btn")
+        page.wait_for_function("() => document.body.classList.contains('dl-present')")
+        page.click("#slides-btn")
+        page.wait_for_selector("text=Run something (or import a trace) first", timeout=15_000)
+        assert not failed, failed
+    finally:
+        page.close()

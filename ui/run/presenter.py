@@ -185,8 +185,10 @@ class Presenter:
 
     def _wire_presenter(self, page_load: gr.Blocks, views: list, outputs: list) -> list:
         """Wire the screen's controls, the step bar and the slides' export; the events that move the step."""
+        # Queued (never behind a run: no concurrency limit) so that "run something first" reaches the
+        # page as a message; an event outside the queue answers an error with a bare HTTP 500.
         self.slides_btn.click(self.slides_grid, [self.trace, self.scrub, self.color_by], [self.slides_svg],
-                              queue=False, api_visibility="private").success(
+                              concurrency_limit=None, api_visibility="private").success(
             None, [self.slides_svg], [self.slides_images], js=SLIDES_JS, queue=False).then(
             self.slides, [self.slides_images, self.slides_svg], [self.slides_file], queue=False,
             api_visibility="private").then(None, [self.slides_file], None, js=DOWNLOAD_JS, queue=False)
