@@ -125,7 +125,9 @@ def create(args: argparse.Namespace, roles: dict[str, str] | None = None):
     session = Session(args.model, device=args.device, quantization=args.quantize, guider=args.guider,
                       threads=args.threads, lazy=True, memory_fraction=getattr(args, "gpu_memory_fraction", None),
                       ray=getattr(args, "ray", None), slots=args.slots, batch_mode=args.batch_mode,
-                      max_length=args.max_gen_length and args.max_gen_length + SLOT_PROMPT_ROOM)
+                      max_length=args.max_gen_length and args.max_gen_length + SLOT_PROMPT_ROOM,
+                      # a lecturer's runs never wait behind the class: a slot of their own
+                      lecture_slots=int("lecturer" in (roles or {}).values()))
     from ui.lab.classroom import Lab, Limits
     from ui.model.access import ModelAccess
     from ui.page import build
