@@ -64,7 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "127.0.0.1 or with --share")
     lab = ap.add_argument_group("a class on one page (docs/page.md, Running a lab)")
     lab.add_argument("--slots", type=positive, default=SLOTS,
-                     help=f"runs decoding at once in the engine's batch (default {SLOTS}); the others wait in line")
+                     help=f"runs decoding at once in the engine's batch (default {SLOTS}); the others wait in line. "
+                          "With a lecturer in --users, one slot more, the lecturer's runs' only")
     lab.add_argument("--batch-mode", choices=BATCH_MODES, default=BATCH_MODE,
                      help="packed (default): one forward for the batch's runs, fastest; on a GPU in bf16 a run's "
                           "tokens may depend on who shares the batch. invariant: each run's own forward, its tokens "
@@ -125,7 +126,9 @@ def create(args: argparse.Namespace, roles: dict[str, str] | None = None):
     session = Session(args.model, device=args.device, quantization=args.quantize, guider=args.guider,
                       threads=args.threads, lazy=True, memory_fraction=getattr(args, "gpu_memory_fraction", None),
                       ray=getattr(args, "ray", None), slots=args.slots, batch_mode=args.batch_mode,
-                      max_length=args.max_gen_length and args.max_gen_length + SLOT_PROMPT_ROOM)
+                      max_length=args.max_gen_length and args.max_gen_length + SLOT_PROMPT_ROOM,
+                      # a lecturer's runs never wait behind the class: a slot of their own
+                      lecture_slots=int("lecturer" in (roles or {}).values()))
     from ui.lab.classroom import Lab, Limits
     from ui.model.access import ModelAccess
     from ui.page import build

@@ -213,9 +213,12 @@ def test_the_labs_limits_refuse_with_why_and_a_lecturer_goes_past_them(lab_page)
     rows = table["data"]
     assert [row[0] for row in rows] == ["student1"] and rows[0][2] == LONG_PROMPT
     assert other.predict(api_name="/lab_requests")[1] == "The Lab view is for the lecturer."
-    assert other.predict(rows[0][5], api_name="/lab_stop").startswith("⚠ Only the lecturer")
-    assert lecturer.predict(rows[0][5], api_name="/lab_stop").startswith("Stopping the requests of tab")
-    assert _status(long.result(timeout=120)).startswith("Stopped")
+    assert other.predict(rows[0][5], api_name="/lab_stop")[1].startswith("⚠ Only the lecturer")
+    table, note = lecturer.predict(rows[0][5], api_name="/lab_stop")
+    assert note.startswith(f"Stopped the requests of tab {rows[0][5]} (user student1)"), note
+    assert LONG_PROMPT not in str(table["data"])  # the list redrawn once the run ended
+    stopped = _status(long.result(timeout=120))
+    assert stopped.startswith("Stopped by the lecturer (lee): "), stopped  # the student is told who stopped it
     # The lecturer is held by no limit: a run longer than the lab's slots (256 + 512) runs alone.
     done = _status(lecturer.predict(LONG_PROMPT, api_name="/run", gen_length=768, block_size=32))
     assert "Done: " in done and "length 768" in done, done  # (after a notice: past the tiny model's training length)
@@ -252,8 +255,10 @@ def test_in_a_browser_the_lab_tab_is_the_lecturers_only_and_a_row_clicked_is_sto
         lee.wait_for_function("document.querySelector('#lab-tab textarea, #lab-tab input').value.length > 8")
         assert lee.locator("#lab-tab textarea, #lab-tab input").first.input_value() == tab_id
         lee.click("#lab-stop")
-        lee.wait_for_function("document.body.innerText.includes('Stopping the requests of tab')")
+        lee.wait_for_function("document.body.innerText.includes('Stopped the requests of tab')")
+        assert "Stopping" not in lee.inner_text("body")
+        assert "student2" not in lee.inner_text("#lab-requests")  # the list redrawn after the stop
     finally:
         for context in contexts.values():
             context.close()
-    assert _status(long.result(timeout=120)).startswith("Stopped")
+    assert _status(long.result(timeout=120)).startswith("Stopped by the lecturer (lee)")

@@ -58,13 +58,15 @@ class BatchRun:
 
     Iterate for ``(request, StepRecord)`` pairs; ``results`` then holds one result per prompt.
     ``finished(request)`` is called as each request ends (a progress bar). Between records a
-    server may ``add`` requests (they wait for a slot, or go first) and ``stop`` one request.
+    server may ``add`` requests (they wait for a slot, or go first) and ``stop`` one request;
+    ``reserved`` slots more are for ``first`` ones only (a lecturer's), which never wait for another
+    request to finish.
     """
 
     def __init__(self, handle: ModelHandle, prompts: list[Prompt], settings: Settings | list[Settings],
                  guider: GuiderHandle | None = None, share_budget: bool = True, slots: int | None = None,
                  finished: Callable[[int], None] | None = None, max_len: int | None = None,
-                 batch_mode: str = BATCH_MODE) -> None:
+                 batch_mode: str = BATCH_MODE, reserved: int = 0) -> None:
         """``settings``: one for every request, or one per request (an evaluation's own seeds);
         ``max_len``: the positions each slot holds (default: the longest of ``prompts``' runs),
         what a request added later may take at most. A server's batch may start with no prompts
@@ -83,6 +85,7 @@ class BatchRun:
         for s in per_request:
             _batchable(s, None if self.invariant else per_request[0].attention_backend)
         self.slots = read(SLOTS, len(prompts) if slots is None else slots, "the batch size (slots)")
+        self.reserved, self.firsts = reserved, set[int]()  # the requests added ``first``
         self.handle, self.guider, self.finished = handle, guider, finished
         self.share_budget = share_budget and not self.invariant
         self.runs = [Run(handle, prompt, s, guider) for prompt, s in zip(prompts, per_request)]
@@ -92,11 +95,9 @@ class BatchRun:
         self.results: list[Result] | None = None
         self.cache: KVCache | None = None
         self.pool: QuotaPool | None = None
-        # What the batch did: forwards, the rows they computed, model and wall time, and when each
-        # request was done (its latency, from the batch's start).
+        # What the batch did: forwards, rows computed, model and wall time, each request's latency.
         self.forwards = self.row_forwards = 0
-        self.model_s = self.wall_s = 0.0
-        self.latency_s = [0.0] * len(prompts)
+        self.model_s, self.wall_s, self.latency_s = 0.0, 0.0, [0.0] * len(prompts)
 
     def add(self, prompt: Prompt, settings: Settings, first: bool = False, branch: Branch | None = None) -> int:
         """A request joining the batch: it takes the next free slot (before the waiting ones if
@@ -110,11 +111,10 @@ class BatchRun:
                                 f"{self.max_len}: a shorter prompt or gen_length")
         self.runs.append(run)
         self.latency_s.append(0.0)
-        if first:
-            self.waiting.appendleft(len(self.runs) - 1)
-        else:
-            self.waiting.append(len(self.runs) - 1)
-        return len(self.runs) - 1
+        number = len(self.runs) - 1
+        self.firsts.update([number] if first else [])
+        (self.waiting.appendleft if first else self.waiting.append)(number)
+        return number
 
     def withdraw(self, request: int) -> bool:
         """Take a request still waiting for a slot out of line (it never runs); False if it started."""
@@ -164,14 +164,19 @@ class BatchRun:
 
     @property
     def free_slots(self) -> int:
-        """Slots no request holds: the waiting requests the next forward admits."""
-        return self.slots - len(self.holding)
+        """The waiting requests the next forward admits, in line: a ``first`` one while any slot
+        is free (a reserved one too), the others while fewer than ``slots`` of them hold one."""
+        held, others, admits = len(self.holding), len(self.holding - self.firsts), 0
+        for i in self.waiting:
+            if held >= self.slots + self.reserved or (i not in self.firsts and others >= self.slots):
+                break
+            held, others, admits = held + 1, others + (i not in self.firsts), admits + 1
+        return admits
 
     def _start(self) -> None:
         # Invariant: no shared cache; each request takes its own, as alone (Run.start).
-        self.cache = None if self.invariant else self.handle.model.new_cache(self.slots, self.max_len)
-        self._budgets: dict[int, int] = {}
-        self._floors: dict[int, int] = {}
+        self.cache = None if self.invariant else self.handle.model.new_cache(self.slots + self.reserved, self.max_len)
+        self._budgets, self._floors = dict[int, int](), dict[int, int]()
 
     def _admit(self) -> list[int]:
         """The waiting requests that free slots take, started: each one's first step is planned
@@ -185,11 +190,10 @@ class BatchRun:
             if budget := run.cache_policy.max_cached():
                 self._budgets[i] = budget
                 self._floors[i] = min(budget, math.ceil(FLOOR_SHARE * run.state_length))
-            if self._going(i):
-                admitted.append(i)
+            admitted += [i] if self._going(i) else []
         if self.share_budget and self._budgets and admitted:
             # The budget of the slots' requests: each slot's largest own budget, as in a static batch.
-            self.pool = QuotaPool(sum(sorted(self._budgets.values(), reverse=True)[: self.slots]))
+            self.pool = QuotaPool(sum(sorted(self._budgets.values(), reverse=True)[: self.slots + self.reserved]))
         return admitted
 
     def _going(self, i: int) -> bool:
@@ -259,17 +263,15 @@ def generate_batch(handle: ModelHandle, prompts: list[Prompt], settings: Setting
     """One result (and trace) per prompt, decoded as a batch: the same tokens as each alone
     (unless adaptive caches share their budgets, see ``BatchRun``)."""
     run = BatchRun(handle, prompts, Settings() if settings is None else settings, guider, share_budget)
-    for _ in run:
-        pass
+    deque(run, maxlen=0)  # decoded to its end
     return run.results
 
 
 def batches(count: int, batch_size: int, continuous: bool = True) -> list[range]:
     """The requests each BatchRun of ``batch_size`` slots decodes: all of them continuously, or
     static batches of ``batch_size`` one after another."""
-    if continuous:
-        return [range(count)]
-    return [range(first, min(first + batch_size, count)) for first in range(0, count, batch_size)]
+    return [range(count)] if continuous else [range(first, min(first + batch_size, count))
+                                              for first in range(0, count, batch_size)]
 
 
 def generate_all(handle: ModelHandle, prompts: list[Prompt], settings: list[Settings], guider: GuiderHandle | None = None,
@@ -289,12 +291,10 @@ def generate_all(handle: ModelHandle, prompts: list[Prompt], settings: list[Sett
             if done is not None:
                 done(1)
         return results
-    finished = (lambda _: done(1)) if done is not None else None
-    results = []
+    finished, results = ((lambda _: done(1)) if done is not None else None), []
     for chunk in batches(len(prompts), batch_size, continuous):
         run = BatchRun(handle, [prompts[i] for i in chunk], [settings[i] for i in chunk], guider, share_budget=False,
                        slots=min(batch_size, len(chunk)), finished=finished, batch_mode=batch_mode)
-        for _ in run:
-            pass
+        deque(run, maxlen=0)
         results += run.results
     return results

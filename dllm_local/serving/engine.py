@@ -175,7 +175,7 @@ def serve(conn: Connection, stop: Event, spec: dict) -> None:
     engine_threads(spec.pop("threads", 0))
     memory_fraction = spec.pop("memory_fraction", None)
     slots, max_length = spec.pop("slots", SLOTS), spec.pop("max_length", None)
-    batch_mode = spec.pop("batch_mode", BATCH_MODE)
+    batch_mode, lecture_slots = spec.pop("batch_mode", BATCH_MODE), spec.pop("lecture_slots", 0)
     # Progress bars (model loading) lock with a thread lock, not tqdm's default cross-process
     # semaphore, which this process would leave behind when the page process ends it.
     tqdm.set_lock(threading.RLock())
@@ -192,4 +192,4 @@ def serve(conn: Connection, stop: Event, spec: dict) -> None:
         conn.send((None, "error", portable(exc)))
         return
     conn.send((None, "ready", engine.describe()))
-    Scheduler(engine, conn, slots, max_length, batch_mode).serve()
+    Scheduler(engine, conn, slots, max_length, batch_mode, lecture_slots).serve()

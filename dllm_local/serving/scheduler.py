@@ -3,7 +3,9 @@ the rest one at a time.
 
 1. Requests arrive on the pipe as ``(request_id, method, kwargs, options)``; a reader thread
    queues them and acts on a ``stop`` at once (the main thread may be deep in a sweep).
-2. They wait in arrival order; a lecturer's (``options["first"]``) goes ahead of the waiting ones.
+2. They wait in arrival order; a lecturer's (``options["first"]``) goes ahead of the waiting ones,
+   and in a lab the batch holds ``lecture_slots`` more slots for a lecturer's runs only: one
+   starts at the batch's next step, never waiting for a student's run to finish.
 3. A run the batch can take (a LLaDA-family model; no exact drift, no guider, not ``alone``; in
    batch mode ``packed`` no compiled or graphs forward mode and no attention backend but the
    default named) joins the batch: it takes a free slot of ``slots``, or waits for one, and is told
@@ -55,11 +57,12 @@ class Scheduler:
     """The engine process's loop over ``engine`` (``serving.engine.Engine``), answering on ``conn``."""
 
     def __init__(self, engine, conn: Connection, slots: int = SLOTS, max_length: int | None = None,
-                 batch_mode: str = BATCH_MODE) -> None:
+                 batch_mode: str = BATCH_MODE, lecture_slots: int = 0) -> None:
         """``max_length``: the positions each slot holds (None: the model's maximum); ``batch_mode``:
-        the batch's (``BatchRun``)."""
+        the batch's (``BatchRun``); ``lecture_slots``: its slots for ``first`` runs only (``reserved``)."""
         self.engine, self.conn = engine, conn
         self.slots, self.max_length, self.batch_mode = slots, max_length, batch_mode
+        self.lecture_slots = lecture_slots
         self.inbox: queue.Queue = queue.Queue()
         self.stops: set[str] = set()
         self.lock = threading.Lock()
@@ -212,7 +215,8 @@ class Scheduler:
                 length = self.max_length or round_up(Run(handle, kwargs["prompt"], settings, None, branch).state_length,
                                                      SLOT_ROUNDING)
                 self.batch = BatchRun(handle, [], [], slots=self.slots, max_len=min(handle.max_length, length),
-                                      finished=self._finished, batch_mode=self.batch_mode)
+                                      finished=self._finished, batch_mode=self.batch_mode,
+                                      reserved=self.lecture_slots)
                 self.records = iter(self.batch)
             number = self.batch.add(kwargs["prompt"], settings, first=bool(request.options.get("first")), branch=branch)
         except TooLong:  # it waits for the batch to end: the next batch's slots are sized for it, or a

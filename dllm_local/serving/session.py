@@ -49,19 +49,20 @@ class Session:
     GPU shared with other programs. ``ray``: the Ray cluster the engine runs sweeps on (None: the
     engine itself; the page process never imports Ray). ``slots``: runs decoding at once in the
     engine's batch; ``max_length``: the positions each slot holds (None: the model's maximum);
-    ``batch_mode``: how the batch runs its requests' forwards (``decoding.batch.BatchRun``).
+    ``batch_mode``: how the batch runs its requests' forwards (``decoding.batch.BatchRun``);
+    ``lecture_slots``: slots more, a lecturer's runs' only (``first``), so they never wait in line.
     ``lazy``: return at once and wait for the model (and raise its error) on first use."""
 
     def __init__(self, model: str = "tiny", device: str = "auto", quantization: str | None = None,
                  guider: str | None = "tiny-guider", threads: int = 0, lazy: bool = False,
                  memory_fraction: float | None = None, ray: str | None = None, slots: int = SLOTS,
-                 max_length: int | None = None, batch_mode: str = BATCH_MODE) -> None:
+                 max_length: int | None = None, batch_mode: str = BATCH_MODE, lecture_slots: int = 0) -> None:
         if batch_mode not in BATCH_MODES:  # said here, not at the first batched run
             raise SettingsError(f"the batch mode must be one of {', '.join(BATCH_MODES)} (not {batch_mode!r})")
         self._spec = {"model": model, "device": device, "quantization": quantization, "guider": guider,
                       "ray": ray, "threads": threads, "memory_fraction": memory_fraction,
                       "policies": registry.load_plugins(), "slots": slots, "max_length": max_length,
-                      "batch_mode": batch_mode}
+                      "batch_mode": batch_mode, "lecture_slots": lecture_slots}
         self._lock = threading.Lock()  # the open requests, the pipe's sending end, a restart
         self._open: dict[str, Request] = {}
         self._ids = itertools.count(1)

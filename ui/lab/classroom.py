@@ -23,6 +23,9 @@ import gradio as gr
 from dllm_local.errors import DllmError
 
 RATE_WINDOW_S = 60.0
+# How long the Lab tab's Stop waits for the tab's requests to end (within one step each, usually)
+# before it redraws the list: past it, the list shows them still ending.
+STOP_WAIT_S = 15.0
 # The engine's batch mode (app.py --batch-mode) as the page says it.
 BATCHING = {"packed": "packed (fastest; on a GPU in bf16 a request's tokens may depend on who shares its batch)",
             "invariant": "invariant (each request's tokens as if alone; one forward per request a step, slower)"}
@@ -68,6 +71,7 @@ class Lab:
         self._open: dict[str, int] = defaultdict(int)  # user -> requests open
         self._started: dict[str, deque[float]] = defaultdict(deque)  # user -> when its recent requests began
         self.users_of: dict[str, str] = {}  # client -> user, for the lecturer's list
+        self.stoppers: dict[str, str] = {}  # client -> who stopped its requests from the Lab tab, told as they end
 
     @property
     def signed_in(self) -> bool:
@@ -119,6 +123,7 @@ class Lab:
         finally:
             with self._lock:
                 self._open[user] -= 1
+                self.stoppers.pop(who.client, None)  # its run has said so; a later run of the tab is not the one stopped
 
     def listing(self, requests: list[dict]) -> list[list]:
         """The session's open requests (``Session.requests``) as the lecturer's table rows."""
@@ -156,7 +161,7 @@ class LabTab:
         tab.select(self.show, None, [self.table, self.note], queue=False, api_visibility="private")
         self.refresh_btn.click(self.show, None, [self.table, self.note], queue=False, api_name="lab_requests",
                                show_progress="hidden")
-        self.stop_btn.click(self.stop, [self.tab_box], [self.note], queue=False, api_name="lab_stop")
+        self.stop_btn.click(self.stop, [self.tab_box], [self.table, self.note], queue=False, api_name="lab_stop")
         self.table.select(self.pick, None, [self.tab_box], queue=False, api_visibility="private")
 
     def pick(self, evt: gr.SelectData) -> str | dict:
@@ -172,11 +177,24 @@ class LabTab:
             return [], "The Lab view is for the lecturer."
         return self.lab.listing(self.session.requests()), gr.update()
 
-    def stop(self, tab: str, request: gr.Request) -> str:
+    def stop(self, tab: str, request: gr.Request) -> tuple:
+        """Stop ``tab``'s requests (its page is told who stopped them), wait for them to end, and
+        redraw the list: the note says what happened, not what was asked."""
         who = self.lab.who(request)
         if not self.lab.may_manage(who):
-            return "⚠ Only the lecturer stops another tab's requests."
+            return gr.update(), "⚠ Only the lecturer stops another tab's requests."
         tab = (tab or "").strip()
-        if tab and self.session.stop(tab):
-            return f"Stopping the requests of tab {tab} (user {self.lab.users_of.get(tab, tab)})…"
-        return f"Nothing of tab {tab!r} is going." if tab else "Give the id of a tab from the table."
+        if not tab:
+            return gr.update(), "Give the id of a tab from the table."
+        self.lab.stoppers[tab] = f"the lecturer ({who.user})" if who.lecturer else "the Lab tab"
+        if not self.session.stop(tab):
+            self.lab.stoppers.pop(tab, None)
+            return self.lab.listing(self.session.requests()), f"Nothing of tab {tab!r} is going."
+        end = time.monotonic() + STOP_WAIT_S
+        while self.session.owns(tab) and time.monotonic() < end:
+            time.sleep(0.05)
+        user = self.lab.users_of.get(tab, tab)
+        note = (f"Stopped the requests of tab {tab} (user {user}); its page says who stopped them."
+                if not self.session.owns(tab) else
+                f"The requests of tab {tab} (user {user}) were asked to stop and are still ending: Refresh shows them.")
+        return self.lab.listing(self.session.requests()), note

@@ -159,7 +159,7 @@ class LiveRun:
             now = time.perf_counter()
             behind = n - sent_steps + self.session.waiting(client)
             update[self.status] = run_status(live, notice, first_paint, done, behind, now - sent,
-                                             None if done else held)
+                                             None if done else held, self.engine.lab.stoppers.get(client))
             sent, sent_steps = now, n
             if held is None and n > 1:
                 # The new maximum alone, before the step: sent together, the browser places the

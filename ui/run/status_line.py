@@ -23,11 +23,12 @@ def off_task_line(prompt: str | None, model_name: str | None) -> str:
 
 
 def run_status(trace: dict, notice: str, first_paint: float | None, done: bool, behind: int = 0,
-               redraw_s: float = 0.0, frozen_at: int | None = None) -> str:
+               redraw_s: float = 0.0, frozen_at: int | None = None, stopped_by: str | None = None) -> str:
     """The status line of a run: the off-task word, notices, then its progress or how it ended.
     While it runs: ``behind``, how many steps the engine gets ahead of the view before its next
     redraw, ``redraw_s`` apart (said when over 2), and ``frozen_at``, the step the view holds
-    while Follow live is off."""
+    while Follow live is off; ``stopped_by``: who stopped the run, when not its own tab (the
+    lecturer, ``Lab.stoppers``)."""
     n = len(trace.get("steps", []))
     parts = [off_task_line(prompt_of(trace), (trace.get("model") or {}).get("name")), notice]
     parts = [part for part in parts if part]
@@ -36,7 +37,8 @@ def run_status(trace: dict, notice: str, first_paint: float | None, done: bool, 
         answer = trace.get("text", "")
         settings = (canvas_settings_line if is_canvas_model(trace.get("model") or {}) else settings_line)(trace["settings"])
         parts.extend(filter(None, [forward_notice_line(trace)]))  # before the answer: a fallback is never missed
-        parts.append(("Stopped" if st.get("stopped") else "Done") + f": {work_line(trace)} "
+        ended = "Done" if not st.get("stopped") else f"Stopped by {stopped_by}" if stopped_by else "Stopped"
+        parts.append(f"{ended}: {work_line(trace)} "
                      f"({settings}{forward_part(trace)}). **Answer:** {answer}{_verdict_text(trace, answer)}")
     else:
         parts.append(f"Running… {count(n, 'step')} so far.")
