@@ -73,15 +73,25 @@ def test_revoked_positions_count_as_masked_again():
     assert lessons.reused_kv_error(trace, 1, "0", "k")["masked"] == [0.97]
 
 
-def test_cache_saving_is_g_against_the_whole_sequence_per_forward():
-    # 2 + 4 = 6 positions: 3 forwards recompute 6 + 2 + 2 = 10 of 18.
-    trace = _trace([{"g": 6}, {"g": 2}, {"g": 2}])
+def test_cache_saving_is_g_against_every_position_each_forward_attends():
+    # 2 + 4 = 6 positions: 3 forwards recompute 6 + 2 + 2 = 10 of the 18 they attend (the rest read).
+    trace = _trace([{"g": 6}, {"g": 2, "reads": 4}, {"g": 2, "reads": 4}])
     verdict = lessons.cache_saves_verdict(trace)
     assert verdict.status == lessons.HOLDS and verdict.numbers["g_with_cache"] == 10
     assert verdict.numbers["g_without_cache"] == 18 and "56% of that" in verdict.text
     assert lessons.cache_saves_verdict(_trace([{"g": 6}, {"g": 6}])).status == lessons.FAILS
     none = _trace([{"g": 6}], settings={"cache": "none"})
     assert lessons.cache_saves_verdict(none).status == lessons.UNMEASURABLE
+
+
+def test_a_padded_span_is_counted_alike_with_and_without_the_cache():
+    """Flash-Cache attends prompt, answer and end-of-text padding (8 + 8 + 16 here): its G counts
+    the padding, so the baseline does too, and the share is one minus the hit rate (issue 59)."""
+    steps = [{"g": 32}, {"g": 10, "reads": 22}, {"g": 9, "reads": 23}]
+    verdict = lessons.cache_saves_verdict(_trace(steps, prompt_ids=range(8), gen_length=8,
+                                                 settings={"cache": "flash", "gen_length": 8}))
+    assert verdict.status == lessons.HOLDS and verdict.numbers["g_without_cache"] == 96
+    assert verdict.text.endswith(f"{51 / 96:.0%} of that")
 
 
 def test_the_answer_check_reads_the_task_and_the_most_parallel_step():

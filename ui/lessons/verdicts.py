@@ -191,15 +191,16 @@ CACHE_CLAIM = "The cache saves recomputation"
 
 
 def cache_saves_verdict(trace: Trace, step: int | None = None) -> Verdict:
-    """Does the cache save recomputation? The positions the steps' main forwards (one per step)
-    recomputed (G) against what the same forwards recompute without a cache: the whole sequence
-    each time. A verifying policy's further forwards are named apart: the counts add up to NFE."""
+    """Does the cache save recomputation? The steps' main forwards' G against what they recompute
+    without a cache: every position each attends, recomputed or read (a padded span's too), so the
+    share is one minus the hit rate. Verifying forwards are named apart: the counts add up to NFE."""
     steps = steps_upto(trace, step)
     if not steps:
         return Verdict("cache_saves", CACHE_CLAIM, UNMEASURABLE, "no step yet")
     length, main = prompt_len(trace) + int(trace.get("gen_length") or 0), len(steps)
     verifying = max(0, sum(int(s.get("forwards") or 1) for s in steps) - main)
-    with_cache, without = sum(int(s.get("g") or 0) for s in steps), length * main
+    with_cache = sum(int(s.get("g") or 0) for s in steps)
+    without = with_cache + sum(int(s.get("reads") or 0) for s in steps)
     numbers = {"forwards": main, "verifying_forwards": verifying, "g_with_cache": with_cache,
                "g_without_cache": without, "mean_g": with_cache / main, "sequence": length}
     forwards = (f"the {_count(main, 'main forward')} (one per step)" if verifying else _count(main, "forward"))
@@ -211,7 +212,7 @@ def cache_saves_verdict(trace: Trace, step: int | None = None) -> Verdict:
     return Verdict("cache_saves", CACHE_CLAIM, HOLDS if with_cache < without else FAILS,
                    f"{forwards} recomputed {with_cache:,} positions (mean G {with_cache / main:.1f} per "
                    f"{'main ' if verifying else ''}forward); without a cache the same forwards recompute {without:,} "
-                   f"({length} each): {with_cache / without:.0%} of that{apart}", numbers)
+                   f"(every position each attends): {with_cache / without:.0%} of that{apart}", numbers)
 
 
 # ----------------------------------------------------------------------------- the answer
