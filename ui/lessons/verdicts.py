@@ -199,10 +199,9 @@ def cache_saves_verdict(trace: Trace, step: int | None = None) -> Verdict:
         return Verdict("cache_saves", CACHE_CLAIM, UNMEASURABLE, "no step yet")
     length, main = prompt_len(trace) + int(trace.get("gen_length") or 0), len(steps)
     verifying = max(0, sum(int(s.get("forwards") or 1) for s in steps) - main)
-    with_cache = sum(int(s.get("g") or 0) for s in steps)
-    without = with_cache + sum(int(s.get("reads") or 0) for s in steps)
+    with_cache, read = (sum(int(s.get(key) or 0) for s in steps) for key in ("g", "reads"))
     numbers = {"forwards": main, "verifying_forwards": verifying, "g_with_cache": with_cache,
-               "g_without_cache": without, "mean_g": with_cache / main, "sequence": length}
+               "g_without_cache": (without := with_cache + read), "mean_g": with_cache / main, "sequence": length}
     forwards = (f"the {_count(main, 'main forward')} (one per step)" if verifying else _count(main, "forward"))
     apart = (f"; the run's other {_count(verifying, 'forward')} ({main + verifying} in all) verified drafts and "
              f"{'is' if verifying == 1 else 'are'} not counted here") if verifying else ""
