@@ -19,6 +19,8 @@ from ui.run import status_line
 from ui.parts import tables
 from ui.parts.presets import load_presets
 
+from test_on_screen import contrast
+
 PRESETS, _ = load_presets()
 RED = "#d73027"
 
@@ -93,6 +95,17 @@ def test_self_verify_theorem1_is_told_for_the_commits_it_kept(self_verify):
     # What the drafts sent back would have risked is still said, apart.
     told = verdicts.theorem1_verdict(self_verify, len(steps) - 1)
     assert told.numbers["drafts_without_guarantee"] and "self-verify sent" in told.text
+
+
+def test_the_theorem_line_under_the_grid_reads_at_4_5_to_1(self_verify):
+    """WCAG 1.4.3: the line is 16 px bold, not large text, so its green and its red need 4.5:1 on
+    the light theme's white (the plots' green mark, #1a9850, is 3.7:1)."""
+    lines = [re.search(r'class="dl-theorem"[^>]*color:(#\w+)', grid.token_grid_html(self_verify, i))
+             for i in range(len(self_verify["steps"]))]
+    colours = {line.group(1) for line in lines if line}
+    assert colours - {RED}, colours  # a guaranteed line, green
+    for colour in colours:
+        assert contrast(colour, "#ffffff") >= 4.5, colour
 
 
 def test_a_stopped_run_is_said_stopped_and_not_graded(tiny, tiny_guider):

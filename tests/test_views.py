@@ -650,3 +650,42 @@ def test_changing_tau_in_the_concurrency_view_changes_the_stated_crossover():
     assert any("AR overtakes ≈ 74" in a["text"] for a in json.loads(figure["plot"])["layout"]["annotations"])
     assert "AR overtakes at ≈ 18 (18.4)" in event(2)[1]
     assert event(4, g=0)[1].startswith("⚠ G (positions recomputed per forward) must be from 1 to 1,000,000, not 0")
+
+
+IDENTIFIER = re.compile(r"\b[a-z]+_[a-z_]+\b")  # true_drift, low_confidence: a value's name, not words
+
+
+def _labels(fig) -> list[str]:
+    """What a reader sees a figure name things by: its title, its axes' and colour bars' titles, its
+    legend's entries and its notes."""
+    layout = fig.to_plotly_json()["layout"]
+    texts = [(layout.get("title") or {}).get("text")]
+    texts += [(axis.get("title") or {}).get("text") for key, axis in layout.items() if key.startswith(("xaxis", "yaxis"))]
+    texts += [note.get("text") for note in layout.get("annotations", [])]
+    for t in fig.data:
+        # In the legend: a trace that says so, or a line's or marks' by default (a heatmap's never).
+        texts.append(t.name if (t.showlegend if t.showlegend is not None else t.type != "heatmap") else None)
+        bar = getattr(getattr(t, "marker", None), "colorbar", None) or getattr(t, "colorbar", None)
+        texts.append(bar.title.text if bar is not None and bar.title is not None else None)
+    return [text for text in texts if text]
+
+
+def test_labels_are_words_and_the_identifiers_stay_the_values(trace):
+    """Issue 59, item 10: the KV view's choices and a policy parameter's choices are shown in words
+    (``true_drift`` reads "True KV drift (exact)", ``low_confidence`` "low confidence"), the value
+    each gives is still the identifier; a KV figure's title, axes and legend name no identifier."""
+    from dllm_local.policies import registry
+    from ui.run.widgets import knob_widget
+
+    assert set(run_figures.KV_VIEW_NAMES) == set(KV_VIEWS)
+    assert not [name for name in run_figures.KV_VIEW_NAMES.values() if IDENTIFIER.search(name)]
+    for view in KV_VIEWS:
+        labels = _labels(run_figures.kv_heatmap(trace, layer="0", which="v", view=view))
+        assert labels and not [text for text in labels if IDENTIFIER.search(text)], (view, labels)
+    params = [p for specs in registry.all_specs().values() for spec in specs for p in spec["params"] if p["choices"]]
+    assert any("low_confidence" in p["choices"] for p in params)
+    for param in params:
+        menu = knob_widget(param, param["default"], True, param["name"])
+        assert [value for _, value in menu.choices] == param["choices"]
+        assert not [shown for shown, _ in menu.choices if IDENTIFIER.search(shown)], menu.choices
+        assert not IDENTIFIER.search(param["help"]), param["help"]

@@ -292,7 +292,7 @@ register(PolicySpec(
     "unmask", "fixed", "Fixed schedule (LLaDA)",
     "The block's masks spread evenly over its steps, most confident first (or in random order).",
     f"{_UNMASK_IMPL}:Fixed",
-    (Param("remasking", str, "low_confidence", "Order", "low_confidence: most confident first; random: random order",
+    (Param("remasking", str, "low_confidence", "Order", "most confident first (low confidence), or random order",
            choices=("low_confidence", "random")),),
     uses_steps=True, block_by_block=True))
 register(PolicySpec(

@@ -9,7 +9,7 @@ import math
 
 from .parts import (CanvasState, canvas_count, canvas_ended, canvas_rules, canvas_state_at, canvas_steps, draft_history,
                     run_complete)
-from ..grid.ends import BOX, CONF_STOPS, POS, STEP_STOPS, SWATCH, attr, css, interp, text_colour, token_label
+from ..grid.ends import BOX, CONF_STOPS, MASKED, POS, STEP_STOPS, SWATCH, attr, css, interp, text_colour, token_label
 from ..parts.trace_parts import Trace, answer_length, first_end, is_end_token
 
 ACCEPTED, RENOISED, CHANGED = "dl-canvas-accepted", "dl-canvas-renoised", "dl-canvas-changed"
@@ -18,7 +18,6 @@ ACCEPTED, RENOISED, CHANGED = "dl-canvas-accepted", "dl-canvas-renoised", "dl-ca
 _ACCEPTED_STYLE = "outline:3px solid #111;outline-offset:-3px;"
 _RENOISED_STYLE = "outline:2px dashed #999;outline-offset:-2px;"
 _CHANGED_STYLE = "box-shadow:inset 0 -5px 0 #e4572e;"
-_PENDING_STYLE = "background:#e5e5e5;color:#777;"
 _LABEL = ('<span class="dl-canvas-label" style="display:inline-block;margin:2px 4px;padding:1px 4px;font-size:14px;'
           'color:#555;border-left:3px solid #888;vertical-align:top;">canvas {}</span>')
 
@@ -62,7 +61,7 @@ def _pending_box(trace: Trace, p: int, canvas: int, started: set[int]) -> str:
     title = f"pos {p} · canvas {canvas + 1}: " + ("never started (the answer ended before it)" if never
                                                   else "not started yet")
     return (f'<span class="dl-tok dl-canvas-pending" title="{attr(title)}" data-pos="{p}" '
-            f'style="{BOX}{_PENDING_STYLE}">{POS.format(p)}▢</span>')
+            f'style="{BOX}{MASKED}">{POS.format(p)}▢</span>')
 
 
 def _token_box(trace: Trace, state: CanvasState, p: int, color_by: str, last: int, answer_end: int | None) -> str:
@@ -117,7 +116,7 @@ def _legend(trace: Trace, state: CanvasState, color_by: str, last: int) -> str:
             f'<span style="{SWATCH}{_ACCEPTED_STYLE}"></span>accepted: kept by the sampler · '
             f'<span style="{SWATCH}{_RENOISED_STYLE}"></span>renoised: redrawn at random · '
             f'<span style="{SWATCH}{_CHANGED_STYLE}"></span>changed: the draft moved this step · '
-            f'<span style="{SWATCH}{_PENDING_STYLE}"></span>canvas not started · small numbers: answer position</div>')
+            f'<span style="{SWATCH}{MASKED}"></span>canvas not started · small numbers: answer position</div>')
 
 
 def canvas_grid_html(trace: Trace, step: int, color_by: str = "step") -> str:

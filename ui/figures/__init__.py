@@ -15,10 +15,10 @@ from .axes import axis_ticks
 from .cache import cache_panel
 from .confidence import confidence_heatmap
 from .experts import experts_html
-from .kv import SUMMARY_MESSAGE, kv_heatmap
+from .kv import SUMMARY_MESSAGE, VIEW_NAMES as KV_VIEW_NAMES, kv_heatmap
 
-__all__ = ["BLOCK_CAPTIONS", "CANVAS_CAPTIONS", "CAPTIONS", "SUMMARY_MESSAGE", "axis_ticks", "cache_panel",
-           "captions_for", "confidence_heatmap", "experts_html", "kv_heatmap"]
+__all__ = ["BLOCK_CAPTIONS", "CANVAS_CAPTIONS", "CAPTIONS", "KV_VIEW_NAMES", "SUMMARY_MESSAGE", "axis_ticks",
+           "cache_panel", "captions_for", "confidence_heatmap", "experts_html", "kv_heatmap"]
 
 CAPTIONS: dict[str, str] = {"confidence": confidence.CAPTION, "kv": kv.CAPTION, "cache": cache.CAPTION}
 # A canvas model's trace (DiffusionGemma) draws these figures of its own under the same names.

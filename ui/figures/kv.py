@@ -18,6 +18,8 @@ from .canvas_kv import canvas_kv_heatmap
 from .cosine_scale import COS_SCALE, colour_bar
 from .stored import exact_layer, stored_steps
 
+# Each KV view in words: its plot's title and its choice on the page (the identifiers stay the values).
+VIEW_NAMES = {"drift": "KV drift", "true_drift": "True KV drift (exact)", "cache_error": "Cache vs exact"}
 SUMMARY_MESSAGE = "per-position KV data needs trace level 'full'"
 CAPTION = ("Each cell compares one position's K or V with a reference, on one colour scale spent on cosines near 1, "
            "in nines (0.9, 0.99, 0.999): yellow, the same; dark, changed. White cells: nothing to compare with (the first "
@@ -143,12 +145,11 @@ def kv_heatmap(trace: Trace, layer: int | str = MEAN_LAYERS, which: str = "k", u
     if is_canvas(trace):  # a decoder over a canvas and an encoder's exact cache: views of their own
         return canvas_kv_heatmap(trace, str(layer), which, upto_step, view)
     layer = str(layer)
-    names = {"drift": "KV drift", "true_drift": "True KV drift (exact)", "cache_error": "Cache vs exact"}
     where = "all layers (mean)" if layer == MEAN_LAYERS else f"layer {layer}"
-    title = f"{names[view]} · {where} · {which.upper()}"
+    title = f"{VIEW_NAMES[view]} · {where} · {which.upper()}"
     steps = steps_upto(trace, upto_step)
     if not steps:  # names no layer: it shows none (the page draws this before any run, whatever its Layer box says)
-        return message_figure(EMPTY_MESSAGE, f"{names[view]} · {which.upper()}")
+        return message_figure(EMPTY_MESSAGE, f"{VIEW_NAMES[view]} · {which.upper()}")
     if view == "drift":
         if not any(s.get("recomputed") is not None for s in steps):
             return message_figure(SUMMARY_MESSAGE, title)

@@ -10,7 +10,7 @@ from dllm_local.tiny.tasks import TASKS, recognise
 from . import policy_marks
 from ..canvas.parts import is_canvas
 from ..canvas.views import canvas_grid_html
-from .ends import (BOX, CONF_STOPS, COLLAPSE_PADDING, POS, STEP_STOPS, SWATCH, attr, css, end_runs, fold_end_runs, interp,
+from .ends import (BOX, CONF_STOPS, COLLAPSE_PADDING, MASKED, POS, STEP_STOPS, SWATCH, attr, css, end_runs, fold_end_runs, interp,
                    text_colour, token_label)
 from ..parts.replay import Trace, drafts, first_end, is_end_token, prompt_len, prompt_of, state_at, theorem1, what_if
 
@@ -47,6 +47,9 @@ def chip_rgb(color_by: str, commit_step: int, confidence: float | None, last: in
 # This step's commits are outlined inside the box, τ′'s frame lies outside it: a box can show both.
 _COMMIT_OUTLINE = "outline:3px solid #e4572e;outline-offset:-3px;"
 _WHAT_IF_SHADOW = "0 0 0 3px #1a9850"
+# The theorem line's green: 16 px bold is not large text, so 4.5:1 on white (WCAG 1.4.3); the plots'
+# #1a9850 (3.7:1) is a mark's colour, enough for a graphic (3:1), not for this line's words.
+GUARANTEED_INK = "#168344"
 _WHAT_IF_FRAME = f"box-shadow:{_WHAT_IF_SHADOW};border-radius:6px;"
 def _history(trace: Trace, history: list[list]) -> tuple[str, str]:
     """A position's taken-back tokens: struck through under the box, and told in the hover."""
@@ -101,7 +104,7 @@ def _theorem_line(trace: Trace, record: dict, shown: int) -> str:
     if not rejected:
         if kept["verdict"] == "serial":
             return ""
-        colour = "#1a9850" if kept["verdict"] == "guaranteed" else "#d73027"
+        colour = GUARANTEED_INK if kept["verdict"] == "guaranteed" else "#d73027"
         return (f'<div class="dl-theorem" data-verdict="{kept["verdict"]}" style="font-size:16px;color:{colour};'
                 f'font-weight:600;">Step {shown}: {html.escape(kept["text"])}</div>')
     drafted_here = drafts(record)
@@ -109,7 +112,7 @@ def _theorem_line(trace: Trace, record: dict, shown: int) -> str:
     P = prompt_len(trace)
     which = ", ".join(f"'{token_label(trace, t)}' at pos {p - P}" for p, t, _ in rejected)
     # Coloured for what was kept (the commits): red only where the kept commits have no guarantee.
-    colour = {"guaranteed": "#1a9850", "no guarantee": "#d73027"}.get(kept["verdict"], "#444")
+    colour = {"guaranteed": GUARANTEED_INK, "no guarantee": "#d73027"}.get(kept["verdict"], "#444")
     return (f'<div class="dl-theorem" data-verdict="{kept["verdict"]}" data-drafts-verdict="{drafted["verdict"]}" '
             f'style="font-size:16px;color:{colour};font-weight:600;">Step {shown}: self-verify sent '
             f"{len(rejected)} of {len(drafted_here)} drafts back ({html.escape(which)}). On the {len(drafted_here)} drafts, "
@@ -165,7 +168,7 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
             elif scored.get(p) is not None:  # a later block: the trace keeps its confidence, not its candidates
                 title += (f" · step {shown}'s confidence {scored[p]:.2f} (top-k is recorded for the "
                           "current block only)")
-            style, classes = f"{BOX}background:#e5e5e5;color:#777;", "dl-tok dl-masked"
+            style, classes = BOX + MASKED, "dl-tok dl-masked"
             if any(at == shown for at, _, _ in drafts):
                 style += "border:3px solid #d73027;"
                 classes += " dl-rejected"

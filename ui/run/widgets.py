@@ -17,6 +17,12 @@ from .controls import (KINDS, Specs, cache_choices, fit_to_model, knobs, masked_
                        spec_named, visible_knobs)
 
 
+def in_words(choices: list) -> list[tuple[str, object]]:
+    """(shown, value) of each choice: a menu shows words ("low confidence"), and gives the value
+    the settings, the trace and the CLI know (``low_confidence``)."""
+    return [(choice.replace("_", " ") if isinstance(choice, str) else str(choice), choice) for choice in choices]
+
+
 def knob_widget(param: dict, value: Any, visible: bool, elem_id: str) -> gr.Component:
     """The component for one policy parameter (a ``Param.to_dict()``): a dropdown for choices, a
     checkbox for a flag, a slider where the spec gives the page a range, else a number box. An
@@ -24,7 +30,7 @@ def knob_widget(param: dict, value: Any, visible: bool, elem_id: str) -> gr.Comp
     would be a required argument of the page's API, so ``/run`` could not be called with a prompt alone."""
     common = {"label": param["label"], "info": param["help"], "visible": visible, "elem_id": elem_id}
     if param["choices"]:
-        return gr.Dropdown(param["choices"], value=value, **common)
+        return gr.Dropdown(in_words(param["choices"]), value=value, **common)
     if param["type"] == "bool":
         return gr.Checkbox(value, **common)
     if param["type"] == "str" or param["optional"]:
