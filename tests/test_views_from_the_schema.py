@@ -378,7 +378,7 @@ class Page(RunReplay, TraceFiles, Branching, Presenter, RunSettings):
 
     def __init__(self, exports: ExportFolder) -> None:
         for name in ("grid", "trace", "scrub", "status", "export_btn", "prompt", "preset", "preset_info", "layer",
-                     "which", "kv_view"):
+                     "which", "kv_view", "preset_applied"):
             setattr(self, name, name)
         self.view_boxes = {name: name for name in VIEWS}
         self.specs, self.session, self.exports = registry.all_specs(), DescribedSession(), exports
