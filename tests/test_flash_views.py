@@ -19,6 +19,7 @@ from ui.parts import replay
 from ui import figures
 from ui.parts.presets import load_presets
 from ui.figures import tracked
+from ui.parts.figure_style import LEGEND_ROW, legend_entries
 from ui.run.views import draw
 
 PRESET = load_presets()[0]["Flash-dLLM as released"]
@@ -95,7 +96,8 @@ def test_cache_panel_maps_window_tracked_next_masks_and_reads(trace, other):
     steps = trace["steps"]
     for upto in range(len(steps)):
         fig = figures.cache_panel(trace, upto)
-        assert fig.layout.height == tracked.HEIGHT
+        # The map's height, and a line for each legend entry below it.
+        assert fig.layout.height == tracked.HEIGHT + legend_entries(fig) * LEGEND_ROW
         window, kept = _cells(fig, "window"), _cells(fig, "tracked")
         assert len(window) == upto + 1
         for row, record in enumerate(steps[: upto + 1]):
@@ -110,8 +112,8 @@ def test_cache_panel_maps_window_tracked_next_masks_and_reads(trace, other):
         assert (reads[row] if reads else []) == sorted(set(range(-P, n)) - recomputed - marked)
         assert masks[row] == sorted(recomputed - marked)
     assert any(reads), "positions past the next masks are read from the cache"
-    key = next(a.text for a in fig.layout.annotations if "Positions each step" in a.text)
-    assert all(name in key for name, _, _ in tracked.KINDS)
+    # Each kind is a legend entry (a line each at the figure's foot, never cut by a narrow panel).
+    assert {t.name for t in fig.data if t.type == "heatmap" and t.showlegend} == {name for name, _, _ in tracked.KINDS}
     assert not any(t.type == "heatmap" for t in figures.cache_panel(other).data)
 
 

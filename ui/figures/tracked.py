@@ -16,7 +16,7 @@ KINDS = (("read from cache", "#dcdcdc", "read from the cache"),
          ("tracked", "#1b9e77", "tracked: a decoded position recomputed"),
          ("window", "#6a3d9a", "the window: scored this step"))
 READ, OTHER, TRACKED, WINDOW = range(len(KINDS))
-HEIGHT = 600
+HEIGHT = 520  # with a line of the legend for each kind below
 MAP_TOP = 0.40  # the map fills the figure's lower part, the G bars the upper part from BARS_BOTTOM
 BARS_BOTTOM = 0.64
 
@@ -53,14 +53,15 @@ def add_position_map(fig: go.Figure, trace: Trace, steps: list[dict]) -> None:
         if not np.any(z == 1.0):
             continue
         fig.add_trace(go.Heatmap(x=x, y=y, z=z, name=name, xaxis="x2", yaxis="y3", zmin=0, zmax=1,
-                                 colorscale=[[0, colour], [1, colour]], showscale=False, showlegend=False,
+                                 colorscale=[[0, colour], [1, colour]], showscale=False, showlegend=True,
+                                 legendrank=1000 + index,
                                  hovertemplate=f"step %{{y}} · position %{{x}}: {told}<extra></extra>",
                                  **cell_gaps(P + n, len(steps))))
     fig.add_vline(x=-0.5, line={"color": "#333", "width": 2}, xref="x2", yref="y3")
-    key = "   ".join(f'<span style="color:{colour};font-size:20px">■</span> {name}'
-                       for name, colour, _ in reversed(KINDS))
+    # The kinds are legend entries (a line each, at the figure's foot): a key on one line above the
+    # map ran out of a narrow panel.
     unsaid = " (a full trace lists the rest)" if any(s.get("recomputed") is None for s in steps) else ""
-    fig.add_annotation(text=f"<b>Positions each step</b>: {key}{unsaid}", x=0, y=MAP_TOP + 0.03,
+    fig.add_annotation(text=f"<b>Positions each step</b>{unsaid}", x=0, y=MAP_TOP + 0.03,
                        xref="paper", yref="paper", xanchor="left", yanchor="bottom", showarrow=False,
                        font={"size": 14})
     ticks = axis_ticks(n)

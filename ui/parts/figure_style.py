@@ -7,19 +7,38 @@ import plotly.graph_objects as go
 HEIGHT = 330
 
 
-def styled(fig: go.Figure, title: str, height: int = HEIGHT) -> go.Figure:
+# A legend entry's line at 14 px type, and what the x axis's ticks and title take below the plot.
+LEGEND_ROW, AXIS_BELOW = 21, 48
+_NO_LEGEND = {"heatmap", "contour", "histogram2d", "histogram2dcontour"}  # plotly shows none by default
+
+
+def legend_entries(fig: go.Figure) -> int:
+    """The entries plotly's legend shows for ``fig`` (0 where it shows none)."""
+    if fig.layout.showlegend is False:
+        return 0
+    shown = [t for t in fig.data if t.showlegend or (t.showlegend is None and t.type not in _NO_LEGEND)]
+    explicit = fig.layout.showlegend or any(t.showlegend for t in shown)
+    return len(shown) if len(shown) > 1 or explicit else 0
+
+
+def styled(fig: go.Figure, title: str, height: int = HEIGHT, legend_below: bool = True) -> go.Figure:
+    """``fig`` in the page's look, ``height`` px for its plot and axes; ``legend_below``: its legend
+    one entry a line at the figure's foot, the figure that much taller (else the caller places it)."""
     # A white style set directly: applying a named template costs ~20 ms per figure per redraw.
     # 14 px and up everywhere: the page is read from the back of a lecture hall.
     fig.update_xaxes(gridcolor="#ebebeb", linecolor="#cccccc", tickfont={"size": 14}, title_font={"size": 15})
     fig.update_yaxes(gridcolor="#ebebeb", linecolor="#cccccc", tickfont={"size": 14}, title_font={"size": 15})
-    fig.update_layout(
-        template=None, plot_bgcolor="white", paper_bgcolor="white", font={"color": "#2a3f5f", "size": 14},
-        height=height, title={"text": title, "font": {"size": 17}, "x": 0.01},
-        margin={"l": 55, "r": 20, "t": 40, "b": 40},
-        # Below the axes, not above: in a narrow panel (presenter view) a legend that wraps above
-        # the axes runs over the title; below, plotly's margin grows to fit it.
-        legend={"orientation": "h", "yanchor": "top", "y": -0.38, "xanchor": "left", "x": 0.0},
-    )
+    fig.update_layout(template=None, plot_bgcolor="white", paper_bgcolor="white", font={"color": "#2a3f5f", "size": 14},
+                      height=height, title={"text": title, "font": {"size": 17}, "x": 0.01},
+                      margin={"l": 55, "r": 20, "t": 40, "b": 40})
+    rows = legend_entries(fig) if legend_below else 0
+    if rows:
+        # One entry a line at the figure's foot, in a bottom margin kept for it below the x axis's
+        # ticks and title: in a narrow panel (presenter view) a legend that wraps beside the axis
+        # title, or above the axes, runs over them; a line each has a height known in advance.
+        fig.update_layout(height=height + rows * LEGEND_ROW, margin={"b": AXIS_BELOW + rows * LEGEND_ROW},
+                          legend={"orientation": "v", "yref": "container", "y": 0, "yanchor": "bottom",
+                                  "xanchor": "left", "x": 0.0})
     return fig
 
 
@@ -77,6 +96,62 @@ def _restyle(node: object, scale: float, dark: bool, key: str = "") -> object:
     return node
 
 
+# Type at a larger font scale is for a projector, whose plot panel is about 440 px wide (presenter
+# view at 1280×720): a title longer than that is broken into lines; an average glyph is ~0.55 em.
+PANEL_WIDTH, GLYPH_EM = 440, 0.55
+
+
+def wrapped(text: str, chars: int) -> str:
+    """``text`` broken at spaces into lines of at most ``chars`` characters (a longer word alone on
+    its line), joined by plotly's ``<br>``; text with markup of its own is left as it is."""
+    if len(text) <= chars or "<" in text:
+        return text
+    lines: list[str] = []
+    for word in text.split():
+        if lines and len(lines[-1]) + 1 + len(word) <= chars:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return "<br>".join(lines)
+
+
+def _wrap_titles(layout: dict, font_scale: float) -> None:
+    """The plot's title within the panel's width, each axis title within its axis's length, the
+    top margin grown by the title's added lines."""
+    title = layout.get("title") or {}
+    size = (title.get("font") or {}).get("size") or 17 * font_scale
+    if isinstance(title.get("text"), str):
+        title["text"] = wrapped(title["text"], int(PANEL_WIDTH / (GLYPH_EM * size)))
+        extra = title["text"].count("<br>")
+        if extra and isinstance((layout.get("margin") or {}).get("t"), (int, float)):
+            layout["margin"]["t"] += extra * 1.25 * size / font_scale  # scaled with the margins below
+    for name, axis in layout.items():
+        if not (name.startswith(("xaxis", "yaxis")) and isinstance(axis, dict)):
+            continue
+        text = (axis.get("title") or {}).get("text")
+        size = ((axis.get("title") or {}).get("font") or {}).get("size") or 15 * font_scale
+        low, high = axis.get("domain") or (0, 1)
+        length = (PANEL_WIDTH if name.startswith("x") else 0.55 * (layout.get("height") or HEIGHT)) * (high - low)
+        if isinstance(text, str):
+            axis["title"]["text"] = wrapped(text, int(length / (GLYPH_EM * size)))
+
+
+# A colour bar's labels grow less than the rest: at the full scale, long ones ("≥ 0.9999 same")
+# would leave the heatmap a strip of a narrow panel.
+COLOUR_BAR_SCALE = 1.25
+
+
+def _narrow_colour_bars(traces: list, font_scale: float) -> None:
+    size = 14 * min(font_scale, COLOUR_BAR_SCALE)
+    for trace in traces:
+        bar = trace.get("colorbar") or (trace.get("marker") or {}).get("colorbar")
+        if isinstance(bar, dict):
+            bar.setdefault("tickfont", {})["size"] = size
+            title = bar.setdefault("title", {})
+            if isinstance(title, dict):
+                title.setdefault("font", {})["size"] = size
+
+
 def on_screen(fig: go.Figure, font_scale: float = 1.0, theme: str = "light") -> go.Figure:
     """``fig`` as the page shows it: every text ``font_scale`` times larger and, on the dark
     theme, a dark ground with light text. A new figure; the data and its colours are unchanged."""
@@ -91,11 +166,15 @@ def on_screen(fig: go.Figure, font_scale: float = 1.0, theme: str = "light") -> 
     for name, axis in restyled["layout"].items():  # larger ticks must push the margins, not the titles
         if name.startswith(("xaxis", "yaxis")) and isinstance(axis, dict):
             axis["automargin"] = True
-    legend = restyled["layout"].get("legend") or {}
-    if isinstance(legend.get("y"), (int, float)) and legend["y"] < 0:  # under taller ticks and axis titles
-        legend["y"] = legend["y"] * font_scale * (1.4 if font_scale > 1 else 1.0)
+    if font_scale > 1:
+        _wrap_titles(restyled["layout"], font_scale)
+        _narrow_colour_bars(restyled.get("data") or [], font_scale)
     margin = restyled["layout"].get("margin") or {}
     restyled["layout"]["margin"] = {k: v * font_scale if isinstance(v, (int, float)) else v for k, v in margin.items()}
     if "height" in restyled["layout"]:
-        restyled["layout"]["height"] = restyled["layout"]["height"] * (1 + 0.4 * (font_scale - 1))
+        # Axes stacked in one figure (a domain each) keep their gaps for ticks and titles only if the
+        # figure grows with the type; a single plot grows less (it reads well shorter).
+        stacked = any(isinstance(axis, dict) and axis.get("domain") not in (None, [0, 1], (0, 1))
+                      for name, axis in restyled["layout"].items() if name.startswith("yaxis"))
+        restyled["layout"]["height"] *= font_scale if stacked else 1 + 0.4 * (font_scale - 1)
     return go.Figure(restyled)

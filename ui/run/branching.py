@@ -67,13 +67,15 @@ class Branching:
     def _token_panel(self) -> None:
         self.position = gr.Number(None, label="Position (click a token in the grid)", precision=0, minimum=0,
                                   elem_id="position")
-        self.position_panel = gr.HTML(elem_id="position-panel")
-        with gr.Row(equal_height=True):
+        # Force and Re-mask above the position's history (which grows with the run): on the first
+        # screen in presenter view at every font scale.
+        with gr.Row(equal_height=True, elem_id="branch-controls"):
             self.branch_token = gr.Dropdown([], label="Token to force (a candidate, or type a token id)",
                                             allow_custom_value=True, elem_id="branch-token", scale=3)
             self.force_btn = gr.Button("Force it, branch", elem_id="force-btn", scale=1)
             self.remask_btn = gr.Button("Re-mask, branch", elem_id="remask-btn", scale=1)
         self.branch_status = gr.Markdown(NO_BRANCH, elem_id="branch-status")
+        self.position_panel = gr.HTML(elem_id="position-panel")
         self.branch_trace = gr.State({})
 
     def _branch_boxes(self) -> None:

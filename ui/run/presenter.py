@@ -30,20 +30,41 @@ body:not(.dl-present) #stage > .column {min-width: 100% !important}
 body.dl-present #page-head, body.dl-present #model-line, body.dl-present #batch-mode, body.dl-present #preset-problems,
 body.dl-present .dl-knobs, body.dl-present .caption, body.dl-present #what-if, body.dl-present #numbers,
 body.dl-present #cost-accordion, body.dl-present #examples, body.dl-present #preset-info,
-body.dl-present #stop-note {display: none !important}
-body.dl-present #stage {flex-wrap: nowrap}
-body.dl-present #stage > .column {min-width: 0 !important}
-body.dl-present #step-bar button {min-width: 44px !important}
-body.dl-present #stage-grid {flex: 11 1 0 !important}
-body.dl-present #stage-panels {flex: 9 1 0 !important}
-body.dl-present #token-grid {max-height: calc((100vh - 430px) / var(--dl-scale)); overflow-y: auto !important}
+body.dl-present #stop-note, body.dl-present footer {display: none !important}
+body.dl-present .gradio-container {padding-top: 4px !important; padding-bottom: 0 !important}
+body.dl-present .gradio-container .main .wrap, body.dl-present .gradio-container .main .contain {padding-bottom: 0 !important}
+/* One screen: the row below the tabs is the screen's height; each column scrolls in itself, so the
+   page never does. The views' column: the step bar, then the stage taking what is left. */
+body.dl-present #controls-col, body.dl-present #views-col {height: calc(100vh - 84px); flex-wrap: nowrap !important}
+body.dl-present #controls-col {overflow-y: auto; flex: 0 0 300px !important; min-width: 0 !important}
+body.dl-present #controls-col > *, body.dl-present #stage > .column > * {flex-shrink: 0}
+body.dl-present #step-bar {flex: none; flex-wrap: nowrap; gap: 6px}
+body.dl-present #step-bar > button, body.dl-present #scrubber, body.dl-present #prompt {zoom: var(--dl-scale)}
+body.dl-present #step-bar > button {min-width: 34px !important; padding: 2px 6px}
+body.dl-present #step-bar #step-play {min-width: 64px !important}
+body.dl-present #scrubber {min-width: 150px !important}
+body.dl-present #scrubber button.reset-button {display: none}
+body.dl-present #stage {flex: 1 1 0 !important; min-height: 0; flex-wrap: nowrap}
+body.dl-present #stage > .column {min-width: 0 !important; max-height: 100%; overflow-y: auto; flex-wrap: nowrap}
+body.dl-present #stage-grid {flex: 1 1 0 !important}
+body.dl-present #stage-panels {flex: 1 1 0 !important}
+/* The grid and a branch scroll in their boxes: a verdict stays on the screen below them. */
+body.dl-present #token-grid, body.dl-present #branch-grid {max-height: calc(45vh / var(--dl-scale));
+  overflow-y: auto !important}
+/* The status line's box takes the column's height left (none shifts as it grows in a run); a long one scrolls. */
+body.dl-present #controls-col > #status {flex: 1 1 0; min-height: 3.2em; overflow-y: auto}
+body.dl-present #controls-col .row:has(#run-btn) {flex-wrap: nowrap}
+body.dl-present #run-btn, body.dl-present #stop-btn {min-width: 0 !important}
+body:not(.dl-present) #panel-choice {display: none !important}
+body.dl-present #panel-choice {position: sticky; top: 0; z-index: 5}
+/* A branch beside the original, each half the grid's column. */
+body.dl-present #stage-grid .row:has(> #branch-col) {flex-wrap: nowrap}
+body.dl-present #stage-grid .row:has(> #branch-col) > .column {min-width: 0 !important}
 #step-bar button {align-self: center}
 body.dl-present:not([data-dl-panel="confidence"]) #panel-confidence,
 body.dl-present:not([data-dl-panel="kv"]) #panel-kv,
 body.dl-present:not([data-dl-panel="cache"]) #panel-cache,
 body.dl-present:not([data-dl-panel="token"]) #panel-token {display: none !important}
-body.dl-present #stage:has(#branch-grid .dl-grid) #stage-panels {display: none !important}
-body.dl-present .gradio-container {padding-top: 4px !important}
 .dark .dl-verdict {color: #f2f2f2}
 .dark .dl-verdict[data-status="holds"] {background: #10321c; border-color: #3fb950}
 .dark .dl-verdict[data-status="does not hold"] {background: #3d1214; border-color: #ff6b6b}
@@ -73,6 +94,8 @@ KEYS_JS = """
     const chip = e.target.closest && e.target.closest("#token-grid [data-pos]");
     const box = document.querySelector("#position input");
     if (!chip || !box) return;
+    const token = document.querySelector("#panel-choice input[value='token']");
+    if (document.body.classList.contains("dl-present") && token && !token.checked) token.click();
     box.value = chip.dataset.pos;
     box.dispatchEvent(new Event("input", {bubbles: true}));
     box.dispatchEvent(new KeyboardEvent("keypress", {key: "Enter", bubbles: true}));
@@ -88,6 +111,9 @@ SCREEN_JS = """
   body.style.setProperty("--dl-scale", String(parseFloat(scale) || 1));
   body.classList.toggle("dark", theme === "dark");
   body.dataset.dlPanel = panel;
+  // A plot drawn while its panel was hidden kept plotly's default width: a resize lays every
+  // shown plot out in its box again, once the browser has laid out the change.
+  requestAnimationFrame(() => window.dispatchEvent(new Event("resize")));
 }
 """
 # The slides' zip, once written, downloaded at once: one click gives the file.
@@ -125,10 +151,13 @@ class Presenter:
                 self.font_scale = gr.Dropdown(list(FONT_SCALES), value="1×", label="Font scale", min_width=90,
                                               elem_id="font-scale")
                 self.theme = gr.Dropdown(list(THEMES), value="light", label="Theme", min_width=90, elem_id="theme")
-            self.panel = gr.Radio([(label, key) for key, label in PANELS.items()], value="confidence",
-                                  label="Panel (presenter view)", elem_id="panel-choice")
             self.slides_file = gr.File(label="Slides", visible=False, elem_id="slides-file")
         self.slides_svg, self.slides_images = gr.Textbox(visible=False), gr.Textbox(visible=False)
+
+    def _panel_choice(self) -> None:
+        """The presenter view's one panel, chosen above it (the plain view shows them all)."""
+        self.panel = gr.Radio([(label, key) for key, label in PANELS.items()], value="confidence", label="Panel",
+                              elem_id="panel-choice")
         self.screen = [self.present, self.font_scale, self.theme, self.panel]
 
     def _step_bar(self) -> None:

@@ -65,7 +65,7 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, B
                     with gr.Row():
                         self.export_btn = gr.DownloadButton("Export trace (JSON)", elem_id="export-btn")
                         self.import_file = gr.UploadButton("Import trace", file_types=[".json"], elem_id="import-btn")
-            with gr.Column(scale=5):
+            with gr.Column(scale=5, elem_id="views-col"):
                 self._views()
 
     # ---------------------------------------------------------------- layout
@@ -79,9 +79,11 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, B
             self.stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
         self.stop_note = gr.Markdown("", elem_id="stop-note")
         self.status = gr.Markdown("", elem_id="status")
+        # The preset menu stays in presenter view (a lecture moves from one preset to the next); its
+        # description and the examples step aside there.
+        self.preset = gr.Dropdown(list(self.presets), value=preset.get("name"), label=preset_label(self.session.info()),
+                                  elem_id="preset")
         with gr.Column(elem_classes="dl-knobs"):
-            self.preset = gr.Dropdown(list(self.presets), value=preset.get("name"), label=preset_label(self.session.info()),
-                                      elem_id="preset")
             self.preset_info = gr.Markdown(preset.get("description", ""), elem_id="preset-info")
             # The preset whose reply last set the controls, in the browser beside them: Run reads it
             # with the preset box, and a box ahead of it is a preset whose reply has not landed.
@@ -125,6 +127,7 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, B
         """The token's side panel and the three figures, each in a box that presenter view shows alone,
         captioned for the kind of model loaded."""
         captions = run_figures.captions_for(self.session.info())
+        self._panel_choice()
         with gr.Column(elem_id="panel-token"):
             self._token_panel()
         # Each plot starts with its empty figure: the browser loads the plotting

@@ -131,7 +131,7 @@ def aup_figure(report: dict) -> go.Figure:
     fig.update_yaxes(title="y: accuracy", tickformat=".0%", range=[0, 1.05])
     fig.add_annotation(text=AUP_FORMULA, xref="paper", yref="paper", x=0, y=-0.2, xanchor="left", yanchor="top",
                        showarrow=False, align="left", font={"size": 14})
-    styled(fig, title, height=500)
+    styled(fig, title, height=500, legend_below=False)
     fig.update_layout(title={"subtitle": {"text": points_note(kinds, curves), "font": {"size": 15}}},
                       margin={"t": 80, "b": 120},
                       legend={"orientation": "v", "yanchor": "top", "y": 1.0, "xanchor": "left", "x": 1.01})

@@ -100,7 +100,7 @@ def sweep_figure(report: dict) -> go.Figure:
     sizes = sorted({int(r.get("n") or n) for r in rows})
     fig.update_yaxes(title=f"accuracy (n = {', '.join(map(str, sizes))}, bars: 95% interval)", tickformat=".0%",
                      range=y_range)
-    styled(fig, title, height=420)
+    styled(fig, title, height=420, legend_below=False)
     fig.update_layout(legend={"orientation": "v", "yanchor": "top", "y": 1.0, "xanchor": "left", "x": 1.01,
                               "title": {"text": "Pareto points"}})
     return fig

@@ -1,0 +1,138 @@
+"""The presenter view on one 1280×720 projector screen (issue 59): at every font scale and with
+every panel, for the default preset, the Flash-dLLM preset, a block model, the canvas model and
+with a branch shown, the page never scrolls (each column scrolls in itself), Force and Re-mask
+stay on the first screen, and a plot is never wider than its panel (also right after its panel is
+shown); a click on a token opens the Token panel there; a run shifts no layout."""
+from __future__ import annotations
+
+import pytest
+
+from test_diffusion_gemma_page import GEN_LENGTH, KNOBS, PROMPT, _load, _text_box
+from test_lecture_hall import SCREEN, on_first_screen, press_to, run_preset
+from test_page import _choose, _free_port, _shown_run, _wait_run_ended, browser  # noqa: F401 - fixtures
+
+SCALES = ("1×", "1.5×", "2×")
+PANELS = ("Confidence", "KV", "Cache", "Token")
+# Each shown plot's drawing against its panel's width (px): plotly keeps a width it was drawn with.
+PLOT_WIDTHS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).filter((g) => g.offsetParent)
+  .map((g) => [g.closest('[id$=plot]').id, g.querySelector('.main-svg').getBoundingClientRect().width,
+               g.closest('.column').getBoundingClientRect().width])"""
+
+
+@pytest.fixture(scope="module")
+def server():
+    import app
+    from ui.page import LAUNCH_OPTIONS
+
+    page, session = app.create(app.parse_args(["--present"]))
+    page.queue(default_concurrency_limit=1)
+    _, url, _ = page.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True, quiet=True,
+                            **LAUNCH_OPTIONS)
+    yield url
+    page.close()
+    session.close()
+
+
+@pytest.fixture(scope="module")
+def pg(browser, server):  # noqa: F811 - the fixture imported above
+    page = browser.new_page(viewport=SCREEN)
+    page.goto(server)
+    page.wait_for_selector("#run-btn")
+    page.wait_for_function("() => document.body.classList.contains('dl-present')")
+    yield page
+    page.close()
+
+
+def show_panel(pg, panel: str) -> None:
+    pg.click(f"#panel-choice label:has-text('{panel}')")
+    pg.wait_for_function("(p) => document.body.dataset.dlPanel === p", arg=panel.lower())
+    pg.wait_for_timeout(400)  # the resize a shown panel's plots are laid out again by
+
+
+def fits_every_scale_and_panel(pg, scenario: str) -> None:
+    """The one-screen conditions at each font scale × panel; the screen set back to 1× after."""
+    for scale in SCALES:
+        _choose(pg, "#font-scale", scale)
+        pg.wait_for_function("(s) => getComputedStyle(document.body).getPropertyValue('--dl-scale').trim() === s",
+                             arg=scale.rstrip("×"))
+        for panel in PANELS:
+            show_panel(pg, panel)
+            where = f"{scenario}, {scale}, {panel}"
+            assert pg.evaluate("document.documentElement.scrollHeight") <= SCREEN["height"], where
+            for selector in ("#run-btn", "#step-play", "#scrubber input[type=range]", "#token-grid"):
+                assert on_first_screen(pg, selector), f"{where}: {selector}"
+            verdict = pg.locator("#grid-verdicts .dl-verdict").first.bounding_box()  # its first lines, at least
+            assert verdict and verdict["y"] + 60 <= SCREEN["height"], where
+            for plot, drawn, box in pg.evaluate(PLOT_WIDTHS):
+                assert drawn <= box + 1, f"{where}: {plot} drawn {drawn:.0f} px in a {box:.0f} px panel"
+            if panel == "Token":
+                for button in ("#force-btn", "#remask-btn"):
+                    assert on_first_screen(pg, button), f"{where}: {button}"
+    _choose(pg, "#font-scale", "1×")
+    show_panel(pg, "Confidence")
+
+
+def test_the_default_and_the_flash_presets_fit_one_screen_at_every_scale_and_panel(pg):
+    for preset in ("Fast-dLLM DualCache (paper default)", "Flash-dLLM as released"):
+        assert run_preset(pg, preset).startswith("Done")
+        fits_every_scale_and_panel(pg, preset)
+
+
+def test_a_token_click_opens_the_token_panel_and_a_branch_fits_with_its_controls(pg):
+    if not pg.locator("#token-grid .dl-run[data-done='1']").count():
+        run_preset(pg, "DualCache, blocks of several steps")
+    show_panel(pg, "Confidence")
+    pg.click("#grid-verdicts")
+    press_to(pg, "Home", 0)  # step 0: most of the answer masked, the branch long
+    press_to(pg, "ArrowRight", 1)
+    committed = pg.locator("#token-grid [data-token]").first
+    position = committed.get_attribute("data-pos")
+    committed.click()
+    pg.wait_for_function("() => document.body.dataset.dlPanel === 'token'")
+    pg.wait_for_function("(p) => document.querySelector('#position-panel').innerText.includes(`Position ${p}`)",
+                         arg=position)
+    assert on_first_screen(pg, "#remask-btn")
+    pg.click("#remask-btn")
+    pg.wait_for_function("() => document.querySelector('#branch-status').innerText.includes('Branch done')",
+                         timeout=240_000)
+    assert on_first_screen(pg, "#branch-grid")
+    fits_every_scale_and_panel(pg, "with a branch")
+    # A second intervention from the view the first one left: another token, forced.
+    show_panel(pg, "Token")
+    other = pg.locator("#token-grid [data-token]").nth(1)
+    other.click()
+    pg.wait_for_function("(p) => document.querySelector('#position-panel').innerText.includes(`Position ${p}`)",
+                         arg=other.get_attribute("data-pos"))
+    pg.locator("#force-btn").click()
+    pg.wait_for_function("(p) => ((document.querySelector('#branch-grid .dl-branch-title') || {}).innerText || '')"
+                         ".includes(`position ${p} forced`)", arg=other.get_attribute("data-pos"), timeout=240_000)
+
+
+@pytest.mark.parametrize("model", ["tiny-sdar", "tiny-diffusiongemma"])
+def test_a_block_model_and_the_canvas_model_fit_one_screen(pg, model):
+    pg.click("#present input")
+    pg.wait_for_function("() => !document.body.classList.contains('dl-present')")
+    _load(pg, model)
+    if model == "tiny-diffusiongemma":  # knobs under which the random model's canvases settle soon
+        _text_box(pg, "#prompt").fill(PROMPT)
+        for name, value in KNOBS.items():
+            _text_box(pg, f"#canvas-{name.replace('_', '-')}").fill(value)
+        pg.locator("#gen-length input[type=range]").fill(str(GEN_LENGTH))
+    pg.click("#present input")
+    pg.wait_for_function("() => document.body.classList.contains('dl-present')")
+    before = _shown_run(pg)
+    pg.click("#run-btn")
+    assert _wait_run_ended(pg, before, timeout=240_000).startswith("Done")
+    fits_every_scale_and_panel(pg, model)
+
+
+def test_a_presenter_run_shifts_no_layout(pg):
+    """Cumulative layout shift over a run, as the browser measures it (the status line grew 26 → 106
+    px during a run and moved what was under it: 0.276)."""
+    pg.evaluate("""() => { window.dlShift = 0; new PerformanceObserver((list) => {
+      for (const e of list.getEntries()) if (!e.hadRecentInput) window.dlShift += e.value; })
+      .observe({type: 'layout-shift', buffered: false}); }""")
+    before = _shown_run(pg)
+    pg.click("#run-btn")
+    assert _wait_run_ended(pg, before, timeout=240_000).startswith("Done")
+    assert pg.evaluate("window.dlShift") < 0.05
