@@ -111,3 +111,45 @@ def test_the_views_draw_a_forced_token_as_forced(tiny, original):
         ElementTree.fromstring(grid_svg(branch, step, color_by))
     assert "forced there by the branch" in position_panel_html(branch, step, answer_position)
     assert "dl-forced" not in token_grid_html(branch, step - 1)  # before the change, nothing forced
+
+
+def test_a_change_that_changes_nothing_is_refused_with_why(original):
+    """Re-masking a position still masked, or forcing the token already standing there, would repeat
+    the run unchanged: the page refuses it and says why (issue 59, item 4); the menu of tokens to
+    force leaves the standing one out."""
+    from ui.run.branching import candidate_choices, no_change
+
+    trace, step = original.to_dict(), 1
+    P = original.prompt_len
+    masked = masked_after(original, step)[0] - P
+    ids = state_at(trace, step)["ids"]
+    committed = next(p for p, token in enumerate(ids) if token is not None)
+    assert no_change(trace, step, masked, None) == (f"Position {masked} is still masked after step {step}: nothing to "
+                                                    "re-mask; pick a committed token, or force a token there")
+    why = no_change(trace, step, committed, str(ids[committed]))
+    assert f"Position {committed} already holds" in why and "unchanged" in why
+    assert no_change(trace, step, committed, None) == ""  # a commit sent back to mask: a real branch
+    assert no_change(trace, step, masked, "5") == ""
+    assert no_change(trace, step, committed, str(ids[committed] + 1)) == ""
+    assert str(ids[committed]) not in [value for _, value in candidate_choices(trace, step, committed)]
+
+
+def test_a_forced_end_of_text_keeps_its_mark_beside_the_folded_ends(tiny, original):
+    """A forced end of text among the trailing ends stays a box of its own with its dashed outline:
+    folded into the end chip its mark would never show (issue 59, item 4)."""
+    import re
+
+    from ui.grid.ends import COLLAPSE_PADDING
+    from ui.grid.tokens import token_grid_html
+    from ui.parts.replay import is_end_token
+
+    step = len(original.steps) - 4
+    position = masked_after(original, step)[0]
+    branch = run(tiny, Branch(after_step=step, position=position, token=tiny.eos_id)).to_dict()
+    p, ids = position - original.prompt_len, branch["final_ids"]
+    assert all(is_end_token(branch, t) for t in ids[p - 1: p + COLLAPSE_PADDING])  # a run the grid would fold
+    html = token_grid_html(branch, len(branch["steps"]) - 1)
+    unfolded = re.sub(r"<details.*?</details>", "", html, flags=re.S)
+    assert "<details" in html and f'data-pos="{p}"' in unfolded
+    box = unfolded.split(f'data-pos="{p}"', 1)[0].rsplit("<span", 1)[1]
+    assert "dl-forced" in box and "opacity" not in box  # not faded as padding: the outline reads

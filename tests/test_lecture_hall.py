@@ -3,7 +3,7 @@ Run, the grid, its verdicts and one panel on the first screen; Enter in the prom
 the keys move the step; the dark theme's verdict text passes 4.5:1 and its plots turn dark; the light
 theme's masked-box position numbers and slider end labels pass 4.5:1; the
 font scale enlarges the plots' text; a click on a token opens its side panel; a branch decodes on
-from a step and is drawn beside the original."""
+from a step and is drawn beside the original; a re-mask of a position still masked is refused."""
 from __future__ import annotations
 
 import json
@@ -185,18 +185,39 @@ def test_the_light_theme_grid_numbers_and_slider_ends_pass_4_5_to_1(pg):
     pg.keyboard.press("End")
 
 
-def test_a_token_opens_its_panel_and_a_branch_is_drawn_beside_the_original(pg):
+def open_position_at_step_1(pg, box: str) -> str:
+    """After a run of several steps, the Token panel of the first grid box matching ``box`` at step 1;
+    its answer position."""
     if not pg.locator("#token-grid .dl-run[data-done='1']").count():
         run_preset(pg, SEVERAL_STEPS)
     pg.click("#panel-choice label:has-text('Token')")
     pg.click("#grid-verdicts")
     press_to(pg, "Home", 0)
     press_to(pg, "ArrowRight", 1)
-    committed = pg.locator("#token-grid [data-token]").first
-    position = committed.get_attribute("data-pos")
-    committed.click()
+    token = pg.locator(box).first
+    position = token.get_attribute("data-pos")
+    token.click()
     pg.wait_for_function("(p) => document.querySelector('#position-panel').innerText.includes(`Position ${p}`)",
                          arg=position)
+    return position
+
+
+def test_re_masking_a_masked_position_is_refused_on_the_page_and_runs_no_branch(pg):
+    """Nothing stands at a masked position to send back: the page says so under the buttons and
+    leaves any branch drawn as it was (issue 59, item 4). Before the branch test below: with a branch
+    drawn, presenter view sets the Token panel aside."""
+    position = open_position_at_step_1(pg, "#token-grid .dl-masked")
+    branch_grid = "() => document.querySelector('#branch-grid')?.innerHTML ?? 'none'"  # none until a branch
+    drawn = pg.evaluate(branch_grid)
+    pg.click("#remask-btn")
+    pg.wait_for_function("() => document.querySelector('#branch-status').innerText.includes('nothing to re-mask')")
+    assert f"Position {position} is still masked after step 1" in pg.inner_text("#branch-status")
+    pg.wait_for_timeout(1000)
+    assert pg.evaluate(branch_grid) == drawn
+
+
+def test_a_token_opens_its_panel_and_a_branch_is_drawn_beside_the_original(pg):
+    position = open_position_at_step_1(pg, "#token-grid [data-token]")
     assert "History" in pg.inner_text("#position-panel")
     pg.click("#remask-btn")
     pg.wait_for_function("() => document.querySelector('#branch-status').innerText.includes('Branch done')",

@@ -37,8 +37,8 @@ COLLAPSE_PADDING = 4
 def end_runs(trace: Trace, ids: list[int | None], eventful: set[int], new: set[int]) -> list[tuple[int, int, bool]]:
     """(start, stop, committed this step) of every run of at least COLLAPSE_PADDING end-of-text
     tokens that may fold into one chip. A position with an event of its own (a revision, a draft
-    sent back, a what-if frame) is in no run, so it stays a box of its own; a run holds either this
-    step's commits or earlier ones, never both, so a chip can say which it folds."""
+    sent back, a what-if frame, a token a branch forced) is in no run, so it stays a box of its own;
+    a run holds either this step's commits or earlier ones, never both, so a chip can say which it folds."""
     runs, start, kind = [], None, None
     for p, token in enumerate([*ids, None]):
         key = None if p >= len(ids) or p in eventful or not is_end_token(trace, token) else p in new

@@ -201,7 +201,9 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
             if p in accepted:
                 title += f" · accepted by the verify forward (P(draft | masked) {accepted[p]:.2f})"
                 classes.append("dl-accepted")
-        if p in would or past or state["edits"][p]:  # an event of its own: kept out of any folded run of ends
+        # An event of its own (a forced token too: folded, its dashed outline would never show): kept
+        # out of any folded run of ends.
+        if p in would or past or state["edits"][p] or conf is None:
             eventful.add(p)
         if is_end_token(trace, token):
             ends[vis] = ends.get(vis, 0) + 1

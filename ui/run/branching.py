@@ -12,6 +12,7 @@ from dllm_local.values import integer
 
 from ..lessons import acceptance, verdicts as lessons
 from ..block.edit_lessons import edit_verdict
+from ..canvas.parts import is_canvas
 from ..engine.handler import engine_handler
 from ..engine.queue import RUNS, error_text, place_text
 from ..grid.tokens import token_label
@@ -27,15 +28,31 @@ NO_BRANCH = "Pick a position in the grid, then force a token there or re-mask it
 
 def candidate_choices(trace: dict, step: int, position: int) -> list[tuple[str, str]]:
     """The candidates the side panel shows for the position (at the step shown, else when it was
-    committed), as menu entries "label (p)" -> token id; the token standing there first."""
+    committed), as menu entries "label (p)" -> token id; the token standing there left out, as
+    forcing it would repeat the run unchanged (see :func:`no_change`)."""
     state = state_at(trace, step)
     standing = state["ids"][position]
     shown = candidates_at(trace, state["step"], position, state["commit_step"][position])
     found = {int(t): float(q) for t, q in next((pairs for _, pairs in shown if pairs), [])}
-    choices = [(f"{token_label(trace, t)} (p {q:.2f})", str(t)) for t, q in found.items() if t != standing]
-    if standing is not None:
-        choices.insert(0, (f"{token_label(trace, standing)} (standing)", str(standing)))
-    return choices
+    return [(f"{token_label(trace, t)} (p {q:.2f})", str(t)) for t, q in found.items() if t != standing]
+
+
+def no_change(trace: dict, step: int, position: int, token: str | None) -> str:
+    """Why re-masking (``token`` None) or forcing ``token`` at answer ``position`` after ``step``
+    would leave the position as it stands, so that the branch would only repeat the run; "" when the
+    change is a real one. A position outside the answer, and a canvas model's run (no branches), are
+    the sampler's to refuse, in its words."""
+    state = state_at(trace, step)
+    if is_canvas(trace) or not 0 <= position < len(state["ids"]):
+        return ""
+    standing, at = state["ids"][position], state["step"]
+    if token is None and standing is None:
+        return (f"Position {position} is still masked after step {at}: nothing to re-mask; pick a committed token, "
+                "or force a token there")
+    if token is not None and standing == int(token):
+        return (f"Position {position} already holds '{token_label(trace, standing)}' after step {at}: forcing it "
+                "again would repeat the run unchanged; pick another token")
+    return ""
 
 
 def branch_title(trace: dict) -> str:
@@ -122,6 +139,10 @@ class Branching:
             yield {self.branch_status: "⚠ This trace's prompt cannot be read back from it, so it cannot be repeated."}
             return
         at = min(int(step), len(trace["steps"]) - 1)
+        why = no_change(trace, at, int(position), None if remask else token)
+        if why:
+            yield {self.branch_status: f"⚠ {why}."}
+            return
         change = {"after_step": at, "position": prompt_len(trace) + int(position),
                   "token": None if remask else int(token)}
         who = self.engine.lab.who(request)
