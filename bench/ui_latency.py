@@ -53,12 +53,12 @@ WATCH_RUN = """(prev) => {
 }"""
 
 
-def start_page(preset: str):
-    """The app in-process on a free port, opened on ``preset``: (page, session, url)."""
+def start_page(preset: str, *flags: str):
+    """The app in-process on a free port, opened on ``preset`` (with the app's ``flags``): (page, session, url)."""
     import app
     from ui.page import LAUNCH_OPTIONS
 
-    page_app, session = app.create(app.parse_args(["--preset", preset]))
+    page_app, session = app.create(app.parse_args([*flags, "--preset", preset]))
     page_app.queue(default_concurrency_limit=1)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -68,11 +68,11 @@ def start_page(preset: str):
     return page_app, session, url
 
 
-def open_page(playwright, url: str):
+def open_page(playwright, url: str, viewport: dict | None = None):
     """Debian's chromium, headless, on ``url`` once its Run button is there: (browser, page)."""
     browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
                                          args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-    page = browser.new_page(viewport={"width": 1400, "height": 1800})
+    page = browser.new_page(viewport=viewport or {"width": 1400, "height": 1800})
     page.goto(url)
     page.wait_for_selector("#run-btn")
     return browser, page

@@ -6,7 +6,9 @@ font scale enlarges the plots' text; a click on a token opens its side panel; a 
 from a step and is drawn beside the original; a re-mask of a position still masked is refused."""
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +16,10 @@ from test_page import _choose, _free_port, _shown_run, _wait_run_ended, browser 
 
 SCREEN = {"width": 1280, "height": 720}
 SEVERAL_STEPS = "DualCache, blocks of several steps"
+# The Play benchmark's reader of the Speed menu, shared: the offered speeds are read one way.
+_spec = importlib.util.spec_from_file_location("play_rate", Path(__file__).resolve().parents[1] / "bench" / "play_rate.py")
+play_rate = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(play_rate)
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +150,75 @@ def test_play_and_the_keys_move_the_step(pg):
     pg.keyboard.press("End")
     pg.wait_for_function("(n) => document.querySelector('#scrubber input[type=number]').value === String(n)",
                          arg=last)
+
+
+def played_steps(pg, more: int) -> None:
+    """Play (space) and wait until the step has moved ``more`` on from the one shown."""
+    start = step(pg)
+    pg.keyboard.press(" ")
+    pg.wait_for_function("() => document.querySelector('#step-play').innerText.includes('Pause')")
+    pg.wait_for_function("(n) => Number(document.querySelector('#scrubber input[type=number]').value) >= n",
+                         arg=start + more, timeout=30_000)
+
+
+def paused(pg) -> int:
+    """Pause (space): the button says Play at once; the step the page holds once its last request landed."""
+    pg.keyboard.press(" ")
+    assert "Play" in pg.inner_text("#step-play")
+    pg.wait_for_function("() => !window.dlPlay.pending && !window.dlPlay.playing")
+    return step(pg)
+
+
+def test_play_offers_the_speeds_it_measured_and_pause_play_never_desynchronise(pg):
+    """Issue 59, item 5: at 10 steps/s Play delivered 1.09 steps/s, a Pause once did not stop it and a
+    later Play did nothing. The page offers the speeds its measured step time fits in, asks for one
+    step at a time (one request, never two in flight), and Pause at the fastest offered speed stops
+    within the step in flight, every time, and Play moves it again."""
+    from ui.run.play import HEADROOM, SPEEDS
+
+    if not pg.locator("#token-grid .dl-run[data-done='1']").count():
+        run_preset(pg, SEVERAL_STEPS)
+    ticks = pg.evaluate("() => window.gradio_config.components.filter((c) => ['play-tick', 'play-restart']"
+                        ".includes(c.props.elem_id)).map((c) => c.id)")
+    assert len(ticks) == 2
+    flight = {"now": 0, "most": 0, "sent": 0}
+
+    def sent(request, delta: int) -> None:
+        body = request.post_data_json if request.method == "POST" and "/run/predict" in request.url else None
+        if isinstance(body, dict) and body.get("trigger_id") in ticks:
+            flight["now"] += delta
+            flight["most"], flight["sent"] = max(flight["most"], flight["now"]), flight["sent"] + (delta > 0)
+
+    pg.on("request", lambda r: sent(r, 1))
+    pg.on("requestfinished", lambda r: sent(r, -1))
+    pg.on("requestfailed", lambda r: sent(r, -1))
+    pg.click("#grid-verdicts")  # focus out of the prompt: keys there are the prompt's
+    press_to(pg, "Home", 0)
+    played_steps(pg, 4)  # the page measures how fast it draws a step
+    paused(pg)
+    rate = pg.evaluate("() => window.dlPlay.rate()")
+    want = [name for name, speed in SPEEDS.items() if speed * HEADROOM <= rate or speed == min(SPEEDS.values())]
+    pg.wait_for_function("(n) => Number(document.querySelector('#play-fastest input').value) === n",
+                         arg=SPEEDS[want[-1]])
+    for _ in range(20):  # the menu's new choices land a request later
+        offered = play_rate.offered(pg)
+        if offered == want:
+            break
+        pg.wait_for_timeout(250)
+    assert offered == want, (offered, rate)
+    _choose(pg, "#speed", want[-1])
+    pg.click("#grid-verdicts")
+    for _ in range(4):
+        press_to(pg, "Home", 0)
+        played_steps(pg, 2)
+        before = step(pg)
+        held = paused(pg)
+        assert held <= before + 1  # the step in flight lands; no other is asked for
+        pg.wait_for_timeout(int(3000 / SPEEDS[want[-1]]))
+        assert step(pg) == held and "Play" in pg.inner_text("#step-play")
+        played_steps(pg, 1)  # Play after Pause moves the step again
+        paused(pg)
+    assert flight["sent"] >= 12 and flight["most"] == 1, flight
 
 
 def test_the_dark_theme_is_readable_and_the_font_scale_reaches_the_plots(pg):

@@ -16,6 +16,7 @@ from .parts.exports import ExportFolder
 from .lab.classroom import Lab, LabTab, batching_line
 from .model.access import ModelAccess
 from .model.box import model_line
+from .run.play import PLAY_JS
 from .run.presenter import CSS as PRESENTER_CSS, KEYS_JS
 from .run.tab import RunTab
 from .tune.tab import TuneTab
@@ -58,7 +59,7 @@ JS = """
       else c.addedNodes.forEach(walk);
     }
   }).observe(document.body, {subtree: true, childList: true, characterData: true});
-""" + KEYS_JS + "}\n"
+""" + KEYS_JS + PLAY_JS + "}\n"
 # The largest file the page takes is a trace to import: Gradio refuses a larger upload before it
 # lands in its temporary folder.
 # No run history: Gradio would copy every streamed update (the grid, megabytes of plot data) into

@@ -7,14 +7,13 @@ from __future__ import annotations
 import gradio as gr
 
 from ..parts.inputs import ColorBy, PageState, StepIndex, checked
+from .play import Play
 from .slides import SLIDES_JS, grid_svg, slides_zip
 
 FONT_SCALES = {"1×": 1.0, "1.5×": 1.5, "2×": 2.0}
 THEMES = ("light", "dark")
 PANELS = {"confidence": "Confidence", "kv": "KV", "cache": "Cache", "token": "Token"}
-SPEEDS = {"1 step/s": 1.0, "2 steps/s": 2.0, "5 steps/s": 5.0, "10 steps/s": 10.0}
 STEP_MOVES = ("first", "prev", "next", "last")
-PLAY, PAUSE = "Play ▶", "Pause ▮▮"
 
 # Presenter view: the page's header, the run's knobs, captions and the panels not chosen step
 # aside; the grid and the chosen panel share the screen side by side. ``--dl-scale`` is the font
@@ -138,7 +137,7 @@ def step_moved(move: str, step: int, steps: int) -> int:
     return {"first": 0, "prev": max(0, step - 1), "next": min(last, step + 1), "last": last}[move]
 
 
-class Presenter:
+class Presenter(Play):
     """The Run tab's screen controls and step bar. Mixed into ``RunTab``, whose ``scrub``,
     ``redraw`` and views it reads."""
 
@@ -165,36 +164,18 @@ class Presenter:
             self.moves = {}
             for move, label in zip(STEP_MOVES, ("⇤", "◀", "▶", "⇥")):
                 if move == "next":
-                    self.play_btn = gr.Button(PLAY, size="sm", scale=0, min_width=86, elem_id="step-play")
+                    self._play_controls()
                 self.moves[move] = gr.Button(label, size="sm", scale=0, min_width=40, elem_id=f"step-{move}")
-            self.speed = gr.Dropdown(list(SPEEDS), value="2 steps/s", label="Speed", scale=0, min_width=110,
-                                     elem_id="speed")
+            self._speed_menu()
             self.follow = gr.Checkbox(True, label="Follow live", scale=0, min_width=90, elem_id="follow")
             self.scrub = gr.Slider(0, 1, 0, step=1, label="Step", scale=1, min_width=200, elem_id="scrubber")
-        self.playing = gr.State(False)
-        self.timer = gr.Timer(1 / SPEEDS["2 steps/s"], active=False)
+        self._play_requests()
 
     @checked
     def move_step(self, move: str, trace: PageState, step: StepIndex) -> dict:
         """A step button (or its key): the slider's new value; the views follow from its change."""
         steps = len(trace.get("steps") or []) if trace else 0
         return gr.update(value=step_moved(move, int(step), steps)) if steps else gr.skip()
-
-    def toggle_play(self, playing: bool, speed: str, trace: dict, step: int) -> tuple:
-        """Play from the shown step (from the first, when the last is shown), or pause."""
-        steps = len((trace or {}).get("steps") or [])
-        if playing or steps < 2:
-            return False, gr.Timer(active=False), gr.update(value=PLAY), gr.skip()
-        start = 0 if int(step) >= steps - 1 else int(step)
-        return True, gr.Timer(1 / SPEEDS.get(speed, 2.0), active=True), gr.update(value=PAUSE), start
-
-    def play_tick(self, trace: dict, step: int) -> tuple:
-        """One step on; at the last step, play stops."""
-        steps = len((trace or {}).get("steps") or [])
-        nxt = step_moved("next", int(step), steps)
-        if nxt >= steps - 1:
-            return nxt, False, gr.Timer(active=False), gr.update(value=PLAY)
-        return nxt, True, gr.skip(), gr.skip()
 
     @checked
     def slides_grid(self, trace: PageState, step: StepIndex, color_by: ColorBy) -> str:
@@ -229,13 +210,5 @@ class Presenter:
                               [self.scrub], queue=False, api_visibility="private").then(
                      self.redraw, views, outputs, queue=False, api_visibility="private")
                  for move, button in self.moves.items()]
-        moved.append(self.play_btn.click(self.toggle_play, [self.playing, self.speed, self.trace, self.scrub],
-                                         [self.playing, self.timer, self.play_btn, self.scrub], queue=False,
-                                         api_visibility="private").then(self.redraw, views, outputs, queue=False,
-                                                                        api_visibility="private"))
-        self.speed.change(lambda speed: gr.Timer(1 / SPEEDS.get(speed, 2.0)), [self.speed], [self.timer], queue=False)
-        moved.append(self.timer.tick(self.play_tick, [self.trace, self.scrub],
-                                     [self.scrub, self.playing, self.timer, self.play_btn], queue=False,
-                                     api_visibility="private").then(self.redraw, views, outputs, queue=False,
-                                                                    api_visibility="private"))
+        self._wire_play(views, outputs)
         return moved
