@@ -49,14 +49,23 @@ def test_reusing_kv_beats_recomputing_on_every_listed_gpu_for_an_8b_model():
 
 def test_pareto_front_matches_hand_computed_case():
     pts = [
-        {"model_tok_s": 10, "accuracy": 0.90},  # 0: most accurate
-        {"model_tok_s": 20, "accuracy": 0.85},  # 1: front
-        {"model_tok_s": 15, "accuracy": 0.80},  # 2: beaten by 1
-        {"model_tok_s": 30, "accuracy": 0.60},  # 3: fastest
-        {"model_tok_s": 30, "accuracy": 0.50},  # 4: beaten by 3 (tie on speed)
-        {"model_tok_s": 10, "accuracy": 0.90},  # 5: duplicate of 0: neither beats the other
+        {"nfe": 40, "accuracy": 0.90},  # 0: most accurate
+        {"nfe": 20, "accuracy": 0.85},  # 1: front
+        {"nfe": 30, "accuracy": 0.80},  # 2: beaten by 1
+        {"nfe": 10, "accuracy": 0.60},  # 3: fewest forwards
+        {"nfe": 10, "accuracy": 0.50},  # 4: beaten by 3 (tie on forwards)
+        {"nfe": 40, "accuracy": 0.90},  # 5: duplicate of 0: neither beats the other
     ]
     assert pareto(pts) == [0, 1, 3, 5]
+
+
+def test_timing_noise_alone_beats_no_point():
+    """Two settings that take the same forwards to the same accuracy are tied, whatever their
+    measured tokens/s: the faster of them by timing noise does not push the other off the front."""
+    same = {"accuracy": 0.6, "nfe": 12.0, "tau_content": 2.5}
+    rows = [{**same, "model_tok_s": 101.0}, {**same, "model_tok_s": 97.0},
+            {"accuracy": 0.6, "nfe": 16.0, "tau_content": 2.0, "model_tok_s": 140.0}]  # faster, yet more forwards
+    assert pareto(rows) == [0, 1]
 
 
 def test_sweep_points_set_the_right_knobs_and_reject_unknown_ones():

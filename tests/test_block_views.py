@@ -22,7 +22,7 @@ from ui.parts import tables
 from ui.block.lessons import stored_verdict
 from ui.block.parts import EXACT_WORDS
 from ui.run.widgets import run_controls
-from ui.run.controls import cache_choices, controls_from_settings, fit_to_model, kind_values
+from ui.run.controls import cache_choices, controls_from_settings, fit_to_model, kept_aside, kind_values
 from ui.lessons.verdicts import HOLDS, FAILS, kv_reuse_verdict
 from ui.model.box import model_line
 from ui.run.position_panel import position_panel_html
@@ -169,6 +169,11 @@ def test_the_controls_follow_the_loaded_models_kind():
     back = kind_values(specs, MASKED_MODEL, BLOCK_MODEL)
     assert back["cache"]["value"] == "none" and "block" not in [n for _, n in back["cache"]["choices"]]
     assert "value" not in kind_values(specs, MASKED_MODEL, MASKED_MODEL)["cache"]  # the user's choice stays
+    mine = {"cache": "prefix", "block_size": 16}  # kept aside while a block model's own stood in
+    assert kept_aside(BLOCK_MODEL, MASKED_MODEL, {**mine, "gen_length": 64}, {}) == mine
+    assert kept_aside(MASKED_MODEL, BLOCK_MODEL, {"cache": "block", "block_size": B}, mine) == mine
+    back = kind_values(specs, MASKED_MODEL, BLOCK_MODEL, mine)
+    assert (back["cache"]["value"], back["block_size"]["value"]) == ("prefix", 16)
     start = controls_from_settings({"cache": "dual", "block_size": 32}, specs)
     assert fit_to_model(start, specs, BLOCK_MODEL)["cache"] == "block" and fit_to_model(start, specs, MASKED_MODEL) == start
     with gr.Blocks():

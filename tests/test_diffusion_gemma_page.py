@@ -15,7 +15,7 @@ import dllm_local
 from dllm_local.settings import Settings
 from ui import figures
 
-from test_page import OUT, _choose, _shown_run, _status, _wait_run_ended, browser, export_trace, server  # noqa: F401
+from test_page import OUT, _choose, _load_model, _shown_run, _status, _wait_run_ended, browser, export_trace, server  # noqa: F401
 
 PROMPT = "What is 2 plus 3?"
 # Knobs that let the tiny random model's second canvas stop early (its drafts settle), as typed.
@@ -40,16 +40,6 @@ def pg(browser, server):  # noqa: F811 - the fixtures imported above
 
 def _text_box(pg, selector: str):
     return pg.locator(f"{selector} textarea, {selector} input").first
-
-
-def _load(pg, name: str) -> None:
-    """Load ``name`` from the model box and wait for the page to say it is loaded."""
-    if not pg.locator("#model-pick").is_visible():
-        pg.click("#model-box button")  # the accordion opens
-    _choose(pg, "#model-pick", name)
-    pg.click("#load-model-btn")
-    pg.wait_for_function("(n) => document.querySelector('#status').innerText.includes(`Loaded ${n}.`)", arg=name,
-                         timeout=120_000)
 
 
 def _canvas_controls_shown(pg) -> None:
@@ -84,7 +74,7 @@ def _show_step(pg, step: int) -> None:
 
 
 def test_a_canvas_model_loads_runs_and_shows_its_steps_on_the_page(pg, browser, server, tmp_path):  # noqa: F811
-    _load(pg, "tiny-diffusiongemma")
+    _load_model(pg, "tiny-diffusiongemma")
     line = pg.inner_text("#model-line")
     assert "tiny-diffusiongemma" in line and "canvas diffusion, canvas length 16" in line and "experts" in line, line
     _canvas_controls_shown(pg)
@@ -147,7 +137,7 @@ def test_a_canvas_model_loads_runs_and_shows_its_steps_on_the_page(pg, browser, 
     assert set(back["accepted"]) == recorded(at - 1, "accepted") != set(shown["accepted"])
 
     # A masked model back: its controls come back, the canvas knobs go.
-    _load(pg, "tiny")
+    _load_model(pg, "tiny")
     pg.wait_for_selector("#canvas-reason", state="hidden")
     assert "masked diffusion" in pg.inner_text("#model-line")
     for selector in MASKED_ONLY:

@@ -249,7 +249,8 @@ def _wait_run_ended(pg, previous_run: str, timeout=120_000) -> str:
     pg.wait_for_function("(prev) => { const r = document.querySelector('#token-grid .dl-run');"
                          " return r && r.dataset.run !== prev && r.dataset.done === '1'; }",
                          arg=previous_run, timeout=timeout)
-    pg.wait_for_function("() => /^(Done|Stopped)/.test(document.querySelector("
+    # After the notices, if any (a block model's longer run, a length past training): how it ended.
+    pg.wait_for_function("() => /(^|[.)] )(Done|Stopped)/.test(document.querySelector("
                          "'#status [data-testid=markdown]').innerText.trim())", timeout=timeout)
     return _status(pg)
 
@@ -273,6 +274,16 @@ def export_trace(pg, path: Path) -> Path:
 def _choose(pg, dropdown: str, option: str) -> None:
     pg.click(f"{dropdown} input")
     pg.get_by_role("option", name=option, exact=True).click()
+
+
+def _load_model(pg, name: str) -> None:
+    """Load ``name`` from the model box and wait for the page to say it is loaded."""
+    if not pg.locator("#model-pick").is_visible():
+        pg.click("#model-box button")  # the accordion opens
+    _choose(pg, "#model-pick", name)
+    pg.click("#load-model-btn")
+    pg.wait_for_function("(n) => document.querySelector('#status').innerText.includes(`Loaded ${n}.`)", arg=name,
+                         timeout=120_000)
 
 
 def _wait_policy(pg, kind: str, name: str) -> None:

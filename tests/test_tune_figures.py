@@ -114,14 +114,31 @@ def test_the_aup_chart_accounts_for_every_point_it_draws_and_leaves_out(reports,
     note = fig.layout.title.subtitle.text
     counted = int(re.search(r"(\d+) of (\d+) settings make up", note).group(1))
     assert re.search(r"of (\d+) settings", note).group(1) == str(len(rows))
-    beaten = re.search(r"(\d+) \(grey\) are beaten on both", note)
+    beaten = re.search(r"(\d+) \(grey\) are beaten by a point", note)
     cut = re.search(r"(\d+) \(hollow\) are more than", note)
     said = counted + (int(beaten.group(1)) if beaten else 0) + (int(cut.group(1)) if cut else 0)
     assert said == len(rows)  # every setting is one of the kinds the note names
-    grey = [t for t in fig.data if t.name and "beaten on both" in t.name]
+    grey = [t for t in fig.data if t.name and "beaten" in t.name]
     assert (len(grey[0].x) if grey else 0) == (int(beaten.group(1)) if beaten else 0)
     on_curves = sum(len(t.x) for t in fig.data if t.showlegend and t.mode == "lines+markers")
     assert on_curves == counted
     curves = reports[which]["policies"].values()
     twins = any(len(c["tau_content"]) > len(set(zip(c["tau_content"], c["accuracy"]))) for c in curves)
     assert ("on the same spot as another: hover" in note) == twins  # one dot for two settings is said
+
+
+def test_tied_points_share_the_frontier_and_the_legend_says_what_beats_a_grey_one():
+    """Equal accuracy in equal forwards is a tie, whatever the clock said: both points red and
+    numbered; a grey point is one another matches or betters on accuracy in fewer forwards, and the
+    title and legend say so rather than "beaten on both"."""
+    point = {"accuracy": 0.6, "nfe": 12.0, "tau_content": 2.5, "n": 5}
+    rows = [{**point, "point": {"threshold": 0.9}, "model_tok_s": 101.0},
+            {**point, "point": {"threshold": 0.95}, "model_tok_s": 97.0},
+            {**point, "point": {"threshold": 0.5}, "accuracy": 0.4, "nfe": 14.0, "model_tok_s": 90.0}]
+    report = add_points({"problems": 5}, {"rows": rows, "problems": 5}, "tied.json")
+    assert [r["pareto"] for r in report["rows"]] == [True, True, False]
+    fig = figures.sweep_figure(report)
+    assert [re.sub("<[^>]+>", "", a.text) for a in fig.layout.annotations] == ["1", "2"]
+    beaten = next(t for t in fig.data if t.name and "beaten" in t.name)
+    words = f"{fig.layout.title.text} {beaten.name}"
+    assert "on both" not in words and "forwards" in words, words

@@ -8,16 +8,19 @@ from numbers import Real
 MAX_POINTS = 1000  # points on one chart: a sweep's grid, or a sweep with the results added to it
 
 
-def pareto(points: list[dict], x: str = "model_tok_s", y: str = "accuracy") -> list[int]:
-    """Indices of points no other point beats on both ``x`` and ``y`` (higher is better)."""
-    front = []
-    for i, p in enumerate(points):
-        dominated = any(
-            q[x] >= p[x] and q[y] >= p[y] and (q[x] > p[x] or q[y] > p[y]) for j, q in enumerate(points) if j != i
-        )
-        if not dominated:
-            front.append(i)
-    return front
+# A sweep's frontier: accuracy (higher is better) against forwards per answer (fewer is better).
+# Both are counts, the same on every run of a setting; tokens/s is measured, and two settings that
+# take the same forwards differ in it by timing noise alone, so it only places a point on the chart.
+FRONTIER_AXES = (("accuracy", 1), ("nfe", -1))
+
+
+def pareto(points: list[dict], axes: tuple[tuple[str, int], ...] = FRONTIER_AXES) -> list[int]:
+    """Indices of the points no other point beats: as good on every one of ``axes`` ((key, +1
+    where higher is better, -1 where lower is)) and better on one. Equal points tie: both stay."""
+    def beats(q: dict, p: dict) -> bool:
+        return all(q[k] * sign >= p[k] * sign for k, sign in axes) and any(q[k] * sign > p[k] * sign for k, sign in axes)
+
+    return [i for i, p in enumerate(points) if not any(beats(q, p) for j, q in enumerate(points) if j != i)]
 
 
 # Accuracy under parallelism (AUP), as d3LLM defines it: the area under accuracy (in percent) against
@@ -64,7 +67,7 @@ def policy_of(row: dict) -> str:
 
 def policy_curves(rows: list[dict]) -> dict[str, dict]:
     """Per policy: its curve of accuracy (%) against content tokens per forward (the points no other
-    point of that policy beats on both, least parallel first: on such a curve the first point is
+    point of that policy beats, least parallel first: on such a curve the first point is
     the most accurate, so d3LLM's cut keeps the points within 5 of the policy's best) and its AUP,
     every policy's accuracy weighted against the best accuracy of all the rows."""
     rows = [r for r in rows if isinstance(r.get(PARALLELISM), Real) and r[PARALLELISM] > 0
@@ -75,7 +78,7 @@ def policy_curves(rows: list[dict]) -> dict[str, dict]:
     y_max = max((r["accuracy"] for r in rows), default=0.0) * 100
     curves = {}
     for policy, members in by_policy.items():
-        front = sorted((members[i] for i in pareto(members, x=PARALLELISM)), key=lambda r: r[PARALLELISM])
+        front = sorted((members[i] for i in pareto(members, (("accuracy", 1), (PARALLELISM, 1)))), key=lambda r: r[PARALLELISM])
         points = [(r[PARALLELISM], r["accuracy"] * 100) for r in front]
         curves[policy] = {"tau_content": [p[0] for p in points], "accuracy": [p[1] for p in points],
                           "aup": round(aup(points, y_max=y_max), 2),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import gradio as gr
 
@@ -63,11 +64,13 @@ class DownloadBox:
                 self.button: gr.update(value=f"Download {size_text(size)}", interactive=True),
                 self.box: gr.update(visible=True)}
 
-    def wire(self, model_pick: gr.Dropdown, then: Callable, then_inputs: list, then_outputs: list) -> None:
-        """Download (then ``then``, which loads the model once it is on disk) and Cancel."""
+    def wire(self, model_pick: gr.Dropdown, then: Callable, then_inputs: list, then_outputs: list,
+             **then_options: Any) -> None:
+        """Download (then ``then``, which loads the model once it is on disk, with ``then_options``
+        such as Gradio's ``inputs_kwargs``) and Cancel."""
         event = self.button.click(self.download, [model_pick], [self.status, self.note, self.button, self.box],
                                   api_name="download_model", **DOWNLOAD)
-        event.then(then, then_inputs, then_outputs, api_visibility="private", **ENGINE)
+        event.then(then, then_inputs, then_outputs, api_visibility="private", **ENGINE, **then_options)
         self.cancel_btn.click(self.cancel, None, [self.note], queue=False, api_name="cancel_download")
 
     @checked

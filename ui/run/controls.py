@@ -74,17 +74,28 @@ def fit_to_model(values: dict, specs: Specs, model: dict) -> dict:
     return {**values, **model_start(model)}
 
 
-def kind_values(specs: Specs, model: dict, previous: dict) -> dict[str, dict]:
+def kind_values(specs: Specs, model: dict, previous: dict, kept: dict | None = None) -> dict[str, dict]:
     """Updates (by control name) of the cache and block-size controls when ``model`` replaces
     ``previous`` (the engine's info on each): the cache choices of its kind, and, where the kind or
-    a block model's block changes, the values it starts at."""
+    a block model's block changes, the values it starts at; back on a masked model, the user's own
+    (``kept``: what ``kept_aside`` kept when a block model took over), else a masked model's defaults."""
     updates = {"cache": {"choices": cache_choices(specs, model)}}
     changed = is_block_model(model) != is_block_model(previous) or (
         is_block_model(model) and (model.get("name"), model.get("block_size")) != (previous.get("name"), previous.get("block_size")))
     if changed:
-        for name, value in model_start(model).items():
+        start = model_start(model) if is_block_model(model) else {**model_start(model), **(kept or {})}
+        for name, value in start.items():
             updates.setdefault(name, {})["value"] = value
     return updates
+
+
+def kept_aside(model: dict, previous: dict, values: dict, kept: dict) -> dict:
+    """The masked-model cache and block size (of the control ``values``) that a block model's own
+    displace when ``model`` replaces ``previous``, for ``kind_values`` to give back when a masked
+    model is loaded again; ``kept`` (what was kept before) where nothing is displaced."""
+    if is_block_model(model) and not is_block_model(previous):
+        return {name: values[name] for name in ("cache", "block_size")}
+    return kept
 
 
 def knob_key(kind: str, name: str) -> str:
@@ -199,6 +210,31 @@ def controls_from_settings(s: dict, specs: Specs | None = None) -> dict:
         given = s.get(f"{kind}_params") or {}
         out.update({knob_key(kind, p["name"]): given.get(p["name"], p["default"]) for p in spec["params"]})
     return {**out, **canvas_values(s)}
+
+
+def changed_controls(values: dict, preset: dict, specs: Specs) -> list[str]:
+    """The labels of the controls whose ``values`` differ from ``preset``'s (control values both,
+    by control name): the settings and the knobs of the policies ``values`` chooses (a knob no
+    chosen policy reads, or steps where the schedule has none, changes nothing a run does)."""
+    used = visible_knobs(values["cache"], values["unmask"], specs)
+    params = knobs(specs)
+    names = [name for name in (*SETTING_CONTROLS, *params) if used.get(name, True)]
+
+    return [params[name]["label"] if name in params else knob(name).label for name in names
+            if _plain(values.get(name)) != _plain(preset.get(name))]
+
+
+def _plain(value: object) -> object:
+    """A control's value as a run reads it: a slider's 32.0 is 32, an optional knob's text box
+    "8" is 8 and left empty is None."""
+    if value == "":
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return value
+    try:
+        return float(value)
+    except ValueError:  # a policy's name, a choice in words
+        return value
 
 
 def policies_of(settings: dict) -> tuple[str, str]:

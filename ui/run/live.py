@@ -19,7 +19,7 @@ from ..engine.queue import client_of, error_text, place_text, throttled
 from ..parts.inputs import Choice, ColorBy, FontScale, Fraction, KVView, PageState, Theme, Which, checked
 from ..lab.classroom import Who
 from .views import draw, grid_at, step_slider
-from .status_line import run_status
+from .status_line import ran_length_notice, run_status
 
 # Mid-run plot redraws at most this often (and none in a shorter run), and further apart as they
 # cost more: at most PLOTS_SHARE of the run's time. The three plots of a 512-step run cost the
@@ -131,8 +131,8 @@ class LiveRun:
             if first_paint is None and n:
                 first_paint = time.perf_counter() - clicked
             update = {self.trace: live}
-            if not n:  # the length the engine runs (rounded to the block or to whole canvases), once:
-                update[self.controls["gen_length"]] = gr.update(value=live["gen_length"])  # with the empty grid
+            if not n:  # the length the engine runs, said (the control keeps the user's: the next run asks it again)
+                notice = " ".join(filter(None, [notice, ran_length_notice(live, settings.gen_length)]))
             if view.follow or view.full_at is None:
                 # Following, or this run not yet on screen in full (Follow live unticked at or
                 # right after the click): the newest step. The grid at every redraw; the plots,

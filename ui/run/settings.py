@@ -2,7 +2,7 @@
 past the model's training, a prompt typed, and settings handed over by another tab (a Tune row)."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import gradio as gr
 
@@ -10,7 +10,7 @@ from dllm_local.settings import Length, length_notice
 from dllm_local.values import Text
 
 from ..grid import tokens
-from .controls import controls_from_settings, fit_to_model, settings_from_controls, shown_for, spec_named
+from .controls import changed_controls, controls_from_settings, fit_to_model, settings_from_controls, shown_for, spec_named
 from ..parts.inputs import Choice, checked
 from .views import KV_VIEW_DEFAULTS, layer_choices
 from .status_line import off_task_line
@@ -57,6 +57,14 @@ class RunSettings:
         the preset they equal, or none: a name the controls no longer match would be stale."""
         name = self.preset_matching(settings)
         return {**self.control_values(settings), self.preset: name, self.preset_applied: name or ""}
+
+    def preset_changes(self, preset: str | None, **controls: Any) -> str:
+        """What the preset box says under it: the controls that no longer match the preset it names
+        (fitted to the loaded model, as picking it would set them); nothing while all of them do."""
+        if preset not in self.presets:
+            return ""
+        changed = changed_controls(controls, self.fitted_controls(self.presets[preset]["settings"]), self.specs)
+        return f"Changed since the preset {preset}: {', '.join(changed)}." if changed else ""
 
     @checked
     def prompt_notice(self, prompt: Text, status: Text) -> str | dict:

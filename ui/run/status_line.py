@@ -52,6 +52,17 @@ def run_status(trace: dict, notice: str, first_paint: float | None, done: bool, 
     return " ".join(parts)
 
 
+def ran_length_notice(trace: dict, asked: int) -> str:
+    """The answer length a run of the ``trace`` going decodes where a block model runs on past the
+    length ``asked``, to the end of the answer's last block; "" where it does not. (A canvas model's
+    whole canvases are said before the run: ``canvas_notice``.)"""
+    ran = trace["gen_length"]
+    if ran == asked or is_canvas_model(trace.get("model") or {}):
+        return ""
+    return (f"This run decodes {ran} positions: a block model runs on to the end of the answer's last block "
+            f"(the length control is left as it is).")
+
+
 def forward_part(trace: dict) -> str:
     """" · forward: compiled": the mode the run's forwards ran in; "" for a trace that does not say
     (written before the forward runner, when every forward ran eager)."""

@@ -59,9 +59,10 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, B
                 self._inputs(preset)
                 self._screen_bar(present)
                 with gr.Column(elem_classes="dl-knobs"):  # stepped aside in presenter view
+                    start = controls_from_settings(preset.get("settings", {}), specs)
                     self.controls, self.policy_info, self.length_notice_box, self.canvas_reason = run_controls(
-                        specs, controls_from_settings(preset.get("settings", {}), specs), self.session.info())
-                    self._model_box()
+                        specs, start, self.session.info())
+                    self._model_box(start)
                     with gr.Row():
                         self.export_btn = gr.DownloadButton("Export trace (JSON)", elem_id="export-btn")
                         self.import_file = gr.UploadButton("Import trace", file_types=[".json"], elem_id="import-btn")
@@ -83,6 +84,9 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, B
         # description and the examples step aside there.
         self.preset = gr.Dropdown(list(self.presets), value=preset.get("name"), label=preset_label(self.session.info()),
                                   elem_id="preset")
+        # What no longer matches the preset the box names (``preset_changes``): empty while all of it
+        # does; beside the menu, in presenter view too.
+        self.preset_changed = gr.Markdown("", elem_id="preset-changed")
         with gr.Column(elem_classes="dl-knobs"):
             self.preset_info = gr.Markdown(preset.get("description", ""), elem_id="preset-info")
             # The preset whose reply last set the controls, in the browser beside them: Run reads it
@@ -162,6 +166,11 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, B
         self.preset.change(self.apply_preset, [self.preset],
                            [self.preset_info, self.prompt, *controls, self.layer, self.which, self.kv_view,
                             self.preset_applied], queue=False)
+        # Unprocessed: a model switch changes the cache's choices a moment before its value, and in
+        # that moment the dropdown refuses its own value; the last change is always read again.
+        gr.on([self.preset.change, *(box.change for box in controls)], self.preset_changes, [self.preset],
+              [self.preset_changed], inputs_kwargs=self.controls, queue=False, api_visibility="private",
+              preprocess=False, trigger_mode="always_last")
         self.controls["gen_length"].change(self.length_notice, [self.controls["gen_length"]],
                                            [self.length_notice_box], queue=False)
         self._wire_run()
@@ -192,7 +201,7 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, B
     def _wire_run(self) -> None:
         """Run (button or Enter in the prompt), then the export file and the cost model once it ends."""
         inputs = [self.prompt, self.trace, self.follow, *self.view_inputs, self.preset, self.preset_applied]
-        outputs = [self.trace, *self.view_boxes.values(), self.scrub, self.status, self.controls["gen_length"]]
+        outputs = [self.trace, *self.view_boxes.values(), self.scrub, self.status]
         # Gradio's queue position and timer on the status line only: overlays on the grid and the
         # plots would cover the live views and cost the browser CPU at every redraw.
         options = {"inputs_kwargs": self.controls, "show_progress": "minimal", "show_progress_on": [self.status],

@@ -52,7 +52,7 @@ def aup_area(curve: dict, y_max: float) -> tuple[list[float], list[float]]:
 def point_kinds(rows: list[dict], curves: dict[str, dict]) -> list[str]:
     """What the chart does with each row: "counted" (on its policy's curve, in the AUP), "cut" (on
     the curve, more than AUP_CUT below the policy's best), "beaten" (another point of its policy
-    beats it on both) or "undrawn" (no content τ)."""
+    is as good on accuracy and content τ and better on one) or "undrawn" (no content τ)."""
     kinds = []
     for row in rows:
         tau = row.get(PARALLELISM)
@@ -73,8 +73,8 @@ def points_note(kinds: list[str], curves: dict[str, dict]) -> str:
     if hidden:
         parts[0] += f" ({hidden} on the same spot as another: hover)"
     if kinds.count("beaten"):
-        parts.append(f"{kinds.count('beaten')} (grey) are beaten on both accuracy and tokens per forward by a "
-                     "point of their policy")
+        parts.append(f"{kinds.count('beaten')} (grey) are beaten by a point of their policy: as good on accuracy "
+                     "and tokens per forward, better on one")
     if kinds.count("cut"):
         parts.append(f"{kinds.count('cut')} (hollow) are more than {AUP_CUT:g} points below the policy's best: "
                      "not counted")
@@ -85,7 +85,7 @@ def points_note(kinds: list[str], curves: dict[str, dict]) -> str:
 
 def aup_figure(report: dict) -> go.Figure:
     """Each policy's curve of accuracy against content tokens per forward (its points that no other
-    of its points beats on both), its AUP shaded beneath it and named in the legend with its unit;
+    of its points beats: as good on both, better on one), its AUP shaded beneath it and named in the legend with its unit;
     points more than 5 below the policy's best are hollow on a dotted line (not counted), the
     points a curve point beats grey, and the subtitle counts each kind."""
     title = f"Accuracy under parallelism (AUP): the shaded area, in {AUP_UNIT}"
@@ -100,10 +100,10 @@ def aup_figure(report: dict) -> go.Figure:
     if beaten:
         fig.add_trace(go.Scatter(
             x=[rows[i][PARALLELISM] for i in beaten], y=[rows[i]["accuracy"] for i in beaten], mode="markers",
-            name=f"{len(beaten)} beaten on both", marker={"size": 9, "color": BEATEN},
+            name=f"{len(beaten)} beaten", marker={"size": 9, "color": BEATEN},
             hovertext=[f"{policy_of(rows[i])} · {row_label(rows[i])}" for i in beaten],
-            hovertemplate="%{hovertext}<br>%{x:.2f} content tokens / forward · accuracy %{y:.1%}<br>beaten on both "
-                          "by a point of its policy: not on its curve<extra></extra>"))
+            hovertemplate="%{hovertext}<br>%{x:.2f} content tokens / forward · accuracy %{y:.1%}<br>beaten by a point "
+                          "of its policy (as good on both, better on one): not on its curve<extra></extra>"))
     for k, (policy, curve) in enumerate(curves.items()):
         colour, counted = PALETTE[k % len(PALETTE)], curve["counted"]
         x, y = curve["tau_content"], [a / 100 for a in curve["accuracy"]]

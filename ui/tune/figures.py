@@ -52,7 +52,9 @@ def sweep_figure(report: dict) -> go.Figure:
     scale; a number needs a few pixels beside its point, found clear of every marker, bar and line
     (:mod:`ui.tune.labels`), and the key, outside the plot, crosses nothing."""
     rows = report.get("rows") or []
-    title = "Sweep: accuracy vs speed · red, numbered: the Pareto frontier · grey: beaten on both (hover: knobs)"
+    # The frontier is of accuracy and forwards (``frontier.pareto``): the x axis's tokens/s is measured, noisy.
+    title = ("Sweep: accuracy vs speed · red, numbered: the frontier (no point as accurate in fewer forwards) · "
+             "grey: beaten (hover: knobs)")
     if not rows:
         return message_figure("no sweep points yet", title)
     n = int(report.get("problems") or 0)
@@ -82,7 +84,7 @@ def sweep_figure(report: dict) -> go.Figure:
 
     beaten = [i for i in range(len(rows)) if i not in keys]
     if beaten:
-        fig.add_trace(points(beaten, f"{len(beaten)} beaten on both: hover", BEATEN))
+        fig.add_trace(points(beaten, f"{len(beaten)} beaten: as accurate or more in fewer forwards, or more accurate in as few · hover", BEATEN))
     for i, k in keys.items():
         fig.add_trace(points([i], f"{k}  {labels[i]}", FRONTIER, legendgroup="front"))
     canvas = Canvas(x_range, y_range)
