@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from test_diffusion_gemma_page import GEN_LENGTH, KNOBS, PROMPT, _load, _text_box
-from test_lecture_hall import SCREEN, on_first_screen, press_to, run_preset
-from test_page import _choose, _free_port, _shown_run, _wait_run_ended, browser  # noqa: F401 - fixtures
+from test_lecture_hall import SCREEN, on_first_screen, press_to, run_preset, server  # noqa: F401 - a fixture
+from test_page import _choose, _shown_run, _wait_run_ended, browser  # noqa: F401 - a fixture
 
 SCALES = ("1×", "1.5×", "2×")
 PANELS = ("Confidence", "KV", "Cache", "Token")
@@ -17,20 +17,6 @@ PANELS = ("Confidence", "KV", "Cache", "Token")
 PLOT_WIDTHS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).filter((g) => g.offsetParent)
   .map((g) => [g.closest('[id$=plot]').id, g.querySelector('.main-svg').getBoundingClientRect().width,
                g.closest('.column').getBoundingClientRect().width])"""
-
-
-@pytest.fixture(scope="module")
-def server():
-    import app
-    from ui.page import LAUNCH_OPTIONS
-
-    page, session = app.create(app.parse_args(["--present"]))
-    page.queue(default_concurrency_limit=1)
-    _, url, _ = page.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True, quiet=True,
-                            **LAUNCH_OPTIONS)
-    yield url
-    page.close()
-    session.close()
 
 
 @pytest.fixture(scope="module")
