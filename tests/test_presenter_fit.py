@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from test_diffusion_gemma_page import GEN_LENGTH, KNOBS, PROMPT, _load, _text_box
+from test_diffusion_gemma_page import GEN_LENGTH, KNOBS, PROMPT, _text_box
 from test_lecture_hall import SCREEN, on_first_screen, press_to, run_preset, server  # noqa: F401 - a fixture
-from test_page import _choose, _shown_run, _wait_run_ended, browser  # noqa: F401 - a fixture
+from test_page import _choose, _load_model, _shown_run, _wait_run_ended, browser  # noqa: F401 - a fixture
 
 SCALES = ("1×", "1.5×", "2×")
 PANELS = ("Confidence", "KV", "Cache", "Token")
@@ -98,7 +98,7 @@ def test_a_token_click_opens_the_token_panel_and_a_branch_fits_with_its_controls
 def test_a_block_model_and_the_canvas_model_fit_one_screen(pg, model):
     pg.click("#present input")
     pg.wait_for_function("() => !document.body.classList.contains('dl-present')")
-    _load(pg, model)
+    _load_model(pg, model)
     if model == "tiny-diffusiongemma":  # knobs under which the random model's canvases settle soon
         _text_box(pg, "#prompt").fill(PROMPT)
         for name, value in KNOBS.items():
