@@ -18,6 +18,10 @@ PLOT_WIDTHS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).
   .map((g) => [g.closest('[id$=plot]').id, g.querySelector('.main-svg').getBoundingClientRect().width,
                g.closest('.column').getBoundingClientRect().width])"""
 
+CHIPS_INSIDE = """() => { const grid = document.querySelector('#token-grid').getBoundingClientRect();
+  return Array.from(document.querySelectorAll('#token-grid .dl-pad-chip, #token-grid .dl-tok'))
+    .every((e) => e.getBoundingClientRect().right <= grid.right + 1); }"""
+
 
 @pytest.fixture(scope="module")
 def pg(browser, server):  # noqa: F811 - the fixture imported above
@@ -49,6 +53,8 @@ def fits_every_scale_and_panel(pg, scenario: str) -> None:
                 assert on_first_screen(pg, selector), f"{where}: {selector}"
             verdict = pg.locator("#grid-verdicts .dl-verdict").first.bounding_box()  # its first lines, at least
             assert verdict and verdict["y"] + 60 <= SCREEN["height"], where
+            # Nothing of the grid runs out of its box sideways (the Flash end chip was cut at the column's edge).
+            assert pg.evaluate(CHIPS_INSIDE), where
             for plot, drawn, box in pg.evaluate(PLOT_WIDTHS):
                 assert drawn <= box + 1, f"{where}: {plot} drawn {drawn:.0f} px in a {box:.0f} px panel"
             if panel == "Token":
@@ -130,3 +136,24 @@ def test_a_presenter_run_shifts_no_layout(pg):
     shift = pg.evaluate("window.dlShift")
     _choose(pg, "#font-scale", "1×")
     assert shift < 0.05, shift
+
+
+# The shown choice's text, measured in the input's own font, against where the menu's arrow starts.
+TEXT_BEFORE_ARROW = """(sel) => { const box = document.querySelector(sel); const input = box.querySelector('input[role=combobox]');
+  const arrow = box.querySelector('.icon-wrap').getBoundingClientRect(), style = getComputedStyle(input);
+  const ctx = document.createElement('canvas').getContext('2d'); ctx.font = style.font;
+  const end = input.getBoundingClientRect().left + parseFloat(style.paddingLeft) + ctx.measureText(input.value).width;
+  return [input.value, end, arrow.left + parseFloat(getComputedStyle(box.querySelector('.icon-wrap')).paddingLeft)]; }"""
+
+
+def test_a_menu_s_choice_ends_before_its_arrow(pg):
+    """The step bar's Speed (it read "2 steps/s" under the arrow) and Tune's Knob ("Confidence
+    threshold (tau) (unmasking)" under it), at the page's 1280×720."""
+    for selector in ("#speed", "#font-scale", "#preset"):
+        text, end, arrow = pg.evaluate(TEXT_BEFORE_ARROW, selector)
+        assert text and end <= arrow, (selector, text, end, arrow)
+    pg.click("button[role=tab]:has-text('Tune')")
+    pg.wait_for_selector("#tune-knob input", state="visible")
+    text, end, arrow = pg.evaluate(TEXT_BEFORE_ARROW, "#tune-knob")
+    pg.click("button[role=tab]:has-text('Run')")
+    assert text and end <= arrow, ("#tune-knob", text, end, arrow)

@@ -36,6 +36,8 @@ CSS = """
 .dl-verdict[data-status="does not hold"] {border-color: #c62828; background: #fdeeee}
 /* A slider's end labels: Gradio's subdued grey reads at 1.9:1 on the light theme; #666 at 5.7:1 (WCAG 1.4.3). */
 body:not(.dark) .min_value, body:not(.dark) .max_value {color: #666 !important}
+/* A menu's text stops short of its arrow (a long choice ends in "…", never under the arrow). */
+input[role="combobox"] {text-overflow: ellipsis; padding-right: 4px}
 """
 
 # Gradio's queue line ("queue: 2/3 | 1.2/4.0s") read as words: every run ahead (the one going and

@@ -85,7 +85,9 @@ def tail_chip(start: int, stop: int, in_window: int, box: str) -> str:
     title = ("still masked after the first end of text: the released Flash-dLLM ends the answer at the end of "
              f"text it commits and decodes nothing after it{reach}")
     return (f'<summary class="dl-pad-chip dl-tail{" dl-window" if in_window else ""}" title="{title}" '
-            f'style="{box}display:inline-block;background:#ececec;color:#555;cursor:pointer;'
+            # Its long label wraps inside the grid, as the end-of-text chip's does.
+            f'style="{box}display:inline-block;white-space:normal;max-width:95%;background:#ececec;color:#555;'
+            'cursor:pointer;'
             f'{window_bar() if in_window else ""}">× {stop - start} masked after the end of text '
             f"(pos {start}–{stop - 1})</summary>")
 

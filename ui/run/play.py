@@ -88,7 +88,7 @@ class Play:
         self.play_btn = gr.Button(PLAY, size="sm", scale=0, min_width=86, elem_id="step-play")
 
     def _speed_menu(self) -> None:
-        self.speed = gr.Dropdown(offered_speeds(UNMEASURED), value="1 step/s", label="Speed", scale=0, min_width=110,
+        self.speed = gr.Dropdown(offered_speeds(UNMEASURED), value="1 step/s", label="Speed", scale=0, min_width=140,
                                  elem_id="speed")
 
     def _play_requests(self) -> None:

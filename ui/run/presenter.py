@@ -55,6 +55,8 @@ body.dl-present #controls-col > #status {flex: 1 1 0; min-height: 3.2em; overflo
 body.dl-present #controls-col .row:has(#run-btn) {flex-wrap: nowrap}
 body.dl-present #run-btn, body.dl-present #stop-btn {min-width: 0 !important}
 body:not(.dl-present) #panel-choice {display: none !important}
+#preset-changed:has(.md:empty) {display: none}
+body.dl-present #prompt [data-testid="block-info"] {display: none}
 body.dl-present #panel-choice {position: sticky; top: 0; z-index: 5}
 /* A branch beside the original, each half the grid's column. */
 body.dl-present #stage-grid .row:has(> #branch-col) {flex-wrap: nowrap}

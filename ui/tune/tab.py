@@ -181,7 +181,7 @@ class TuneTab:
         with gr.Row():
             # Its choices follow the base settings; a value typed by an API client is checked by the sweep.
             self.knob = gr.Dropdown(**knob_choices(self.specs, base), label="Knob", allow_custom_value=True,
-                                    elem_id="tune-knob")
+                                    scale=2, elem_id="tune-knob")  # its labels are long: room beside the arrow
             self.values = gr.Textbox(listed(SWEEP_THRESHOLDS), label="Values to try", elem_id="tune-values")
             self.blocks = gr.Textbox(listed(SWEEP_BLOCK_SIZES), label="Block sizes", elem_id="tune-blocks")
             self.gen = setting_widget("gen_length", SWEEP_GEN_LENGTH, elem_id="tune-gen")
