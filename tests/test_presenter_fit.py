@@ -22,6 +22,27 @@ CHIPS_INSIDE = """() => { const grid = document.querySelector('#token-grid').get
   return Array.from(document.querySelectorAll('#token-grid .dl-pad-chip, #token-grid .dl-tok'))
     .every((e) => e.getBoundingClientRect().right <= grid.right + 1); }"""
 
+# A shown plot's words: its title, axis titles, legend and colour bar, each inside the figure and
+# none over another (the x title ran over the legend, the y title over the plot title, titles cut).
+TEXT_ON_TEXT = """() => { const out = [];
+  for (const gd of Array.from(document.querySelectorAll('.js-plotly-plot')).filter((g) => g.offsetParent)) {
+    const svg = gd.querySelector('.main-svg').getBoundingClientRect();
+    const parts = [['title', '.gtitle'], ['legend', '.legend'], ['colour bar', '.colorbar'],
+                   ...Array.from(gd.querySelectorAll('g')).filter((e) => /^g-[xy]\\d*title$/.test(e.getAttribute('class')))
+                     .map((e) => [e.getAttribute('class').slice(2), e])]
+      .map(([name, s]) => [name, typeof s === 'string' ? gd.querySelector(s) : s])
+      .filter(([, e]) => e && e.getBoundingClientRect().width > 0).map(([name, e]) => [name, e.getBoundingClientRect()]);
+    for (const [name, r] of parts)
+      if (r.left < svg.left - 1 || r.right > svg.right + 1 || r.top < svg.top - 1 || r.bottom > svg.bottom + 1)
+        out.push(`${gd.closest('[id$=plot]').id}: ${name} outside the figure`);
+    for (let i = 0; i < parts.length; i++) for (let j = i + 1; j < parts.length; j++) {
+      const [a, r] = parts[i], [b, q] = parts[j];
+      if (Math.min(r.right, q.right) - Math.max(r.left, q.left) > 2 && Math.min(r.bottom, q.bottom) - Math.max(r.top, q.top) > 2)
+        out.push(`${gd.closest('[id$=plot]').id}: ${a} over ${b}`);
+    }
+  }
+  return out; }"""
+
 
 @pytest.fixture(scope="module")
 def pg(browser, server):  # noqa: F811 - the fixture imported above
@@ -57,6 +78,7 @@ def fits_every_scale_and_panel(pg, scenario: str) -> None:
             assert pg.evaluate(CHIPS_INSIDE), where
             for plot, drawn, box in pg.evaluate(PLOT_WIDTHS):
                 assert drawn <= box + 1, f"{where}: {plot} drawn {drawn:.0f} px in a {box:.0f} px panel"
+            assert not pg.evaluate(TEXT_ON_TEXT), f"{where}: {pg.evaluate(TEXT_ON_TEXT)}"
             if panel == "Token":
                 for button in ("#force-btn", "#remask-btn"):
                     assert on_first_screen(pg, button), f"{where}: {button}"

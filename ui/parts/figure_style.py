@@ -136,6 +136,22 @@ def _wrap_titles(layout: dict, font_scale: float) -> None:
             axis["title"]["text"] = wrapped(text, int(length / (GLYPH_EM * size)))
 
 
+def _wrap_legend(spec: dict, font_scale: float) -> None:
+    """Legend entries longer than the panel broken into lines, the figure's foot that much taller."""
+    layout = spec["layout"]
+    size = ((layout.get("legend") or {}).get("font") or {}).get("size") or (layout.get("font") or {}).get("size", 14)
+    chars = int((PANEL_WIDTH - 50) / (GLYPH_EM * size))  # 50 px: the entry's swatch
+    added = 0
+    for trace in spec.get("data") or []:
+        shown = trace.get("showlegend") or (trace.get("showlegend") is None and trace.get("type") not in _NO_LEGEND)
+        if isinstance(trace.get("name"), str) and shown:
+            trace["name"] = wrapped(trace["name"], chars)
+            added += trace["name"].count("<br>")
+    if added and isinstance((layout.get("margin") or {}).get("b"), (int, float)) and layout.get("height"):
+        layout["margin"]["b"] += added * LEGEND_ROW * font_scale
+        layout["height"] += added * LEGEND_ROW * font_scale
+
+
 # A colour bar's labels grow less than the rest: at the full scale, long ones ("≥ 0.9999 same")
 # would leave the heatmap a strip of a narrow panel.
 COLOUR_BAR_SCALE = 1.25
@@ -177,4 +193,6 @@ def on_screen(fig: go.Figure, font_scale: float = 1.0, theme: str = "light") -> 
         stacked = any(isinstance(axis, dict) and axis.get("domain") not in (None, [0, 1], (0, 1))
                       for name, axis in restyled["layout"].items() if name.startswith("yaxis"))
         restyled["layout"]["height"] *= font_scale if stacked else 1 + 0.4 * (font_scale - 1)
+    if font_scale > 1:
+        _wrap_legend(restyled, font_scale)
     return go.Figure(restyled)
