@@ -5,6 +5,10 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 HEIGHT = 330
+TITLE_SIZE = 17
+# Type at a larger font scale is for a projector, whose plot panel is about 440 px wide (presenter
+# view at 1280×720): a title longer than that is broken into lines; an average glyph is ~0.55 em.
+PANEL_WIDTH, GLYPH_EM = 440, 0.55
 
 
 # A legend entry's line at 14 px type, and what the x axis's ticks and title take below the plot.
@@ -29,7 +33,7 @@ def styled(fig: go.Figure, title: str, height: int = HEIGHT, legend_below: bool 
     fig.update_xaxes(gridcolor="#ebebeb", linecolor="#cccccc", tickfont={"size": 14}, title_font={"size": 15})
     fig.update_yaxes(gridcolor="#ebebeb", linecolor="#cccccc", tickfont={"size": 14}, title_font={"size": 15})
     fig.update_layout(template=None, plot_bgcolor="white", paper_bgcolor="white", font={"color": "#2a3f5f", "size": 14},
-                      height=height, title={"text": title, "font": {"size": 17}, "x": 0.01},
+                      height=height, title={"text": title, "font": {"size": TITLE_SIZE}, "x": 0.01},
                       margin={"l": 55, "r": 20, "t": 40, "b": 40})
     rows = legend_entries(fig) if legend_below else 0
     if rows:
@@ -39,6 +43,18 @@ def styled(fig: go.Figure, title: str, height: int = HEIGHT, legend_below: bool 
         fig.update_layout(height=height + rows * LEGEND_ROW, margin={"b": AXIS_BELOW + rows * LEGEND_ROW},
                           legend={"orientation": "v", "yref": "container", "y": 0, "yanchor": "bottom",
                                   "xanchor": "left", "x": 0.0})
+    if not legend_below:  # a wide figure of its own tab (Tune), not a presenter's panel
+        return fig
+    # The words fitted on the layout and the traces' names alone: the whole figure's JSON would copy
+    # its data (a heatmap's cells) at every redraw.
+    spec = {"layout": fig.layout.to_plotly_json(),
+            "data": [{"name": t.name, "showlegend": t.showlegend, "type": t.type} for t in fig.data]}
+    fit_words(spec)
+    fig.update_layout({key: value for key, value in spec["layout"].items()
+                       if key in ("title", "margin", "height") or key.startswith(("xaxis", "yaxis"))})
+    for trace, fitted in zip(fig.data, spec["data"]):
+        if trace.name != fitted["name"]:
+            trace.name = fitted["name"]
     return fig
 
 
@@ -96,18 +112,14 @@ def _restyle(node: object, scale: float, dark: bool, key: str = "") -> object:
     return node
 
 
-# Type at a larger font scale is for a projector, whose plot panel is about 440 px wide (presenter
-# view at 1280×720): a title longer than that is broken into lines; an average glyph is ~0.55 em.
-PANEL_WIDTH, GLYPH_EM = 440, 0.55
-
-
 def wrapped(text: str, chars: int) -> str:
     """``text`` broken at spaces into lines of at most ``chars`` characters (a longer word alone on
     its line), joined by plotly's ``<br>``; text with markup of its own is left as it is."""
-    if len(text) <= chars or "<" in text:
-        return text
+    plain = text.replace("<br>", " ")  # its own breaks are made again at the new width
+    if len(plain) <= chars or "<" in plain:
+        return text if "<" in plain else plain
     lines: list[str] = []
-    for word in text.split():
+    for word in plain.split():
         if lines and len(lines[-1]) + 1 + len(word) <= chars:
             lines[-1] += " " + word
         else:
@@ -115,41 +127,39 @@ def wrapped(text: str, chars: int) -> str:
     return "<br>".join(lines)
 
 
-def _wrap_titles(layout: dict, font_scale: float) -> None:
-    """The plot's title within the panel's width, each axis title within its axis's length, the
-    top margin grown by the title's added lines."""
-    title = layout.get("title") or {}
-    size = (title.get("font") or {}).get("size") or 17 * font_scale
-    if isinstance(title.get("text"), str):
-        title["text"] = wrapped(title["text"], int(PANEL_WIDTH / (GLYPH_EM * size)))
-        extra = title["text"].count("<br>")
-        if extra and isinstance((layout.get("margin") or {}).get("t"), (int, float)):
-            layout["margin"]["t"] += extra * 1.25 * size / font_scale  # scaled with the margins below
-    for name, axis in layout.items():
-        if not (name.startswith(("xaxis", "yaxis")) and isinstance(axis, dict)):
-            continue
-        text = (axis.get("title") or {}).get("text")
-        size = ((axis.get("title") or {}).get("font") or {}).get("size") or 15 * font_scale
-        low, high = axis.get("domain") or (0, 1)
-        length = (PANEL_WIDTH if name.startswith("x") else 0.55 * (layout.get("height") or HEIGHT)) * (high - low)
-        if isinstance(text, str):
-            axis["title"]["text"] = wrapped(text, int(length / (GLYPH_EM * size)))
-
-
-def _wrap_legend(spec: dict, font_scale: float) -> None:
-    """Legend entries longer than the panel broken into lines, the figure's foot that much taller."""
+def fit_words(spec: dict) -> None:
+    """The words of a figure's spec (``to_plotly_json`` form, its sizes final) fitted to a
+    presenter's panel: the title broken into lines within its width (the top margin a line taller
+    for each added), legend entries likewise (the foot taller), each axis title within its axis."""
     layout = spec["layout"]
+    margin, height = layout.get("margin") or {}, layout.get("height") or HEIGHT
+    title = layout.get("title") or {}
+    size = (title.get("font") or {}).get("size") or TITLE_SIZE
+    if isinstance(title.get("text"), str):
+        before = title["text"].count("<br>")  # lines already made room for
+        title["text"] = wrapped(title["text"], int(PANEL_WIDTH / (GLYPH_EM * size)))
+        margin["t"] = margin.get("t", 40) + (title["text"].count("<br>") - before) * 1.25 * size
     size = ((layout.get("legend") or {}).get("font") or {}).get("size") or (layout.get("font") or {}).get("size", 14)
-    chars = int((PANEL_WIDTH - 50) / (GLYPH_EM * size))  # 50 px: the entry's swatch
     added = 0
     for trace in spec.get("data") or []:
         shown = trace.get("showlegend") or (trace.get("showlegend") is None and trace.get("type") not in _NO_LEGEND)
         if isinstance(trace.get("name"), str) and shown:
-            trace["name"] = wrapped(trace["name"], chars)
-            added += trace["name"].count("<br>")
-    if added and isinstance((layout.get("margin") or {}).get("b"), (int, float)) and layout.get("height"):
-        layout["margin"]["b"] += added * LEGEND_ROW * font_scale
-        layout["height"] += added * LEGEND_ROW * font_scale
+            before = trace["name"].count("<br>")
+            trace["name"] = wrapped(trace["name"], int((PANEL_WIDTH - 50) / (GLYPH_EM * size)))  # 50: the swatch
+            added += trace["name"].count("<br>") - before
+    if added and "b" in margin:
+        margin["b"] += added * LEGEND_ROW * size / 14
+        height += added * LEGEND_ROW * size / 14
+        layout["height"] = height
+    layout["margin"] = margin
+    area = {"x": PANEL_WIDTH - margin.get("l", 55) - margin.get("r", 20),
+            "y": 0.9 * (height - margin.get("t", 40) - margin.get("b", 40))}
+    for name, axis in layout.items():
+        text = ((axis.get("title") or {}) if isinstance(axis, dict) else {}).get("text")
+        if name.startswith(("xaxis", "yaxis")) and isinstance(text, str):
+            low, high = axis.get("domain") or (0, 1)
+            size = (axis["title"].get("font") or {}).get("size") or 15
+            axis["title"]["text"] = wrapped(text, int(area[name[0]] * (high - low) / (GLYPH_EM * size)))
 
 
 # A colour bar's labels grow less than the rest: at the full scale, long ones ("≥ 0.9999 same")
@@ -183,7 +193,6 @@ def on_screen(fig: go.Figure, font_scale: float = 1.0, theme: str = "light") -> 
         if name.startswith(("xaxis", "yaxis")) and isinstance(axis, dict):
             axis["automargin"] = True
     if font_scale > 1:
-        _wrap_titles(restyled["layout"], font_scale)
         _narrow_colour_bars(restyled.get("data") or [], font_scale)
     margin = restyled["layout"].get("margin") or {}
     restyled["layout"]["margin"] = {k: v * font_scale if isinstance(v, (int, float)) else v for k, v in margin.items()}
@@ -193,6 +202,5 @@ def on_screen(fig: go.Figure, font_scale: float = 1.0, theme: str = "light") -> 
         stacked = any(isinstance(axis, dict) and axis.get("domain") not in (None, [0, 1], (0, 1))
                       for name, axis in restyled["layout"].items() if name.startswith("yaxis"))
         restyled["layout"]["height"] *= font_scale if stacked else 1 + 0.4 * (font_scale - 1)
-    if font_scale > 1:
-        _wrap_legend(restyled, font_scale)
+    fit_words(restyled)
     return go.Figure(restyled)
