@@ -33,7 +33,10 @@ def styled(fig: go.Figure, title: str, height: int = HEIGHT, legend_below: bool 
     fig.update_xaxes(gridcolor="#ebebeb", linecolor="#cccccc", tickfont={"size": 14}, title_font={"size": 15})
     fig.update_yaxes(gridcolor="#ebebeb", linecolor="#cccccc", tickfont={"size": 14}, title_font={"size": 15})
     fig.update_layout(template=None, plot_bgcolor="white", paper_bgcolor="white", font={"color": "#2a3f5f", "size": 14},
-                      height=height, title={"text": title, "font": {"size": TITLE_SIZE}, "x": 0.01},
+                      height=height,
+                      # hung from the top: a title broken into lines grows down into the margin kept for it
+                      title={"text": title, "font": {"size": TITLE_SIZE}, "x": 0.01, "yref": "container", "y": 1,
+                             "yanchor": "top", "pad": {"t": 10}},
                       margin={"l": 55, "r": 20, "t": 40, "b": 40})
     rows = legend_entries(fig) if legend_below else 0
     if rows:
@@ -138,7 +141,12 @@ def fit_words(spec: dict) -> None:
     if isinstance(title.get("text"), str):
         before = title["text"].count("<br>")  # lines already made room for
         title["text"] = wrapped(title["text"], int(PANEL_WIDTH / (GLYPH_EM * size)))
-        margin["t"] = margin.get("t", 40) + (title["text"].count("<br>") - before) * 1.25 * size
+        added = (title["text"].count("<br>") - before) * 1.25 * size  # px; the plot keeps its height
+        margin["t"] = margin.get("t", 40) + added
+        # plotly lifts a title of several lines ~0.75 em above its anchor (measured): the pad takes it back
+        title["pad"] = {"t": 10 + (0.75 * size if "<br>" in title["text"] else 0)}
+        height += added
+        layout["height"] = height
     size = ((layout.get("legend") or {}).get("font") or {}).get("size") or (layout.get("font") or {}).get("size", 14)
     added = 0
     for trace in spec.get("data") or []:
