@@ -529,7 +529,8 @@ def test_sweep_figure_labels_points_zooms_to_the_data_and_shows_intervals():
     report = {"problems": 20, "rows": [{"point": p, "accuracy": a, "model_tok_s": x, "pareto": f} for p, a, x, f in rows]}
     fig = tune_figures.sweep_figure(report)
     assert _annotations(fig) == ["<b>1</b>", "<b>2</b>"]
-    assert list(_trace_named(fig, "1 beaten on both: hover").hovertext) == ["τ 0.7 · B 16"]
+    beaten = next(d for d in fig.data if d.name.startswith("1 beaten: as accurate or more in fewer forwards"))
+    assert list(beaten.hovertext) == ["τ 0.7 · B 16"]
     low, high = fig.layout.yaxis.range
     assert 0.4 < low < 0.85 and 0.95 < high <= 1.05  # zoomed to the points and their intervals, not 0-100%
     assert "n = 20" in fig.layout.yaxis.title.text
