@@ -8,7 +8,7 @@ import pytest
 import dllm_local
 from dllm_local import Settings
 from ui import figures as run_figures
-from ui.parts.figure_style import _luminance, on_screen
+from ui.parts.figure_style import COLOUR_BAR_SCALE, _luminance, on_screen
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +38,18 @@ def contrast(a: str, b: str) -> float:
 
 
 def test_the_font_scale_reaches_every_text(figures):
+    """Every text 1.5× larger, but a colour bar's: its labels grow to ``COLOUR_BAR_SCALE`` at most
+    (long ones, "≥ 0.9999 same", would leave the heatmap a strip of a narrow panel)."""
+    def sizes(fig) -> list[float]:
+        spec = fig.to_plotly_json()
+        bars = [t.pop("colorbar", None) or (t.get("marker") or {}).pop("colorbar", None) or {} for t in spec["data"]]
+        return [font["size"] for _, font in fonts(spec)], [font["size"] for _, font in fonts(bars)]
+
     for fig in figures:
-        before = [font["size"] for _, font in fonts(fig.to_plotly_json())]
-        after = [font["size"] for _, font in fonts(on_screen(fig, 1.5).to_plotly_json())]
+        (before, _), (after, bar) = sizes(fig), sizes(on_screen(fig, 1.5))
         assert before and len(after) == len(before)
         assert sorted(after) == pytest.approx(sorted(1.5 * size for size in before))
+        assert all(size == pytest.approx(14 * COLOUR_BAR_SCALE) for size in bar)
         assert on_screen(fig, 1.0) is fig  # nothing to do, nothing copied
 
 
