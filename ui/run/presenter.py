@@ -58,6 +58,8 @@ body:not(.dl-present) #panel-choice {display: none !important}
 #preset-changed:has(.md:empty) {display: none}
 body.dl-present #prompt [data-testid="block-info"] {display: none}
 body.dl-present #panel-choice {position: sticky; top: 0; z-index: 5}
+/* The panel's own choices without their labels (their values say what they are): its plot on the screen. */
+body.dl-present :is(#panel-choice, #kv-layer, #kv-which, #kv-view) [data-testid="block-info"] {display: none}
 /* A branch beside the original, each half the grid's column. */
 body.dl-present #stage-grid .row:has(> #branch-col) {flex-wrap: nowrap}
 body.dl-present #stage-grid .row:has(> #branch-col) > .column {min-width: 0 !important}

@@ -143,10 +143,10 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, B
             with gr.Row():
                 self.layer = gr.Dropdown(**layer_choices(self.session.info().get("layers", 1)), label="Layer",
                                          elem_id="kv-layer")
-                self.which = gr.Radio(["k", "v"], value=KV_VIEW_DEFAULTS["which"], label="K or V")
+                self.which = gr.Radio(["k", "v"], value=KV_VIEW_DEFAULTS["which"], label="K or V", elem_id="kv-which")
                 # The identifiers in words, no longer than they are: the presenter view's panel fits as it did.
                 self.kv_view = gr.Radio([(view.replace("_", " "), view) for view in KV_VIEWS],
-                                        value=KV_VIEW_DEFAULTS["kv_view"], label="KV view")
+                                        value=KV_VIEW_DEFAULTS["kv_view"], label="KV view", elem_id="kv-view")
             self.kv_plot = gr.Plot(run_figures.kv_heatmap({}, which="v"), label="KV cosine similarity",
                                    elem_id="kv-plot")
             self.kv_verdicts = gr.HTML(elem_id="kv-verdicts")
