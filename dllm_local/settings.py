@@ -34,7 +34,7 @@ Params = optional(dict[str, Any])  # a policy's parameters, read through its spe
 class Settings:
     gen_length: about(Length, "Generation length", "tokens in the answer region", top=1024) = 128
     block_size: about(Length, "Block size", "tokens decoded together, block after block; divides the generation "
-                      "length", top=128) = 32
+                      "length unless the blocks are absolute", top=128) = 32
     steps: about(optional(Length), "Steps (fixed schedule)",
                  "forwards for the fixed schedule, LLaDA's steps; none: one token per step", top=1024) = None
     # Any finite temperature samples; past 2 the tokens are near uniform, so the page's slider ends there.
@@ -63,12 +63,18 @@ class Settings:
     canvas_params: about(Params, "Canvas parameters", "a canvas model's (DiffusionGemma's) own knobs: "
                          "max_denoising_steps, canvas_length, entropy_bound, t_max, t_min, stability_threshold, "
                          "confidence_threshold (its generation_config.json's where not given)") = field(default_factory=dict)
+    # A block-diffusion model's blocks sit at absolute positions whatever this says; it says which
+    # lengths the settings accept, so the rule is checked before the model loads (run_blocks).
+    absolute_blocks: about(FLAG, "Absolute blocks", "blocks at absolute positions p // block_size, as a "
+                           "block-diffusion model places them (its default): any generation length, the answer "
+                           "running on to the end of its last block; off, block 0 starts at the answer and the "
+                           "block divides it") = False
 
     def __post_init__(self) -> None:
         knobs = read(_schema(), {f.name: getattr(self, f.name) for f in fields(self)}, "settings")
         for name, value in knobs.items():
             object.__setattr__(self, name, value)
-        if self.gen_length % self.block_size:
+        if self.gen_length % self.block_size and not self.absolute_blocks:
             raise SettingsError(
                 f"block_size {self.block_size} does not divide gen_length {self.gen_length}; "
                 f"use a divisor such as {', '.join(map(str, divisors(self.gen_length)[-4:]))}"
@@ -110,13 +116,16 @@ class Settings:
 
     @property
     def num_blocks(self) -> int:
-        return self.gen_length // self.block_size
+        """The answer's blocks, or with absolute blocks the fewest a run can have (a prompt
+        ending on a block boundary)."""
+        return -(-self.gen_length // self.block_size)
 
     def to_dict(self) -> dict:
         """The knobs as a mapping; a masked model's settings (no canvas knob given) read as before."""
         data = asdict(self)
-        if not data["canvas_params"]:
-            del data["canvas_params"]
+        for name in ("canvas_params", "absolute_blocks"):  # unset, left out: earlier settings read as before
+            if not data[name]:
+                del data[name]
         return data
 
     def to_json(self) -> str:

@@ -171,3 +171,43 @@ def test_eval_and_sweep_take_a_block_models_block_and_cache_before_it_loads(caps
                      "--block-size", "8", "--cache", "none"]) == 0
     settings = json.loads(capsys.readouterr().out)["settings"]
     assert (settings["block_size"], settings["cache"]) == (8, "none")  # given flags stand
+
+
+def test_a_block_model_takes_any_length_on_every_front_end(capsys, sdar):
+    """Blocks at absolute positions take an answer the block does not divide (SDAR's release does,
+    tests/test_sdar.py checks the tokens): eval and sweep (their settings made from the config
+    alone), a batch (each request as alone) and the page, which rounds only a masked model's length."""
+    from ui.run.controls import controls_from_settings, settings_from_controls
+
+    for command, extra in (("eval", ["--n", "1", "--json"]), ("sweep", ["--n", "1", "--thresholds", "0.9"])):
+        assert cli_main([command, "--model", "tiny-sdar", "--gen-length", "18", "--quiet", *extra]) == 0
+        out = capsys.readouterr().out
+        if command == "eval":
+            assert json.loads(out)["settings"]["absolute_blocks"] is True
+    settings = [Settings(gen_length=18, block_size=4, cache="block", absolute_blocks=True, seed=i) for i in range(2)]
+    prompts = [PROMPT, "hi"]
+    batch = generate_batch(sdar, prompts, settings, share_budget=False)
+    alone = [generate(sdar, p, s) for p, s in zip(prompts, settings)]
+    assert [(r.token_ids, r.stats.nfe) for r in batch] == [(r.token_ids, r.stats.nfe) for r in alone]
+    controls = controls_from_settings({"gen_length": 18, "block_size": 4, "cache": "block"})
+    chosen, notice = settings_from_controls(controls, model={"kind": "block", "block_size": 4})
+    assert (chosen["gen_length"], chosen["absolute_blocks"], notice) == (18, True, "")
+    assert Settings.from_dict(chosen).gen_length == 18
+    masked, notice = settings_from_controls({**controls, "cache": "none"}, model={"kind": "masked"})
+    assert masked["gen_length"] == 20 and "adjusted from 18 to 20" in notice and "absolute_blocks" not in masked
+
+
+def test_absolute_blocks_are_a_block_models_alone(sdar):
+    """Without absolute blocks the masked rule holds (a block must divide the answer), and a masked
+    model refuses them: its blocks start at the answer."""
+    with pytest.raises(SettingsError, match="block_size 4 does not divide gen_length 18"):
+        Settings(gen_length=18, block_size=4)
+    assert Settings(gen_length=16, block_size=4).to_dict() == Settings.from_dict(
+        Settings(gen_length=16, block_size=4).to_dict()).to_dict()
+    assert "absolute_blocks" not in Settings().to_dict()  # earlier settings and traces read as before
+    tiny = dllm_local.load("tiny", device="cpu", dtype="float32")
+    with pytest.raises(SettingsError, match="whose blocks start at the answer"):
+        generate(tiny, PROMPT, Settings(gen_length=18, block_size=4, absolute_blocks=True))
+    # steps are checked against the answer's 4 blocks; the prompt's tail makes the run's 5: each gets a step
+    run = generate(sdar, PROMPT, Settings(gen_length=16, block_size=4, steps=4, cache="block"))
+    assert len(run.token_ids) == 19 and run.stats.nfe == 5

@@ -236,3 +236,28 @@ def test_decoding_equals_sdars_generate(kind, unmask, handles, folders):
     full = generate(h, messages, Settings(gen_length=G, block_size=B, unmask=unmask, unmask_params=params,
                                           cache="none", temperature=0.0))
     assert list(full.token_ids) == list(ours.token_ids)
+
+
+@engine
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("unmask", ["fixed", "threshold"])
+def test_an_answer_the_block_does_not_divide_equals_sdars_generate(kind, unmask, handles, folders):
+    """block_diffusion_generate takes any gen_length: ceil((prompt + gen) / block) blocks at
+    absolute positions, the first partly prompt. With absolute blocks (a block model's default on
+    the command line) the engine takes the same lengths and decodes the same tokens with the same
+    forwards."""
+    from dllm_local.decoding.sampler import generate
+    from dllm_local.settings import Settings
+
+    h, G, B = handles[kind], 18, 4
+    messages, prompt = _prompt(h)
+    assert G % B and len(prompt) % B  # the answer is no whole number of blocks and starts inside one
+    params = {"threshold": 0.85} if unmask == "threshold" else {}
+    ours = generate(h, messages, Settings(gen_length=G, block_size=B, unmask=unmask, unmask_params=params,
+                                          cache="block", temperature=0.0, absolute_blocks=True))
+    model = ref.load(folders[kind])
+    strategy = "low_confidence_dynamic" if unmask == "threshold" else "low_confidence_static"
+    x = ref.generate(model, prompt, h.mask_id, G, B, B, strategy, 0.85)
+    assert x.shape[1] == -(-(len(prompt) + G) // B) * B
+    assert list(ours.token_ids) == x[0, len(prompt):].tolist()
+    assert (ours.stats.nfe, ours.stats.store_forwards) == (model.denoising_forwards, model.store_forwards - 1)

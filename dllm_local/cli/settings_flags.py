@@ -36,6 +36,7 @@ def add_settings_args(ap: argparse.ArgumentParser, long_answers: bool = False) -
     _knob_flag(ap, "trace")
     _knob_flag(ap, "exact_drift", action="store_true")
     _knob_flag(ap, "early_stop", action="store_true")
+    _knob_flag(ap, "absolute_blocks", action="store_true")
     _knob_flag(ap, "forward_mode")
     _knob_flag(ap, "attention_backend")
     ap.add_argument("--guider", default=None, help="guider model for a policy that needs one (default: tiny-guider)")
@@ -176,5 +177,5 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         seed=args.seed, cache=cache, cache_params=cache_params,
         unmask=unmask, unmask_params=unmask_params, trace=args.trace, exact_drift=args.exact_drift,
         early_stop=args.early_stop, forward_mode=args.forward_mode, attention_backend=args.attention_backend,
-        canvas_params=canvas,
+        canvas_params=canvas, absolute_blocks=args.absolute_blocks,
     )

@@ -29,6 +29,9 @@ def run_blocks(handle: ModelHandle, settings: Settings, prompt_len: int) -> Bloc
     """The blocks of a run of ``settings`` on ``handle`` after a prompt of ``prompt_len`` tokens."""
     B = settings.block_size
     if not kinds.get(handle.kind).absolute_blocks:
+        if settings.absolute_blocks:  # the length it let through needs blocks this model cannot place
+            raise SettingsError(f"absolute_blocks: {handle.name} is a {kinds.get(handle.kind).label} model, whose "
+                                f"blocks start at the answer; leave absolute_blocks off")
         return Blocks(None, None, settings.gen_length, settings.num_blocks)
     start, end = prompt_len - prompt_len % B, -(-(prompt_len + settings.gen_length) // B) * B
     return Blocks(BlockCausal(B), start, end - prompt_len, (end - start) // B)

@@ -216,7 +216,8 @@ class Run:
         x = torch.full((1, L), h.mask_id, dtype=torch.long, device=h.device)
         x[0, :P] = torch.tensor(self.prompt_ids, device=h.device)
         x[0, P + G :] = h.eos_id  # the cache policy's padding
-        steps_per_block = (s.steps // self.num_blocks) if s.steps else s.block_size
+        # A prompt ending inside a block adds one to the blocks ``steps`` was checked against: each still gets one.
+        steps_per_block = max(1, s.steps // self.num_blocks) if s.steps else s.block_size
         self.state = DecodeState(x, P, G, s.block_size, h.mask_id, steps_per_block, blocks_from=self.blocks_from)
         self.state.window = self.cache_policy.window(self.state, h.eos_id)
         self.runner = runner_for(h.model, s.forward_mode, attention=s.attention_backend)

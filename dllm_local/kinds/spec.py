@@ -58,7 +58,9 @@ class ModelKind:
     def defaults(self, args: Any, decoding: dict) -> None:
         """Set the knobs of ``args`` (the CLI's namespace) left unset that this kind decides, from
         ``decoding`` (a model's ``decoding()``): its own block and cache (the sub-block as its
-        release decodes it), or the whole answer as the block."""
+        release decodes it), or the whole answer as the block; blocks at absolute positions take
+        any length."""
+        args.absolute_blocks = args.absolute_blocks or self.absolute_blocks
         if self.own_block:
             args.block_size = args.block_size or decoding["block_size"]
             if args.cache is None and decoding["sub_block"]:

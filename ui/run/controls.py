@@ -138,10 +138,11 @@ def visible_knobs(cache: str, unmask: str, specs: Specs | None = None) -> dict[s
     return {**shown_for(specs, "cache", cache), **shown_for(specs, "unmask", unmask)}
 
 
-def fit_block(gen_length: int, block_size: int) -> tuple[int, int, str]:
-    """Block size must divide the generation length: round the length up, and say so."""
+def fit_block(gen_length: int, block_size: int, absolute: bool = False) -> tuple[int, int, str]:
+    """Block size must divide the generation length: round the length up, and say so. Blocks at
+    ``absolute`` positions (a block-diffusion model's) take any length, as its release does."""
     gen_length, block_size = read(LENGTH, gen_length, "gen_length"), read(LENGTH, block_size, "block_size")
-    if gen_length % block_size == 0:
+    if absolute or gen_length % block_size == 0:
         return gen_length, block_size, ""
     adjusted = -(-gen_length // block_size) * block_size
     return adjusted, block_size, (f"Generation length adjusted from {gen_length} to {adjusted} so that "
@@ -163,7 +164,8 @@ def settings_from_controls(v: dict, specs: Specs | None = None, model: dict | No
     if model is not None and is_canvas_model(model):
         return canvas_run_settings(v, model)
     specs = specs or registry.all_specs()
-    gen_length, block_size, notice = fit_block(v["gen_length"], v["block_size"])
+    absolute = model is not None and is_block_model(model)  # its blocks sit at absolute positions: any length
+    gen_length, block_size, notice = fit_block(v["gen_length"], v["block_size"], absolute)
     unmask = v["unmask"]
     if spec_named(specs, "cache", v["cache"]).get("slides") and spec_named(specs, "unmask", unmask).get("block_by_block"):
         # As a length the block does not divide is rounded: the run goes on, and the notice says how.
@@ -174,12 +176,13 @@ def settings_from_controls(v: dict, specs: Specs | None = None, model: dict | No
     chosen = _chosen(specs, v["cache"], unmask)
     steps = None
     if chosen["unmask"]["uses_steps"] and v.get("steps"):
-        blocks = gen_length // block_size
+        blocks = -(-gen_length // block_size)
         steps = max(blocks, read(LENGTH, v["steps"], "steps") // blocks * blocks)
     settings = {
         "gen_length": gen_length, "block_size": block_size, "steps": steps,
         "temperature": v["temperature"], "seed": v["seed"],
         "trace": PAGE_TRACE, "exact_drift": v["exact_drift"], "early_stop": False, "forward_mode": v["forward_mode"],
+        **({"absolute_blocks": True} if absolute else {}),  # a masked model's settings read as before
     }
     for kind, spec in chosen.items():
         settings[kind] = spec["name"]
