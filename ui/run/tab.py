@@ -134,10 +134,12 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, B
         self._panel_choice()
         with gr.Column(elem_id="panel-token"):
             self._token_panel()
+        # No label tab over a plot: its title, hung from the figure's top, names it.
         # Each plot starts with its empty figure: the browser loads the plotting
         # library with the page, not on the first run's first step.
         with gr.Column(elem_id="panel-confidence"):
-            self.conf_plot = gr.Plot(run_figures.confidence_heatmap({}), label="Confidence", elem_id="conf-plot")
+            self.conf_plot = gr.Plot(run_figures.confidence_heatmap({}), label="Confidence", show_label=False,
+                                     elem_id="conf-plot")
             self.captions = {"confidence": gr.Markdown(captions["confidence"], elem_classes="caption")}
         with gr.Column(elem_id="panel-kv"):
             with gr.Row():
@@ -147,12 +149,12 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, B
                 # The identifiers in words, no longer than they are: the presenter view's panel fits as it did.
                 self.kv_view = gr.Radio([(view.replace("_", " "), view) for view in KV_VIEWS],
                                         value=KV_VIEW_DEFAULTS["kv_view"], label="KV view", elem_id="kv-view")
-            self.kv_plot = gr.Plot(run_figures.kv_heatmap({}, which="v"), label="KV cosine similarity",
+            self.kv_plot = gr.Plot(run_figures.kv_heatmap({}, which="v"), label="KV cosine similarity", show_label=False,
                                    elem_id="kv-plot")
             self.kv_verdicts = gr.HTML(elem_id="kv-verdicts")
             self.captions["kv"] = gr.Markdown(captions["kv"], elem_classes="caption")
         with gr.Column(elem_id="panel-cache"):
-            self.cache_plot = gr.Plot(run_figures.cache_panel({}), label="Cache", elem_id="cache-plot")
+            self.cache_plot = gr.Plot(run_figures.cache_panel({}), label="Cache", show_label=False, elem_id="cache-plot")
             self.cache_verdicts = gr.HTML(elem_id="cache-verdicts")
             self.captions["cache"] = gr.Markdown(captions["cache"], elem_classes="caption")
 
