@@ -70,7 +70,7 @@ def fits_every_scale_and_panel(pg, scenario: str) -> None:
             show_panel(pg, panel)
             where = f"{scenario}, {scale}, {panel}"
             assert pg.evaluate("document.documentElement.scrollHeight") <= SCREEN["height"], where
-            for selector in ("#run-btn", "#step-play", "#scrubber input[type=range]", "#token-grid"):
+            for selector in ("#run-btn", "#preset", "#step-play", "#scrubber input[type=range]", "#token-grid"):
                 assert on_first_screen(pg, selector), f"{where}: {selector}"
             verdict = pg.locator("#grid-verdicts .dl-verdict").first.bounding_box()  # its first lines, at least
             assert verdict and verdict["y"] + 60 <= SCREEN["height"], where
