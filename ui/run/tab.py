@@ -168,9 +168,11 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, B
         self.preset.change(self.apply_preset, [self.preset],
                            [self.preset_info, self.prompt, *controls, self.layer, self.which, self.kv_view,
                             self.preset_applied], queue=False)
-        # Unprocessed: a model switch changes the cache's choices a moment before its value, and in
-        # that moment the dropdown refuses its own value; the last change is always read again.
-        gr.on([self.preset.change, *(box.change for box in controls)], self.preset_changes, [self.preset],
+        # On the user's moves (.input): a .change listener reading every control undid a slider move
+        # (the length went back to the preset's within 0.5 s). Unprocessed: a model switch changes
+        # the cache's choices a moment before its value, and in that moment the dropdown refuses its
+        # own value; the last change is always read again.
+        gr.on([self.preset.change, *(box.input for box in controls)], self.preset_changes, [self.preset],
               [self.preset_changed], inputs_kwargs=self.controls, queue=False, api_visibility="private",
               preprocess=False, trigger_mode="always_last")
         self.controls["gen_length"].change(self.length_notice, [self.controls["gen_length"]],
