@@ -42,7 +42,7 @@ HUB_MODELS = {
 }
 # Random checkpoints of each block-diffusion family (and LLaDA-MoE) in its released format, in
 # assets/models, written by dllm_local/tiny/<family>.py: they show the mechanics, not good answers.
-TINY_FAMILIES = ("tiny-sdar", "tiny-sdar-moe", "tiny-llada2", "tiny-fast-dllm-v2", "tiny-llada-moe")
+TINY_FAMILIES = ("tiny-block", "tiny-sdar", "tiny-sdar-moe", "tiny-llada2", "tiny-fast-dllm-v2", "tiny-llada-moe")
 # The files of a model folder the loader, the tokenizer or transformers may open: all a download
 # fetches (a repository's other weight formats are left on the hub).
 OPENED_SUFFIXES = (".json", ".safetensors", ".jinja", ".txt", ".model", ".tiktoken")

@@ -154,6 +154,8 @@ class ModelInfo(TypedDict, total=False, extra_items=Scalar):
     stop_ids: list[TokenId]
     quantized_modules: list[Text]  # a quantized model's: which modules bitsandbytes took
     canvas_defaults: dict[Text, Scalar]  # a canvas model's knobs when a run leaves them unset
+    trained_tasks: list[Text]  # the tiny tasks our models were trained on ([]: random weights)
+    shifted_head: Flag  # a position's logits read from the one before it (Dream, Fast-dLLM v2)
 
 
 def _keep_order(value: Any, handler) -> Any:

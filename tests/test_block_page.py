@@ -13,6 +13,7 @@ from dllm_local.tiny_checkpoints.random_sdar import build_checkpoint
 from ui.block.parts import EXACT_WORDS
 from ui.block.lessons import CLAIM
 from ui.figures.stored import LEGEND
+from ui.parts.presets import load_presets, presets_for
 
 from test_page import OUT, _choose, _free_port, _wait_run_ended, browser  # noqa: F401
 
@@ -42,7 +43,11 @@ def test_a_block_model_runs_on_the_page_and_its_kv_view_shows_the_stored_blocks_
     pg.wait_for_function("() => document.querySelector('#model-line').innerText.includes('block diffusion, block 4')")
     assert pg.input_value("#cache input") == registry.CACHE["block"].label
     assert pg.input_value("#block-size input[type=number]") == "4"
-    assert "gives way to the block cache, block 4" in pg.inner_text("#preset")  # the presets are masked models'
+    assert "for block-diffusion models" in pg.inner_text("#preset")  # the menu offers the block presets
+    pg.click("#preset input")
+    offered = [o.replace("✓", "").strip() for o in pg.get_by_role("option").all_inner_texts()]
+    assert offered == presets_for(load_presets()[0], {"kind": "block", "family": "sdar"}) and offered
+    pg.keyboard.press("Escape")
     pg.fill("#prompt textarea", PROMPT)
     pg.locator("#gen-length input[type=range]").fill("8")
     pg.wait_for_function("() => document.querySelector('#gen-length input[type=number]').value === '8'")
@@ -62,7 +67,7 @@ def test_a_block_model_runs_on_the_page_and_its_kv_view_shows_the_stored_blocks_
     pg.wait_for_function("() => document.querySelector('#model-line').innerText.includes('masked diffusion')")
     # The cache the page's preset set before the block model's stood in: the user's, not a knob's default.
     pg.wait_for_function("(d) => document.querySelector('#cache input').value === d", arg=registry.CACHE["dual"].label)
-    assert "gives way" not in pg.inner_text("#preset")
+    assert "for masked-diffusion models" in pg.inner_text("#preset")
     pg.click("#cache input")
     options = [o.replace("✓", "").strip() for o in pg.get_by_role("option").all_inner_texts()]  # ✓: the chosen one
     assert registry.CACHE["dual"].label in options and registry.CACHE["block"].label not in options

@@ -128,6 +128,27 @@ def test_the_verdicts_and_the_position_panel_say_the_stored_blocks_are_exact(blo
     assert "a later block" in position_panel_html(block_trace, 0, block_trace["gen_length"] - 1)
 
 
+def test_a_shifted_heads_query_before_a_block_is_said_as_such_not_as_a_broken_claim():
+    """Fast-dLLM v2 reads a block's first logits from the position before it, which its forwards
+    recompute after that position's block was stored: the verdict says so, and still holds."""
+    handle = dllm_local.load("tiny-fast-dllm-v2", device="cpu", dtype="float32")
+    trace = generate(handle, PROMPT, Settings(gen_length=16, block_size=B, cache="block", trace="full",
+                                              exact_drift=True)).trace.to_dict()
+    last = len(trace["steps"]) - 1
+    verdict = stored_verdict(trace, last)
+    queries = verdict.numbers["query_only"]
+    assert trace["model"]["shifted_head"] and queries and verdict.numbers["recomputed_after_store"] == []
+    assert verdict.status == HOLDS and "yet recomputed" not in verdict.detail
+    assert f"positions {queries[:8]} ran again, each only as the query before the next block" in verdict.detail
+    assert "(no other recomputed after it was stored)" in verdict.detail or "least cosine" in verdict.detail
+    assert all((q + 1) % B == 0 or q + 1 == trace["blocks_from"] for q in queries)  # each a block's last position
+    # Another stored position recomputed later still breaks the claim.
+    broken = copy.deepcopy(trace)
+    stored_at = next(i for i, r in enumerate(broken["steps"]) if r.get("stored") and i)
+    broken["steps"][-1]["recomputed"].append(broken["steps"][stored_at]["stored"][0])
+    assert stored_verdict(broken, last).status == FAILS
+
+
 def test_store_forwards_are_shown_apart_from_nfe(block_trace):
     stores = block_trace["stats"]["store_forwards"]
     assert stores >= 2  # the prompt's whole blocks, then each finished block but the last

@@ -117,7 +117,9 @@ def test_the_verdicts_say_where_each_canvas_stopped_with_the_traces_numbers(runs
     P, L = len(trace["prompt_ids"]), trace["model"]["canvas_length"]
     reads = sum(step["reads"] for step in trace["steps"])
     # The encoder computed the prompt, then the first canvas: each entry once.
-    encoder = next(d for d in details if d.startswith("the encoder cache"))
+    assert not any(d.startswith("the encoder cache") for d in details)  # beside the cache panel, once
+    encoder = next(v.detail for v in lessons.canvas_verdicts(trace, len(trace["steps"]) - 1)
+                   if v.lesson == lessons.ENCODER_LESSON)
     assert encoder == (f"the encoder cache: {reads} entries read, {P + L} computed; exact by construction (the "
                        "encoder never recomputes what it cached); each of its 2 pass(es) found the cache grown by "
                        "exactly what the passes before computed")
@@ -125,7 +127,7 @@ def test_the_verdicts_say_where_each_canvas_stopped_with_the_traces_numbers(runs
     broken = json.loads(json.dumps(trace))
     second = next(s for s in broken["steps"] if s["canvas"]["encoder"] and s["canvas"]["canvas"] == 1)
     second["canvas"]["encoder"]["cached"] = 0
-    told = next(v for v in lessons.grid_verdicts(broken, len(broken["steps"]) - 1) if v.claim.startswith("The encoder"))
+    told = next(v for v in lessons.canvas_verdicts(broken, len(broken["steps"]) - 1) if v.claim.startswith("The encoder"))
     assert told.status == lessons.FAILS and f"a pass found 0 entries in its cache where the passes before computed {P}" in told.detail
     assert any(re.fullmatch(r"experts: layer 0 routed to \d\.\d distinct of 8 on average per pass; the cost model "
                             r"expects 7\.9 for 16 tokens each sent to 2 \(one autoregressive token reads 2\)", d)
@@ -134,6 +136,21 @@ def test_the_verdicts_say_where_each_canvas_stopped_with_the_traces_numbers(runs
     second = _canvases(trace)[1]
     midway = lessons.grid_verdicts(trace, second[1])
     assert midway[1].status == lessons.UNMEASURABLE and midway[1].detail.startswith("canvas 2 at step 2 of 48 so far")
+
+
+def test_a_canvas_stopped_by_its_rule_at_its_last_step_did_not_stop_early_and_strict_comparisons_read_as_such(runs):
+    trace = json.loads(json.dumps(runs["stops"]))
+    rows = _canvases(trace)[0]
+    last = trace["steps"][rows[-1]]["canvas"]
+    # The rule met at the canvas's last step: nothing saved, so "early" does not hold.
+    trace["settings"]["canvas_params"]["max_denoising_steps"] = len(rows)
+    # A mean entropy that rounds to its threshold at three digits.
+    trace["settings"]["canvas_params"]["confidence_threshold"] = threshold = 0.005
+    last["mean_entropy"] = 0.00496
+    told = lessons.grid_verdicts(trace, rows[-1])[0]
+    assert told.status == lessons.FAILS and told.detail.startswith(
+        f"canvas 1 met its stopping rule only at its last step ({len(rows)} of {len(rows)}), so no step was saved")
+    assert "(mean entropy 0.00496 < 0.005)" in told.detail and f"{threshold:.3f} < {threshold}" not in told.detail
 
 
 def test_a_canvas_that_never_stops_runs_all_its_steps(runs):

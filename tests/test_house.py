@@ -349,6 +349,7 @@ def test_no_arrow_runs_up_the_layers():
 PROBES_ALLOWED = {
     ("dllm_local/models/llada.py", "init_std"): "optional field of a transformers config",
     ("dllm_local/tiny_checkpoints/train.py", "trained_gen_length"): "our own optional key in a transformers config",
+    ("dllm_local/tiny_checkpoints/train.py", "trained_tasks"): "our own optional key in a transformers config",
     ("dllm_local/models/layers.py", "_hf_hook"): "accelerate sets the hook only on dispatched modules",
     ("dllm_local/models/layers.py", "execution_device"): "an accelerate hook's field, absent on some hooks",
     ("dllm_local/models/loading/footprint.py", "quant_state"): "bitsandbytes Params4bit's state (bnb is optional)",

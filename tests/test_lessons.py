@@ -102,8 +102,23 @@ def test_the_answer_check_reads_the_task_and_the_most_parallel_step():
     assert verdict.numbers == {"verdict": "invalid", "most_content_in_one_step": 2, "at_step": 0}
     assert lessons.answer_verdict({**bad, "text": "full house"}).status == lessons.HOLDS
     off = lessons.answer_verdict({**bad, "prompt": "What is the capital of France?"})
-    assert off.status == lessons.UNMEASURABLE and "none of the tiny model's tasks" in off.text
+    assert off.status == lessons.UNMEASURABLE and "none of the tiny tasks" in off.text
     assert lessons.answer_verdict({**bad, "final_ids": []}).status == lessons.UNMEASURABLE
+
+
+def test_one_rule_grades_every_model_on_the_tasks_it_was_trained_on_and_no_random_checkpoint():
+    steps = [{"committed": [[2, 5, 0.6], [3, 6, 0.4], [4, END, 0.9], [5, END, 0.9]]}]
+    run = _trace(steps, prompt=POKER, text="straight house", final_ids=[5, 6, END, END])
+
+    def told(**model):
+        return lessons.answer_verdict({**run, "model": {**run["model"], **model}})
+    assert told(name="tiny", trained_tasks=["arithmetic", "poker"]).status == lessons.FAILS  # ours, trained on poker
+    narrow = told(name="tiny-block", trained_tasks=["arithmetic"])
+    assert narrow.status == lessons.UNMEASURABLE
+    assert narrow.text.endswith("the prompt is none of the tasks tiny-block was trained on (arithmetic)")
+    random = told(name="tiny-sdar", trained_tasks=[])
+    assert random.status == lessons.UNMEASURABLE and "tiny-sdar is a random checkpoint, trained on no task" in random.text
+    assert lessons.answer_verdict(run).status == lessons.FAILS  # a model we did not make: any task prompt
 
 
 def test_verification_counts_sent_back_and_revised_drafts_by_step():

@@ -38,8 +38,10 @@ def test_model_switches_keep_the_users_settings_and_the_preset_box_says_when_the
         _load_model(page, "tiny-llada2")
         page.wait_for_function("() => document.querySelector('#model-line').innerText.includes('block diffusion')")
         assert page.input_value("#cache input") == registry.CACHE["block"].label  # the kind's own, and said:
-        assert "gives way to the block cache" in page.inner_text("#preset")
-        _no_change_said(page)  # the preset fitted to a block model is what the controls show
+        # The menu offers the block models' presets: the masked one it named waits for a masked model.
+        assert "for block-diffusion models" in page.inner_text("#preset")
+        assert page.input_value("#preset input") == ""
+        _no_change_said(page)
         before = _shown_run(page)
         page.click("#run-btn")
         page.wait_for_function("(prev) => { const r = document.querySelector('#token-grid .dl-run');"
@@ -53,6 +55,7 @@ def test_model_switches_keep_the_users_settings_and_the_preset_box_says_when_the
         _load_model(page, "tiny")
         page.wait_for_function("(d) => document.querySelector('#cache input').value === d", arg=dual)
         assert _shown(page) == (dual, "32", "128")  # as before the block model, not a knob's default
+        assert page.input_value("#preset input") == DEFAULT  # and the preset it named
         _no_change_said(page)
     # A knob moved: the box still names the preset, and says what no longer matches it.
     page.locator("#gen-length input[type=range]").fill("64")

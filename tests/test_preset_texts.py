@@ -10,8 +10,8 @@ from ui.parts.presets import load_presets
 
 PRESETS, _ = load_presets()
 NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?")
-# Numbers that are names or notation, not values: the theorem's name, its bound, the token-only layer.
-STRUCTURAL = ("Theorem 1", "(n + 1)", "≤ 1", "layer 0")
+# Numbers that are names or notation, not values: the theorem's name, its bound, the token-only layer, a release.
+STRUCTURAL = ("Theorem 1", "(n + 1)", "≤ 1", "layer 0", "LLaDA 2.1")
 
 
 def setting_values(value) -> set[float]:

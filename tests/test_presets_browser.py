@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import trace_facts
-from ui.parts.presets import load_presets
+from ui.parts.presets import load_presets, presets_for
 
 from test_page import OUT, _choose, _shown_run, _wait_run_ended, browser, export_trace, server  # noqa: F401 - fixtures
 
@@ -68,7 +68,7 @@ def _run_preset(pg, name: str) -> str:
     return _wait_run_ended(pg, before)
 
 
-@pytest.mark.parametrize("name", list(PRESETS))
+@pytest.mark.parametrize("name", presets_for(PRESETS, {"kind": "masked"}))  # the page's tiny model (the others: test_family_presets)
 def test_every_preset_draws_its_lesson(pg, name, tmp_path):
     preset = PRESETS[name]
     status = _run_preset(pg, name)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from statistics import fmean
 
-from dllm_local.tiny.tasks import verdict
+from dllm_local.tiny.tasks import recognise, verdict
 
 
 def _bound(confidences: list[float]) -> tuple[int, float | None]:
@@ -87,9 +87,12 @@ def kv_lines(trace: dict, layer: str, which: str) -> list[str]:
 
 
 def answer_lines(trace: dict, prompt: str) -> list[str]:
-    judged = verdict(prompt, trace["text"])
-    if judged is None:
-        return ["not measurable in this run — the prompt is none of the tiny model's tasks"]
+    judged, problem = verdict(prompt, trace["text"]), recognise(prompt)
+    trained, name = trace["model"].get("trained_tasks"), trace["model"]["name"]
+    if trained == []:
+        return [f"not measurable in this run — {name} is a random checkpoint, trained on no task"]
+    if judged is None or (trained is not None and problem.task not in trained):
+        return [f"not measurable in this run — the prompt is none of the tasks {name} was trained on"]
     stops, P, ids = set(trace["model"].get("stop_ids") or []), len(trace["prompt_ids"]), trace["final_ids"]
     end = next((i for i, t in enumerate(ids) if t in stops), len(ids))
     content = [sum(P <= p < P + end for p, _, _ in s["committed"]) for s in trace["steps"]]

@@ -13,6 +13,7 @@ from dllm_local.trace import MAX_TRACE_BYTES
 from .compare.tab import CompareTab
 from .engine.queue import EngineQueue
 from .parts.exports import ExportFolder
+from .parts.presets import fits, presets_for
 from .lab.classroom import Lab, LabTab, batching_line
 from .model.access import ModelAccess
 from .model.box import model_line
@@ -78,7 +79,12 @@ def build(session, presets: dict, preset_problems: list[str], default_preset: st
     export files go (default: a new folder, deleted at exit); ``present``: open in presenter view. The page keeps ``exports`` and, for
     an API client, ``control_names``: the order in which an imported trace's controls come back.
     ``lab``: the limits and roles of a class sharing the page (default: none, no sign-in)."""
-    default_preset = default_preset if default_preset in presets else next(iter(presets), None)
+    # The Run tab offers the presets for the loaded model; Compare and Tune, which set masked
+    # models' policies side by side, the masked models' presets (a block model fits them).
+    offered = presets_for(presets, session.info())
+    default_preset = default_preset if default_preset in offered else next(iter(offered), None)
+    masked = {name: p for name, p in presets.items() if fits(p, {"kind": "masked"})}
+    tune_preset = default_preset if default_preset in masked else next(iter(masked), None)
     specs = session.policy_specs()
     exports = exports or ExportFolder()
     with gr.Blocks(title="dllm-local", delete_cache=DELETE_CACHE) as page:
@@ -94,9 +100,9 @@ def build(session, presets: dict, preset_problems: list[str], default_preset: st
             with gr.Tab("Run", id="run"):
                 run = RunTab(engine, presets, default_preset, specs, models or ModelAccess(), exports, line, present)
             with gr.Tab("Compare", id="compare"):
-                compare = CompareTab(engine, presets, run)
+                compare = CompareTab(engine, masked, run)
             with gr.Tab("Tune", id="tune"):
-                tune = TuneTab(engine, presets, default_preset, run, tabs)
+                tune = TuneTab(engine, masked, tune_preset, run, tabs)
             # The lecturer's (anyone's on a page without sign-in). Signed in, it stays hidden until the
             # page's load shows it to a lecturer: this Gradio shows a hidden tab on an update but never
             # hides a shown one.
@@ -105,7 +111,7 @@ def build(session, presets: dict, preset_problems: list[str], default_preset: st
         for tab in (run, compare, tune):
             tab.wire()
         lab_view.wire(lab_tab)
-        page.load(run.show_model, None, [line, *run.kind_boxes()], queue=False, api_visibility="private")
+        page.load(run.show_model, [run.preset], [line, *run.kind_boxes()], queue=False, api_visibility="private")
         if engine.lab.signed_in:
             page.load(lab_view.tab_shown, None, [lab_tab], queue=False, api_visibility="private")
     page.exports, page.control_names = exports, list(run.controls)

@@ -18,4 +18,17 @@ def checkpoint_cli(build: Callable[..., object], doc: str, flags: dict[str, tupl
         parser.add_argument(f"--{flag}", action="store_true", help=help_)
     args = parser.parse_args()
     options = {keyword: value for flag, (_, keyword, value) in (flags or {}).items() if getattr(args, flag)}
-    print(json.dumps({"written": str(build(args.folder, **options))}))
+    from pathlib import Path
+
+    written = Path(build(args.folder, **options))
+    mark_untrained(written / "config.json")
+    print(json.dumps({"written": str(written)}))
+
+
+def mark_untrained(config_file) -> None:
+    """Say in a random checkpoint's config.json that it was trained on no task (``"trained_tasks":
+    []``, our own key), so the page shows its answers as not graded rather than wrong."""
+    import json
+
+    raw = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps({**raw, "trained_tasks": []}, indent=2) + "\n")

@@ -26,7 +26,7 @@ from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from ..models import LLaDAConfig, LLaDAModelLM
-from ..tiny.tasks import training_mix
+from ..tiny.tasks import MIX, TASKS, training_mix
 from ..tiny.tokenizer import EOT, build_tokenizer
 
 REFERENCE_CONFIG = Path(__file__).resolve().parents[2] / "assets" / "reference" / "llada-8b-instruct" / "config.json"
@@ -63,6 +63,11 @@ STAGES = (
 )
 
 
+def trained_tasks(stages: tuple[Stage, ...], before: list[str] = ()) -> list[str]:
+    """The tasks a model trained on ``stages`` (after ``before``) has seen, in the suite's order."""
+    return [t for t in TASKS if t in before or any((stage.mix or MIX).get(t) for stage in stages)]
+
+
 def diffusion_config(vocab: int, tokenizer) -> LLaDAConfig:
     """The 8B model's config.json with small sizes: the same keys, the same on-disk format."""
     ref = json.loads(REFERENCE_CONFIG.read_text())
@@ -84,21 +89,22 @@ def guider_config(vocab: int, tokenizer) -> LlamaConfig:
     )
 
 
-def _encode(tokenizer, examples) -> tuple[list[list[int]], list[list[int]]]:
+def _encode(tokenizer, examples, end_of_turn: str = EOT) -> tuple[list[list[int]], list[list[int]]]:
     prompts = [
         tokenizer.apply_chat_template([{"role": "user", "content": e.prompt}], tokenize=False, add_generation_prompt=True)
         for e in examples
     ]
     p_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
-    a_ids = tokenizer([e.answer + EOT for e in examples], add_special_tokens=False)["input_ids"]
+    a_ids = tokenizer([e.answer + end_of_turn for e in examples], add_special_tokens=False)["input_ids"]
     return p_ids, a_ids
 
 
-def diffusion_batch(tokenizer, rng: random.Random, seed: int, step: int, token_budget: int, stage: Stage):
+def diffusion_batch(tokenizer, rng: random.Random, seed: int, step: int, token_budget: int, stage: Stage,
+                    end_of_turn: str = EOT):
     """Rows of prompt + answer + EOS padding, the answer region drawn from the stage's regions."""
     region = rng.choices(list(stage.regions), weights=list(stage.regions.values()))[0]
     n = max(8, token_budget // (region + 40))
-    p_ids, a_ids = _encode(tokenizer, training_mix(n, seed * 1_000_003 + step, stage.mix))
+    p_ids, a_ids = _encode(tokenizer, training_mix(n, seed * 1_000_003 + step, stage.mix), end_of_turn)
     width = max(map(len, p_ids)) + region
     eos = tokenizer.eos_token_id
     ids = torch.full((n, width), eos, dtype=torch.long)
@@ -224,6 +230,8 @@ def train(kind: str, out: Path, seed: int, token_budget: int, tokenizer, save_ev
         # The longest answer region this model has now been trained on, in its config.json.
         model.config.trained_gen_length = max(getattr(model.config, "trained_gen_length", None) or 0,
                                               *(max(stage.regions) for stage in stages))
+        # And the tasks: the page grades a run's answer on those alone.
+        model.config.trained_tasks = trained_tasks(stages, getattr(model.config, "trained_tasks", None) or [])
         target = out / "tiny-llada"
     else:
         model = LlamaForCausalLM(guider_config(vocab, tokenizer))

@@ -26,6 +26,17 @@ def _measured(trace: Trace, step: int, layer: str, which: str) -> list[float]:
     return found
 
 
+def _recomputed_after_store(trace: Trace, step: int, since: dict[int, int]) -> tuple[list[int], list[int]]:
+    """Stored positions a later forward recomputed, up to ``step``: those that break the claim, and
+    those a shifted head ran only as the query for the position after them (that one not stored)."""
+    shifted, broken, queries = bool((trace.get("model") or {}).get("shifted_head")), set(), set()
+    for s, record in enumerate(steps_upto(trace, step)):
+        for p in map(int, record.get("recomputed") or []):
+            if since.get(p, s + 1) <= s:
+                (queries if shifted and since.get(p + 1, s + 1) > s else broken).add(p)
+    return sorted(broken), sorted(queries)
+
+
 def stored_verdict(trace: Trace, step: int, layer: str = MEAN_LAYERS, which: str = "v") -> Verdict | None:
     """Were the run's finished blocks stored once and never recomputed, up to ``step``, and, where
     measured, equal to a full recompute? None for a run that is not block diffusion."""
@@ -35,19 +46,23 @@ def stored_verdict(trace: Trace, step: int, layer: str = MEAN_LAYERS, which: str
     if not spans:
         return Verdict("stored", CLAIM, UNMEASURABLE, "no store forward yet: no block has finished", {"stored": 0})
     since = exact_since(trace, step)
-    recomputed = sorted({int(p) for s, record in enumerate(steps_upto(trace, step)) for p in record.get("recomputed") or []
-                         if since.get(int(p), s + 1) <= s})
+    recomputed, queries = _recomputed_after_store(trace, step, since)
     measured = _measured(trace, step, layer, which)
     forwards = store_forwards(trace, step)
     numbers = {"stored": len(since), "spans": [[s, a, b] for s, a, b in spans], "store_forwards": forwards,
-               "recomputed_after_store": recomputed, "least_measured": min(measured) if measured else None}
+               "recomputed_after_store": recomputed, "query_only": queries, "least_measured": min(measured) if measured else None}
     prompt = sum(p < prompt_len(trace) for p in since)
     detail = (f"{len(since)} positions ({prompt} of the prompt, {len(since) - prompt} of the answer) in {len(spans)} span(s) written by {forwards} K/V store forward(s), "
               f"counted apart from NFE; {EXACT_WORDS}")
+    if queries:  # a shifted head reads a block's first logits from the position before it, recomputed as released
+        detail += (f"; positions {queries[:8]} ran again, each only as the query before the next block (a shifted "
+                   "head reads a position's logits from the one before it): their K/V, recomputed from the same "
+                   "tokens at the same positions, are the same values")
     if recomputed:
         return Verdict("stored", CLAIM, FAILS, f"{detail}; yet recomputed later at positions {recomputed[:8]}", numbers)
     if measured:
         status = HOLDS if min(measured) >= EXACT else FAILS
         return Verdict("stored", CLAIM, status, f"{detail}; cached vs exact on them ({which.upper()}): "
                        f"least cosine {min(measured):.6f} over {len(measured)}", numbers)
-    return Verdict("stored", CLAIM, HOLDS, detail + " (none recomputed after it was stored)", numbers)
+    return Verdict("stored", CLAIM, HOLDS, f"{detail} ({'no other' if queries else 'none'} recomputed after it was stored)",
+                   numbers)

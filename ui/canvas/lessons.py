@@ -25,6 +25,14 @@ class Told(NamedTuple):
     numbers: dict
 
 
+def _shown_below(value: float, threshold: float | None) -> str:
+    """``value`` with the digits it takes to read as below ``threshold`` (0.0049, not 0.005 < 0.005)."""
+    digits = 3
+    while threshold is not None and digits < 9 and round(value, digits) >= threshold:
+        digits += 1
+    return f"{value:.{digits}f}"
+
+
 def canvas_ending(trace: Trace, canvas: int, rows: list[int]) -> Told:
     """How canvas ``canvas`` (0-based) ended, or stands, at the last of its steps ``rows``."""
     steps, rules = trace.get("steps") or [], canvas_rules(trace)
@@ -37,9 +45,13 @@ def canvas_ending(trace: Trace, canvas: int, rows: list[int]) -> Told:
                "lowest_mean_entropy": lowest, "stable_for": stable_for(steps, rows)}
     claim = f"The stopping rule ends canvas {n} early"
     if last["finished"]:
-        return Told("canvas_stop", claim, True,
-                    f"canvas {n} stopped early at step {len(rows)} of {most}: stable for {numbers['stable_for']} "
-                    f"step(s) and confident (mean entropy {numbers['mean_entropy']:.3f} < {threshold})", numbers)
+        confident = (f"stable for {numbers['stable_for']} step(s) and confident (mean entropy "
+                     f"{_shown_below(numbers['mean_entropy'], rules.confidence_threshold)} < {threshold})")
+        if rules.max_steps is not None and len(rows) >= rules.max_steps:
+            return Told("canvas_stop", claim, False, f"canvas {n} met its stopping rule only at its last step "
+                        f"({len(rows)} of {most}), so no step was saved: {confident}", numbers)
+        return Told("canvas_stop", claim, True, f"canvas {n} stopped early at step {len(rows)} of {most}: {confident}",
+                    numbers)
     if not canvas_ended(trace, rows[-1]):
         return Told("canvas_stop", claim, None,
                     f"canvas {n} at step {len(rows)} of {most} so far: not yet stable and confident "
@@ -53,7 +65,7 @@ def canvas_ending(trace: Trace, canvas: int, rows: list[int]) -> Told:
                 f"(lowest mean entropy {lowest:.3f}, threshold {threshold})", numbers)
 
 
-ENCODER_CLAIM = "The encoder's cache is exact"
+ENCODER_CLAIM, ENCODER_LESSON = "The encoder's cache is exact", "encoder_cache"
 
 
 def encoder_cache(trace: Trace, step: int | None = None) -> Told:
@@ -76,7 +88,7 @@ def encoder_cache(trace: Trace, step: int | None = None) -> Told:
             f"the encoder cache: {reads} entries read, {computed} computed; a pass found "
             f"{next(int(p['cached']) for p, e in zip(passes, before) if int(p['cached']) != e)} entries in its cache "
             f"where the passes before computed {next(e for p, e in zip(passes, before) if int(p['cached']) != e)}")
-    return Told("encoder_cache", ENCODER_CLAIM, kept if steps else None, line if steps else "no step yet", numbers)
+    return Told(ENCODER_LESSON, ENCODER_CLAIM, kept if steps else None, line if steps else "no step yet", numbers)
 
 
 def experts_routed(trace: Trace, step: int | None = None) -> list[Told]:

@@ -28,10 +28,12 @@ OFF_TASK = (f"The embedded tiny model knows {_COUNTS[len(TASKS)] if len(TASKS) <
             f"synthetic tasks ({', '.join(TASKS)}); other questions give noise. Load a real model for open questions.")
 
 
-def off_task_notice(prompt: str | None, model_name: str | None) -> str:
-    """What the page says when the embedded tiny model is given a prompt that none of its tasks
-    pose (its answer is then noise); empty for another model, a task prompt or an unknown prompt."""
-    if model_name != TINY_MODEL or prompt is None or recognise(prompt) is not None:
+def off_task_notice(prompt: str | None, model: dict) -> str:
+    """What the page says when a model trained on the tiny tasks (its ``trained_tasks``; an older
+    trace's tiny model) is given a prompt that none of them pose (its answer is then noise); empty
+    for another model, a task prompt or an unknown prompt."""
+    trained = model.get("trained_tasks", TASKS if model.get("name") == TINY_MODEL else None)
+    if not trained or prompt is None or recognise(prompt) is not None:
         return ""
     return OFF_TASK
 
@@ -261,7 +263,7 @@ def token_grid_html(trace: Trace, step: int, color_by: str = "step", what_if_thr
     if stray:
         marks += f' · <span style="{swatch}border:2px dashed #b00020;"></span>committed after the end of text'
     ends_legend = (f" · faded italic {', '.join(html.escape(label) for label in ends)}: end of text" if ends else "")
-    notice = off_task_notice(prompt_of(trace), (trace.get("model") or {}).get("name"))
+    notice = off_task_notice(prompt_of(trace), trace.get("model") or {})
     head = (f'<div class="dl-off-task" style="font-size:16px;color:#8a4b00;font-weight:600;">⚠ {html.escape(notice)}'
             "</div>" if notice else "")
     lines = _theorem_line(trace, record, shown) + policy_marks.guider_line(trace, record, shown) if record else ""

@@ -6,36 +6,20 @@ trace dict (``dllm_local.trace.Trace.to_dict()``), like ``replay``."""
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass, field
 from statistics import fmean
 
 from dllm_local.policies import registry
-from dllm_local.tiny.tasks import verdict as task_verdict
 
 from ..block.parts import sequence_end
-from ..canvas.lessons import canvas_told
+from ..canvas.lessons import ENCODER_LESSON, canvas_told
+from .answer import answer_verdict
+from .verdict import FAILS, HOLDS, STATUS, UNMEASURABLE, Verdict
 from ..canvas.parts import is_canvas
-from ..parts.replay import MEAN_LAYERS, Trace, drafts, is_end_token, per_position, prompt_len, prompt_of, steps_upto, theorem1
+from ..parts.replay import MEAN_LAYERS, Trace, drafts, is_end_token, per_position, prompt_len, steps_upto, theorem1
 
-HOLDS, FAILS, UNMEASURABLE = "holds", "does not hold", "not measurable in this run"
-STATUS = {True: HOLDS, False: FAILS, None: UNMEASURABLE}  # a claim's status from whether it holds (None: unmeasurable)
 # Reused K/V count as close to exact when their mean cosine with the exact K/V is at least this.
 CLOSE_TO_EXACT = 0.99
 KINDS = ("prompt", "decoded", "masked")
-
-
-@dataclass(frozen=True)
-class Verdict:
-    lesson: str  # which claim: "theorem1", "kv_reuse", "cache_saves", "answer", "verification"
-    claim: str  # the sentence checked, e.g. "The cache saves recomputation"
-    status: str  # HOLDS, FAILS or UNMEASURABLE
-    detail: str  # the numbers behind the status, in words
-    numbers: dict = field(default_factory=dict)
-
-    @property
-    def text(self) -> str:
-        """The page's line: "claim: status — detail"."""
-        return f"{self.claim}: {self.status} — {self.detail}"
 
 
 # ----------------------------------------------------------------------------- Theorem 1
@@ -214,30 +198,6 @@ def cache_saves_verdict(trace: Trace, step: int | None = None) -> Verdict:
                    f"(every position each attends): {with_cache / without:.0%} of that{apart}", numbers)
 
 
-# ----------------------------------------------------------------------------- the answer
-
-def answer_verdict(trace: Trace) -> Verdict:
-    """Is a finished run's answer right (or valid) for its tiny task, and how many content tokens
-    did its most parallel step commit at once? A wrong answer after parallel commits is the
-    conflict parallel decoding risks."""
-    judged = task_verdict(prompt_of(trace) or "", trace.get("text") or "")
-    claim = "The answer is " + ("valid" if judged in ("valid", "invalid") else "right")
-    if not trace.get("final_ids"):
-        return Verdict("answer", claim, UNMEASURABLE, "the run has not ended")
-    if (trace.get("stats") or {}).get("stopped"):
-        return Verdict("answer", claim, UNMEASURABLE, "the run was stopped before its end: its answer is not graded")
-    if judged is None:
-        return Verdict("answer", claim, UNMEASURABLE, "the prompt is none of the tiny model's tasks")
-    ids, P = trace["final_ids"], prompt_len(trace)
-    end = next((p for p, t in enumerate(ids) if is_end_token(trace, t)), len(ids))
-    content = [sum(0 <= int(p) - P < end for p, _, _ in s.get("committed") or []) for s in trace.get("steps") or []]
-    most = max(content, default=0)
-    at = content.index(most) if content else None
-    together = f"{most} content tokens committed together at step {at}" if most > 1 else "one content token per step"
-    return Verdict("answer", claim, HOLDS if judged in ("right", "valid") else FAILS, f"{judged}; {together}",
-                   {"verdict": judged, "most_content_in_one_step": most, "at_step": at})
-
-
 # ----------------------------------------------------------------------------- verification
 
 def verification_verdict(trace: Trace, step: int | None = None) -> Verdict | None:
@@ -293,8 +253,14 @@ def verdicts_html(verdicts: list[Verdict | None]) -> str:
     return f'<div class="dl-verdicts">{"".join(lines)}</div>' if lines else ""
 
 
+def canvas_verdicts(trace: Trace, step: int) -> list[Verdict]:
+    """A canvas model's claims (``ui.canvas.lessons``) as verdicts: its encoder's cache is shown
+    beside the cache panel (``ENCODER_LESSON``), the rest beside the grid."""
+    return [Verdict(t.lesson, t.claim, STATUS[t.holds], t.detail, t.numbers) for t in canvas_told(trace, step)]
+
+
 def grid_verdicts(trace: Trace, step: int) -> list[Verdict | None]:
     """The claims about commits, beside the token grid; a canvas model's own (``ui.canvas.lessons``)."""
     if is_canvas(trace):
-        return [Verdict(t.lesson, t.claim, STATUS[t.holds], t.detail, t.numbers) for t in canvas_told(trace, step)]
+        return [*(v for v in canvas_verdicts(trace, step) if v.lesson != ENCODER_LESSON), answer_verdict(trace)]
     return [theorem1_verdict(trace, step), answer_verdict(trace), verification_verdict(trace, step)]

@@ -12,7 +12,8 @@ from dllm_local.canvas.settings import CANVAS_KNOBS
 from ..canvas.controls import CANVAS_CONTROLS, canvas_key, cost_target, knob_placeholder
 from ..block.parts import is_block_model
 from ..canvas.parts import is_canvas_model
-from ..run.controls import kept_aside, kind_values, masked_only, preset_label
+from ..parts.presets import preset_named, presets_for
+from ..run.controls import kept_aside, kind_values, masked_only, preset_key, preset_label
 from .downloads import DownloadBox
 from ..engine.handler import engine_handler
 from ..engine.queue import ENGINE, client_of, error_text
@@ -81,34 +82,39 @@ class ModelBox:
         return [self.canvas_reason, self.grid_caption, self.cost_target, self.preset, *self.captions.values(),
                 *self._masked_boxes(), *(self.controls[name] for name in CANVAS_CONTROLS)]
 
-    def kind_shown(self, info: dict, previous: dict, kept: dict | None = None) -> dict:
+    def kind_shown(self, info: dict, previous: dict, kept: dict | None = None, preset: str | None = None) -> dict:
         """The controls for the kind of model ``info`` describes, loaded after ``previous``: for a
         canvas model its own knobs, and the masked boxes disabled, with the reason; for a masked
         model the other way round; the cache choices of its kind, and a block model's block cache
         and trained block (``controls.kind_values``). The figures' captions for that kind; the
-        grid's caption is a masked model's (a canvas grid says its own in its legend)."""
+        grid's caption is a masked model's (a canvas grid says its own in its legend). The preset
+        menu offers the presets for its kind, naming ``preset`` (the box's) where it is one of them
+        (``presets.preset_named``)."""
         canvas = is_canvas_model(info)
         captions = run_figures.captions_for(info)
         values = kind_values(self.specs, info, previous, kept)
         return {self.canvas_reason: gr.update(visible=canvas), self.grid_caption: gr.update(visible=not canvas),
-                self.cost_target: cost_target(info), self.preset: gr.update(label=preset_label(info)),
+                self.cost_target: cost_target(info),
+                self.preset: gr.update(label=preset_label(info), choices=presets_for(self.presets, info),
+                                       value=preset_named(self.presets, info, preset, (kept or {}).get(preset_key(info)))),
                 **{box: captions[name] for name, box in self.captions.items()},
                 **{box: gr.update(interactive=not canvas) for box in self._masked_boxes()},
                 **{self.controls[name]: gr.update(interactive=not canvas, **update) for name, update in values.items()},
                 **{self.controls[canvas_key(name)]: gr.update(visible=canvas, placeholder=knob_placeholder(info, name))
                    for name in CANVAS_KNOBS}}
 
-    def show_model(self) -> dict:
+    def show_model(self, preset: str | None = None) -> dict:
         """The model line and the controls for the model loaded now: a page opened after another
         tab switched models shows that model, not the one it was built with."""
         info = self.session.info()
-        return {self.model_line: model_line(info), **self.kind_shown(info, self.built_for, self.kept.value)}
+        return {self.model_line: model_line(info), **self.kind_shown(info, self.built_for, self.kept.value, preset)}
 
     def _wire_model_box(self) -> None:
         loaded = [self.model_line, self.status, self.layer, self.downloads.note, self.downloads.button,
                   self.downloads.box, self.kept, *self.kind_boxes()]
         inputs, shown = [self.model_pick, self.quant, self.kept], {"cache": self.controls["cache"],
-                                                                   "block_size": self.controls["block_size"]}
+                                                                   "block_size": self.controls["block_size"],
+                                                                   "preset": self.preset}
         self.load_btn.click(self.load_model, inputs, loaded, api_name="load_model", inputs_kwargs=shown, **ENGINE)
         self.downloads.wire(self.model_pick, self.load_downloaded, inputs, loaded, inputs_kwargs=shown)
 
@@ -132,7 +138,7 @@ class ModelBox:
         except Exception as exc:  # noqa: BLE001
             return {self.status: f"⚠ {error_text(exc)}"}
         kept = kept_aside(info, previous, shown, kept or {}) if shown else kept or {}
-        updates = self.kind_shown(info, previous, kept)
+        updates = self.kind_shown(info, previous, kept, shown.get("preset"))
         return {self.model_line: model_line(info), self.layer: gr.update(**layer_choices(info["layers"])),
                 self.status: " ".join(filter(None, [f"Loaded {info['name']}.", switch_note(info, updates, self.controls)])),
                 self.downloads.box: gr.update(visible=False), self.kept: kept, **updates}

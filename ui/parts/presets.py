@@ -14,6 +14,8 @@ from dllm_local.settings import loadable
 from dllm_local.trace import KV_VIEWS
 from dllm_local.values import Text
 
+from .kinds import model_kind
+
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
 PRESET_MAX_BYTES = 64 * 2**10  # a preset is a few kB of text
 CURRENT_RUN = "Current Run settings"  # Compare's entry for the Run tab's own settings
@@ -37,6 +39,15 @@ class View(BaseModel):
         return value
 
 
+class Fits(BaseModel):
+    """The models a preset is for: a kind (its settings mean something for that kind's decoding
+    only) and, where they are one family's own (LLaDA 2.1's editing), those families."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    kind: Literal["masked", "block", "canvas"] = "masked"
+    families: list[Text] | None = Field(None, min_length=1, max_length=16)
+
+
 class Preset(BaseModel):
     """One preset file."""
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -46,6 +57,20 @@ class Preset(BaseModel):
     prompt: Text | None = Field(None, min_length=1, max_length=20_000)
     settings: Annotated[dict, AfterValidator(loadable)]
     view: View = View()
+    fits: Fits = Fits()
+
+
+def fits(preset: dict, model: dict) -> bool:
+    """Whether ``preset`` is for ``model`` (the engine's info on the loaded model): its kind, and
+    its family where the preset names families."""
+    wanted = {**Fits().model_dump(), **preset.get("fits", {})}
+    return (model_kind(model).name == wanted["kind"]
+            and (wanted["families"] is None or model.get("family") in wanted["families"]))
+
+
+def presets_for(presets: dict[str, dict], model: dict) -> list[str]:
+    """The names of the presets for ``model``, in the presets' order: what the menu offers."""
+    return [name for name, preset in presets.items() if fits(preset, model)]
 
 
 def read_preset(path: Path) -> dict:
@@ -76,3 +101,11 @@ def load_presets(directory: Path = PRESETS_DIR) -> tuple[dict[str, dict], list[s
             continue
         presets[name], files[name] = preset, path.name
     return presets, problems
+
+
+def preset_named(presets: dict[str, dict], model: dict, current: str | None, kept: str | None) -> str | None:
+    """What the preset box names once ``model`` is loaded: the preset it named (``current``) if it
+    is for ``model``, else the one it named when a model of this kind was last loaded (``kept``),
+    else none (the controls stay as they are)."""
+    fitting = presets_for(presets, model)
+    return next((name for name in (current, kept) if name in fitting), None)

@@ -138,8 +138,9 @@ def first_end(trace: Trace, ids: list[int | None]) -> int | None:
 
 # ----------------------------------------------------------------------------- the prompt
 
-# A user turn's start and end markers: LLaDA's, Dream's (Qwen's).
-_TURNS = (("<|start_header_id|>user<|end_header_id|>", "<|eot_id|>"), ("<|im_start|>user", "<|im_end|>"))
+# A user turn's start and end markers: LLaDA's, Dream's (Qwen's), LLaDA2's and LLaDA-MoE's, Gemma's.
+_TURNS = (("<|start_header_id|>user<|end_header_id|>", "<|eot_id|>"), ("<|im_start|>user", "<|im_end|>"),
+          ("<role>HUMAN</role>", "<|role_end|>"), ("<start_of_turn>user", "<end_of_turn>"))
 
 
 def _last_turn(text: str, start_mark: str, end_mark: str) -> str | None:

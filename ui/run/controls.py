@@ -59,19 +59,21 @@ def model_start(model: dict) -> dict:
 
 
 def preset_label(model: dict) -> str:
-    """The preset box's label: the presets are masked models' settings, so on a block model it says
-    that their cache and block size give way to the model's own."""
-    if not is_block_model(model):
-        return "Preset"
-    return f"Preset (masked models' settings: here their cache gives way to the block cache, block {model['block_size']})"
+    """The preset box's label: it offers the presets for the loaded model's kind (``presets_for``)."""
+    return f"Preset (for {model_kind(model).label} models)"
 
 
-def fit_to_model(values: dict, specs: Specs, model: dict) -> dict:
+def fit_to_model(values: dict, specs: Specs, model: dict, given: dict | None = None) -> dict:
     """Control ``values`` (a preset's, a trace's) for ``model``: a cache policy its kind refuses
-    gives way, with the block size, to what ``model`` starts at."""
-    if values["cache"] in {name for _, name in cache_choices(specs, model)}:
+    gives way, with the block size, to what ``model`` starts at; on a block model, the block size
+    and cache knobs that ``given`` (the settings the values were read from) leaves unset are the
+    model's own (a block preset is for every block model, each with its trained block)."""
+    if values["cache"] not in {name for _, name in cache_choices(specs, model)}:
+        return {**values, **model_start(model)}
+    if given is None or not is_block_model(model):
         return values
-    return {**values, **model_start(model)}
+    named = {"block_size"} & set(given) | {knob_key("cache", p) for p in given.get("cache_params") or {}}
+    return {**values, **{name: v for name, v in model_start(model).items() if name != "cache" and name not in named}}
 
 
 def kind_values(specs: Specs, model: dict, previous: dict, kept: dict | None = None) -> dict[str, dict]:
@@ -83,19 +85,33 @@ def kind_values(specs: Specs, model: dict, previous: dict, kept: dict | None = N
     changed = is_block_model(model) != is_block_model(previous) or (
         is_block_model(model) and (model.get("name"), model.get("block_size")) != (previous.get("name"), previous.get("block_size")))
     if changed:
-        start = model_start(model) if is_block_model(model) else {**model_start(model), **(kept or {})}
+        start = model_start(model) if is_block_model(model) else {
+            **model_start(model), **{name: value for name, value in (kept or {}).items() if name in KEPT_CONTROLS}}
         for name, value in start.items():
             updates.setdefault(name, {})["value"] = value
     return updates
 
 
+# What a block model's own settings displace, given back when a masked model is loaded again.
+KEPT_CONTROLS = ("cache", "block_size")
+
+
 def kept_aside(model: dict, previous: dict, values: dict, kept: dict) -> dict:
-    """The masked-model cache and block size (of the control ``values``) that a block model's own
-    displace when ``model`` replaces ``previous``, for ``kind_values`` to give back when a masked
-    model is loaded again; ``kept`` (what was kept before) where nothing is displaced."""
+    """What ``model`` displaces when it replaces ``previous``, added to ``kept``: the masked-model
+    cache and block size (of the control ``values``) that a block model's own stand in for, for
+    ``kind_values`` to give back when a masked model is loaded again; and, where the kind changes,
+    the preset the box named (``values["preset"]``), under ``preset_key`` of the kind left."""
+    kept = dict(kept)
+    if model_kind(model).name != model_kind(previous).name:
+        kept[preset_key(previous)] = values.get("preset")
     if is_block_model(model) and not is_block_model(previous):
-        return {name: values[name] for name in ("cache", "block_size")}
+        kept.update({name: values[name] for name in KEPT_CONTROLS})
     return kept
+
+
+def preset_key(model: dict) -> str:
+    """Where ``kept_aside`` keeps the preset named while a model of ``model``'s kind was loaded."""
+    return f"preset:{model_kind(model).name}"
 
 
 def knob_key(kind: str, name: str) -> str:

@@ -12,6 +12,7 @@ from dllm_local.values import Text
 from ..grid import tokens
 from .controls import changed_controls, controls_from_settings, fit_to_model, settings_from_controls, shown_for, spec_named
 from ..parts.inputs import Choice, checked
+from ..parts.presets import presets_for
 from .views import KV_VIEW_DEFAULTS, layer_choices
 from .status_line import off_task_line
 
@@ -28,7 +29,7 @@ class RunSettings:
 
     def fitted_controls(self, settings: dict) -> dict:
         """The control values of ``settings`` by control name, fitted to the loaded model."""
-        return fit_to_model(controls_from_settings(settings, self.specs), self.specs, self.session.info())
+        return fit_to_model(controls_from_settings(settings, self.specs), self.specs, self.session.info(), settings)
 
     @checked
     def show_policy(self, kind: Literal["cache", "unmask"], name: Choice) -> dict:
@@ -48,8 +49,8 @@ class RunSettings:
         def chosen(s: dict) -> dict:
             return settings_from_controls(controls_from_settings(s, self.specs), self.specs)[0]
 
-        loaded = chosen(settings)
-        return next((name for name, p in self.presets.items() if chosen(p["settings"]) == loaded
+        loaded, offered = chosen(settings), presets_for(self.presets, self.session.info())
+        return next((name for name, p in self.presets.items() if name in offered and chosen(p["settings"]) == loaded
                      and (prompt is None or p.get("prompt", prompt) == prompt)), None)
 
     def settings_loaded(self, settings: dict) -> dict:
@@ -70,7 +71,7 @@ class RunSettings:
     def prompt_notice(self, prompt: Text, status: Text) -> str | dict:
         """The off-task word for a prompt being typed or chosen, before it runs; cleared once the
         prompt is one of the tiny model's tasks again."""
-        line = off_task_line(prompt, self.session.info().get("name"))
+        line = off_task_line(prompt, self.session.info())
         if line:
             return line
         return "" if status == f"⚠ {tokens.OFF_TASK}" else gr.update()

@@ -16,9 +16,9 @@ def count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
-def off_task_line(prompt: str | None, model_name: str | None) -> str:
-    """The embedded tiny model's word on a prompt none of its tasks pose; empty otherwise."""
-    notice = tokens.off_task_notice(prompt, model_name)
+def off_task_line(prompt: str | None, model: dict) -> str:
+    """A tiny-task model's word on a prompt none of its tasks pose; empty otherwise."""
+    notice = tokens.off_task_notice(prompt, model)
     return f"⚠ {notice}" if notice else ""
 
 
@@ -30,7 +30,7 @@ def run_status(trace: dict, notice: str, first_paint: float | None, done: bool, 
     while Follow live is off; ``stopped_by``: who stopped the run, when not its own tab (the
     lecturer, ``Lab.stoppers``)."""
     n = len(trace.get("steps", []))
-    parts = [off_task_line(prompt_of(trace), (trace.get("model") or {}).get("name")), notice]
+    parts = [off_task_line(prompt_of(trace), trace.get("model") or {}), notice]
     parts = [part for part in parts if part]
     if done:
         st = trace.get("stats", {})

@@ -20,6 +20,7 @@ from .widgets import run_controls
 from .controls import Specs, controls_from_settings, preset_label, toggled_controls
 from ..engine.queue import RUNS, EngineQueue
 from ..parts.exports import ExportFolder
+from ..parts.presets import presets_for
 from .live import LiveRun, LiveView
 from ..model.access import ModelAccess
 from ..model.box import ModelBox
@@ -82,7 +83,8 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, B
         self.status = gr.Markdown("", elem_id="status")
         # The preset menu stays in presenter view (a lecture moves from one preset to the next); its
         # description and the examples step aside there.
-        self.preset = gr.Dropdown(list(self.presets), value=preset.get("name"), label=preset_label(self.session.info()),
+        self.preset = gr.Dropdown(presets_for(self.presets, self.session.info()), value=preset.get("name"),
+                                  label=preset_label(self.session.info()),
                                   elem_id="preset")
         # What no longer matches the preset the box names (``preset_changes``): empty while all of it
         # does; beside the menu, in presenter view too.

@@ -54,7 +54,7 @@ class TraceFiles:
         except (ValueError, TypeError, KeyError):
             controls, preset = {}, None  # a trace of policies this build lacks
         status = " ".join(filter(None, [
-            off_task_line(prompt, (trace.get("model") or {}).get("name")),
+            off_task_line(prompt, trace.get("model") or {}),
             f"Replaying an imported trace: {count(n, 'step')}, {trace['settings'].get('cache')} + "
             f"{trace['settings'].get('unmask')}." + (" Move the step slider." if n > 1 else "")]))
         # The KV panel opens where the preset the trace equals opens it (as choosing that preset

@@ -55,10 +55,9 @@ def draw(trace: dict, step: int | None, color_by: str, layer: str, which: str, k
 
 def _kv_and_cache_verdicts(trace: dict, at: int, layer: str, which: str) -> tuple[list, list]:
     """The verdicts beside the KV and the cache panels; a canvas model's is its encoder's exact cache,
-    beside both (it has no cache policy whose reuse or savings to check)."""
+    beside the cache panel (it has no cache policy whose reuse or savings to check)."""
     if is_canvas(trace):
-        encoder = [v for v in lessons.grid_verdicts(trace, at) if v.lesson == "encoder_cache"]
-        return encoder, encoder
+        return [], [v for v in lessons.canvas_verdicts(trace, at) if v.lesson == lessons.ENCODER_LESSON]
     return ([lessons.kv_reuse_verdict(trace, at, layer, which), stored_verdict(trace, at, layer, which)],
             [lessons.cache_saves_verdict(trace, at)])
 

@@ -15,6 +15,7 @@ import torch
 
 from ... import kinds
 from ...errors import ModelLoadError, SettingsError
+from ...tiny.tasks import TASKS
 from .. import diffusion_gemma
 from ..family import FamilySpec
 from .build import build_model, family_config, load_tokenizer
@@ -55,6 +56,9 @@ class ModelHandle:
     # The longest answer region the model was trained on, when its config.json says (the tiny
     # model's "trained_gen_length"); decoding past it is allowed, with a notice.
     trained_length: int | None = None
+    # The tiny tasks it was trained on (config.json's "trained_tasks", the project's own models):
+    # () for a random checkpoint, None for a model the project did not make.
+    trained_tasks: tuple[str, ...] | None = None
     # Bytes one forward reads (weights as stored, without the input embedding): the cost model's term.
     weight_read_bytes: int = 0
     kind: str = "masked"  # the name of its kind (``kinds.get``): how it decodes
@@ -106,6 +110,10 @@ class ModelHandle:
             "layers": self.model.config.get_text_config().num_hidden_layers, "kind": self.kind,
             **({"experts": self.experts[0], "active_experts": self.experts[1]} if self.experts else {}),
             **({"block_size": self.block_size} if self.block_size else {}),
+            # A shifted head reads a position's logits from the one before it (Dream, Fast-dLLM v2).
+            **({"shifted_head": True} if kinds.get(self.kind).has_mask and not self.model.packs_requests else {}),
+            # Trained on the tiny task suite (our models; [] for a random checkpoint; absent: not ours).
+            **({"trained_tasks": list(self.trained_tasks)} if self.trained_tasks is not None else {}),
             **({"sub_block": self.model.sub_block} if kinds.get(self.kind).own_block and self.model.sub_block else {}),
             **({"canvas_length": self.canvas_length, "canvas_defaults": self.canvas_defaults}
                if self.canvas_length else {}),
@@ -155,6 +163,11 @@ def _open(name_or_path: str) -> _Checkpoint:
 def _trained_length(raw: dict) -> int | None:
     value = raw.get("trained_gen_length")
     return value if type(value) is int and value > 0 else None
+
+
+def _trained_tasks(raw: dict) -> tuple[str, ...] | None:
+    value = raw.get("trained_tasks")
+    return tuple(t for t in value if t in TASKS) if isinstance(value, list) else None
 
 
 def decoding_facts(name_or_path: str) -> dict:
@@ -209,7 +222,7 @@ def load(
         device=next(model.parameters()).device, dtype=dtype, quantization=None if qconfig is None else quantization,
         num_parameters=logical_parameters(model),  # a 4-bit weight's numel counts packed pairs
         memory_bytes=model.get_memory_footprint(), max_length=config.max_positions,
-        trained_length=_trained_length(raw), weight_read_bytes=weight_read_bytes(model),
+        trained_length=_trained_length(raw), trained_tasks=_trained_tasks(raw), weight_read_bytes=weight_read_bytes(model),
         kind=family.kind, experts=model.experts, block_size=model.block_size,
     )
 
