@@ -40,8 +40,10 @@ HUB_MODELS = {
     "llada-moe-7b-base": ("inclusionAI/LLaDA-MoE-7B-A1B-Base", 14.7),
     "llada-moe-7b-instruct": ("inclusionAI/LLaDA-MoE-7B-A1B-Instruct", 14.7),
 }
-# Random checkpoints of each block-diffusion family (and LLaDA-MoE) in its released format, in
-# assets/models, written by dllm_local/tiny/<family>.py: they show the mechanics, not good answers.
+# The tiny block-diffusion models in assets/models: tiny-block, the tiny model fine-tuned as SDAR
+# (tiny_checkpoints/fine_tune_block.py), which answers the tiny tasks; then a random checkpoint of
+# each family (and LLaDA-MoE) in its released format (tiny_checkpoints/random_<family>.py), which
+# shows the mechanics, not good answers.
 TINY_FAMILIES = ("tiny-block", "tiny-sdar", "tiny-sdar-moe", "tiny-llada2", "tiny-fast-dllm-v2", "tiny-llada-moe")
 # The files of a model folder the loader, the tokenizer or transformers may open: all a download
 # fetches (a repository's other weight formats are left on the hub).

@@ -191,8 +191,10 @@ def test_the_controls_follow_the_loaded_models_kind():
     assert back["cache"]["value"] == "none" and "block" not in [n for _, n in back["cache"]["choices"]]
     assert "value" not in kind_values(specs, MASKED_MODEL, MASKED_MODEL)["cache"]  # the user's choice stays
     mine = {"cache": "prefix", "block_size": 16}  # kept aside while a block model's own stood in
-    assert kept_aside(BLOCK_MODEL, MASKED_MODEL, {**mine, "gen_length": 64}, {}) == mine
-    assert kept_aside(MASKED_MODEL, BLOCK_MODEL, {"cache": "block", "block_size": B}, mine) == mine
+    kept = kept_aside(BLOCK_MODEL, MASKED_MODEL, {**mine, "gen_length": 64, "preset": "LLaDA baseline"}, {})
+    assert kept == {**mine, "preset:masked": "LLaDA baseline"}  # and the preset the box named, by kind
+    assert kept_aside(MASKED_MODEL, BLOCK_MODEL, {"cache": "block", "block_size": B, "preset": None}, kept) == {
+        **kept, "preset:block": None}
     back = kind_values(specs, MASKED_MODEL, BLOCK_MODEL, mine)
     assert (back["cache"]["value"], back["block_size"]["value"]) == ("prefix", 16)
     start = controls_from_settings({"cache": "dual", "block_size": 32}, specs)

@@ -5,6 +5,9 @@ random checkpoint's answer is said to be not graded, by the same rule for every 
 from __future__ import annotations
 
 import json
+import os
+import re
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +21,7 @@ from ui.parts.replay import prompt_of
 from test_page import _choose, _load_model, _shown_run, _wait_run_ended, browser, export_trace, server  # noqa: F401
 
 PRESETS, _ = load_presets()
+SHOTS = os.environ.get("DLLM_SCREENSHOTS")  # a folder: a screenshot of each family preset's run there
 ARITHMETIC = "Mia has 4 boxes of 5 shells and 3 loose shells. How many in all?"
 BLOCK = "Block diffusion: block cache + threshold"
 # Each family preset on a tiny model of a family it is for.
@@ -31,7 +35,7 @@ FAMILY_RUNS = [("tiny-block", BLOCK), ("tiny-sdar", BLOCK), ("tiny-llada2", "LLa
 def test_every_random_family_checkpoint_says_so_for_the_tiny_arithmetic_prompt(name):
     handle = dllm_local.load(name, device="cpu", dtype="float32")
     masked = dllm_local.kinds.get(handle.kind).has_mask
-    settings = {"gen_length": 8, **({"block_size": handle.block_size or 8} if masked else {})}
+    settings = {"gen_length": 32, **({"block_size": handle.block_size or 32} if masked else {})}
     trace = dllm_local.generate(handle, ARITHMETIC, Settings.from_dict(settings)).trace.to_dict()
     assert prompt_of(trace) == ARITHMETIC  # each family's chat template read back
     verdict = next(v for v in lessons.grid_verdicts(trace, len(trace["steps"]) - 1) if v.lesson == "answer")
@@ -94,6 +98,9 @@ def test_each_family_preset_runs_and_its_verdicts_agree_with_its_trace(pg, model
             assert settings[key] == value if not isinstance(value, dict) else value.items() <= settings[key].items()
     if info["kind"] == "block":  # the model's own block, which the preset leaves to it
         assert settings["block_size"] == info["block_size"]
+    if SHOTS:
+        pg.screenshot(path=str(Path(SHOTS) / f"{re.sub(r'[^a-z0-9]+', '-', name.lower()).strip('-')}-{model}.png"),
+                      full_page=True)
     grid, kv, cache = (_told(pg, box) for box in ("#grid-verdicts", "#kv-verdicts", "#cache-verdicts"))
     claims = _claims(pg)
     assert len(claims) == len(set(claims)), f"a verdict told twice: {claims}"

@@ -92,7 +92,8 @@ def answer_lines(trace: dict, prompt: str) -> list[str]:
     if trained == []:
         return [f"not measurable in this run — {name} is a random checkpoint, trained on no task"]
     if judged is None or (trained is not None and problem.task not in trained):
-        return [f"not measurable in this run — the prompt is none of the tasks {name} was trained on"]
+        tasks = f"the tasks {name} was trained on" if trained else "the tiny tasks"
+        return [f"not measurable in this run — the prompt is none of {tasks}"]
     stops, P, ids = set(trace["model"].get("stop_ids") or []), len(trace["prompt_ids"]), trace["final_ids"]
     end = next((i for i, t in enumerate(ids) if t in stops), len(ids))
     content = [sum(P <= p < P + end for p, _, _ in s["committed"]) for s in trace["steps"]]

@@ -58,7 +58,7 @@ def carried_config(source: LLaDAModelLM, tok: PreTrainedTokenizerFast) -> dict:
             "rms_norm_eps": c.rms_norm_eps, "max_position_embeddings": c.max_positions,
             "vocab_size": max(c.embedding_size or c.vocab_size, len(tok)), "bos_token_id": tok.eos_token_id,
             "eos_token_id": tok.eos_token_id, "mask_token_id": tok.mask_token_id,
-            "trained_gen_length": c.trained_gen_length, "trained_tasks": trained_tasks((FINE_TUNE,), c.trained_tasks)}
+            "trained_gen_length": max(FINE_TUNE.regions), "trained_tasks": trained_tasks((FINE_TUNE,), c.trained_tasks)}
 
 
 def _mean_head_norms(source: LLaDAModelLM, ids: torch.Tensor) -> list[tuple[float, float]]:

@@ -34,7 +34,7 @@ def _recomputed_after_store(trace: Trace, step: int, since: dict[int, int]) -> t
         for p in map(int, record.get("recomputed") or []):
             if since.get(p, s + 1) <= s:
                 (queries if shifted and since.get(p + 1, s + 1) > s else broken).add(p)
-    return sorted(broken), sorted(queries)
+    return sorted(broken), sorted(queries - broken)
 
 
 def stored_verdict(trace: Trace, step: int, layer: str = MEAN_LAYERS, which: str = "v") -> Verdict | None:

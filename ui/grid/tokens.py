@@ -33,7 +33,8 @@ def off_task_notice(prompt: str | None, model: dict) -> str:
     trace's tiny model) is given a prompt that none of them pose (its answer is then noise); empty
     for another model, a task prompt or an unknown prompt."""
     trained = model.get("trained_tasks", TASKS if model.get("name") == TINY_MODEL else None)
-    if not trained or prompt is None or recognise(prompt) is not None:
+    problem = recognise(prompt) if prompt is not None else None
+    if not trained or prompt is None or (problem is not None and problem.task in trained):
         return ""
     return OFF_TASK
 

@@ -79,7 +79,8 @@ class ModelBox:
 
     def kind_boxes(self) -> list[gr.Component]:
         """What a model's kind changes (``kind_shown``)."""
-        return [self.canvas_reason, self.grid_caption, self.cost_target, self.preset, *self.captions.values(),
+        return [self.canvas_reason, self.grid_caption, self.cost_target, self.preset, self.preset_applied,
+                *self.captions.values(),
                 *self._masked_boxes(), *(self.controls[name] for name in CANVAS_CONTROLS)]
 
     def kind_shown(self, info: dict, previous: dict, kept: dict | None = None, preset: str | None = None) -> dict:
@@ -93,10 +94,12 @@ class ModelBox:
         canvas = is_canvas_model(info)
         captions = run_figures.captions_for(info)
         values = kind_values(self.specs, info, previous, kept)
+        named = preset_named(self.presets, info, preset, (kept or {}).get(preset_key(info)))
         return {self.canvas_reason: gr.update(visible=canvas), self.grid_caption: gr.update(visible=not canvas),
                 self.cost_target: cost_target(info),
-                self.preset: gr.update(label=preset_label(info), choices=presets_for(self.presets, info),
-                                       value=preset_named(self.presets, info, preset, (kept or {}).get(preset_key(info)))),
+                # Named, not applied: the controls stay as the switch leaves them (``apply_preset``).
+                self.preset: gr.update(label=preset_label(info), choices=presets_for(self.presets, info), value=named),
+                self.preset_applied: named or "",
                 **{box: captions[name] for name, box in self.captions.items()},
                 **{box: gr.update(interactive=not canvas) for box in self._masked_boxes()},
                 **{self.controls[name]: gr.update(interactive=not canvas, **update) for name, update in values.items()},

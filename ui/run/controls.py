@@ -85,8 +85,7 @@ def kind_values(specs: Specs, model: dict, previous: dict, kept: dict | None = N
     changed = is_block_model(model) != is_block_model(previous) or (
         is_block_model(model) and (model.get("name"), model.get("block_size")) != (previous.get("name"), previous.get("block_size")))
     if changed:
-        start = model_start(model) if is_block_model(model) else {
-            **model_start(model), **{name: value for name, value in (kept or {}).items() if name in KEPT_CONTROLS}}
+        start = model_start(model) if is_block_model(model) else {**model_start(model), **given_back(specs, model, kept)}
         for name, value in start.items():
             updates.setdefault(name, {})["value"] = value
     return updates
@@ -94,6 +93,13 @@ def kind_values(specs: Specs, model: dict, previous: dict, kept: dict | None = N
 
 # What a block model's own settings displace, given back when a masked model is loaded again.
 KEPT_CONTROLS = ("cache", "block_size")
+
+
+def given_back(specs: Specs, model: dict, kept: dict | None) -> dict:
+    """The kept cache and block size that ``model`` takes: none where the cache is one its kind
+    refuses (a page started on a block model kept its preset's block cache)."""
+    kept = {name: value for name, value in (kept or {}).items() if name in KEPT_CONTROLS}
+    return kept if kept.get("cache") in {name for _, name in cache_choices(specs, model)} else {}
 
 
 def kept_aside(model: dict, previous: dict, values: dict, kept: dict) -> dict:

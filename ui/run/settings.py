@@ -46,8 +46,8 @@ class RunSettings:
     def preset_matching(self, settings: dict, prompt: str | None = None) -> str | None:
         """The preset whose controls (and prompt, where ``prompt`` is given and the preset has
         one) equal ``settings``: what the preset box may name once they are loaded; else None."""
-        def chosen(s: dict) -> dict:
-            return settings_from_controls(controls_from_settings(s, self.specs), self.specs)[0]
+        def chosen(s: dict) -> dict:  # fitted to the loaded model: a block preset leaves it its block
+            return settings_from_controls(self.fitted_controls(s), self.specs)[0]
 
         loaded, offered = chosen(settings), presets_for(self.presets, self.session.info())
         return next((name for name, p in self.presets.items() if name in offered and chosen(p["settings"]) == loaded
@@ -77,13 +77,17 @@ class RunSettings:
         return "" if status == f"⚠ {tokens.OFF_TASK}" else gr.update()
 
     @checked
-    def apply_preset(self, name: Choice | None) -> dict:
+    def apply_preset(self, name: Choice | None, applied: Text | None = None) -> dict:
         """The preset's description, prompt and controls, and the KV view it opens on (its "view":
         layer, which, kv_view; the defaults where it names none). No preset (the box cleared after
-        an import): no description, the controls as they are."""
+        an import): no description, the controls as they are. A preset named by what set the
+        controls itself (``applied``: a model switch giving back the preset a kind last had, an
+        import, a Tune row): its description alone, the controls as that left them."""
         if name not in self.presets:
             return {self.preset_info: "", self.preset_applied: ""}
         p = self.presets[name]
+        if name == applied:
+            return {self.preset_info: p["description"]}
         view = self.preset_view(p)
         # The controls and the name of the preset they now show land in one update: Run reads both.
         return {self.preset_info: p["description"], **({self.prompt: p["prompt"]} if "prompt" in p else {}),

@@ -167,7 +167,7 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, B
             toggled = [self.controls[name] for name in toggled_controls(self.specs, kind)]
             self.controls[kind].change(partial(self.show_policy, kind), [self.controls[kind]], [info, *toggled],
                                        queue=False)
-        self.preset.change(self.apply_preset, [self.preset],
+        self.preset.change(self.apply_preset, [self.preset, self.preset_applied],
                            [self.preset_info, self.prompt, *controls, self.layer, self.which, self.kv_view,
                             self.preset_applied], queue=False)
         # On the user's moves (.input): a .change listener reading every control undid a slider move

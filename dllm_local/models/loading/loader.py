@@ -210,7 +210,7 @@ def load(
     model = build_model(path, family, config, dtype, dev, qconfig, device_map)
     if not has_mask:
         return _canvas_handle(name_or_path, path, family, model, tokenizer, dtype,
-                              quantization if qconfig else None)
+                              quantization if qconfig else None, raw)
     eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else config.eos_token_id
     if type(eos_id) is not int:
         raise ModelLoadError(f"{path} names no end-of-text token: set eos_token_id in {config_file}")
@@ -228,7 +228,7 @@ def load(
 
 
 def _canvas_handle(name: str, path: Path, family: FamilySpec, model, tokenizer, dtype: torch.dtype,
-                   quantization: str | None) -> ModelHandle:
+                   quantization: str | None, raw: dict) -> ModelHandle:
     """A canvas model's handle: no mask token (a canvas starts as random tokens; ``mask_id`` holds
     the pad token, which fills a finished answer), its end tokens from its generation config."""
     return ModelHandle(
@@ -239,7 +239,7 @@ def _canvas_handle(name: str, path: Path, family: FamilySpec, model, tokenizer, 
         num_parameters=logical_parameters(model), memory_bytes=model.get_memory_footprint(),
         max_length=diffusion_gemma.max_positions(model.config), weight_read_bytes=weight_read_bytes(model),
         kind=family.kind, experts=diffusion_gemma.experts(model.config), canvas_length=model.config.canvas_length,
-        canvas_defaults=diffusion_gemma.knob_defaults(model),
+        canvas_defaults=diffusion_gemma.knob_defaults(model), trained_tasks=_trained_tasks(raw),
     )
 
 
