@@ -14,6 +14,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkpoints import build_dream, build_llada  # noqa: E402
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The slowest tests at the end of every run (CI's included): CI has a time budget, and a
+    test that grew is seen where it grew."""
+    if not config.option.durations:
+        config.option.durations = 25
+
+
 @pytest.fixture(scope="session")
 def llada_dir(tmp_path_factory) -> Path:
     return build_llada(tmp_path_factory.mktemp("llada"), n_layers=32)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from dllm_local.policies import registry
+from dllm_local.settings import knob
 from dllm_local.tiny_checkpoints.random_sdar import build_checkpoint
 from ui.block.parts import EXACT_WORDS
 from ui.block.lessons import CLAIM
@@ -65,10 +66,13 @@ def test_a_block_model_runs_on_the_page_and_its_kv_view_shows_the_stored_blocks_
     pg.click("#load-model-btn")
     pg.wait_for_function("() => document.querySelector('#status').innerText.includes('Loaded tiny.')", timeout=120_000)
     pg.wait_for_function("() => document.querySelector('#model-line').innerText.includes('masked diffusion')")
-    # The cache the page's preset set before the block model's stood in: the user's, not a knob's default.
-    pg.wait_for_function("(d) => document.querySelector('#cache input').value === d", arg=registry.CACHE["dual"].label)
+    # A page started on a block model had no masked cache of the user's to keep (its preset, the
+    # block models', set the block cache): the masked model starts at the cache knob's default.
+    pg.wait_for_function("(d) => document.querySelector('#cache input').value === d",
+                         arg=registry.CACHE[knob("cache").default].label)
     assert "for masked-diffusion models" in pg.inner_text("#preset")
     pg.click("#cache input")
     options = [o.replace("✓", "").strip() for o in pg.get_by_role("option").all_inner_texts()]  # ✓: the chosen one
     assert registry.CACHE["dual"].label in options and registry.CACHE["block"].label not in options
+    assert pg.input_value("#preset input") == ""  # no masked preset was named: the controls are the defaults
     pg.close()

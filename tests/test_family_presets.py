@@ -18,6 +18,7 @@ from ui.lessons import verdicts as lessons
 from ui.parts.presets import load_presets, presets_for
 from ui.parts.replay import prompt_of
 
+from test_diffusion_gemma_page import pg  # noqa: F401 - a tall page on the tiny model's server, downloads accepted
 from test_page import _choose, _load_model, _shown_run, _wait_run_ended, browser, export_trace, server  # noqa: F401
 
 PRESETS, _ = load_presets()
@@ -51,15 +52,6 @@ def test_every_preset_is_for_some_model_and_each_kind_has_its_own():
     assert "LLaDA 2.1: token-to-token editing" in presets_for(PRESETS, {"kind": "block", "family": "llada2_moe"})
     assert {n for n in PRESETS if any(n in names for names in offered.values())} | {
         n for n in PRESETS if PRESETS[n].get("fits", {}).get("families")} == set(PRESETS)
-
-
-@pytest.fixture(scope="module")
-def pg(browser, server):  # noqa: F811 - the fixtures imported above
-    page = browser.new_page(viewport={"width": 1500, "height": 2000}, accept_downloads=True)
-    page.goto(server)
-    page.wait_for_selector("#run-btn")
-    yield page
-    page.close()
 
 
 def _offered(pg) -> list[str]:

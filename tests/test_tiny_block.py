@@ -86,6 +86,11 @@ def test_a_fine_tuned_folder_loads_as_an_sdar_block_diffusion_model(tmp_path):
         "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json"]
     handle = dllm_local.load(str(folder), device="cpu")
     assert (handle.family, handle.kind, handle.block_size) == ("sdar", "block", BLOCK)
+    # The files load as the tokenizer it was trained with: the same ids for a task's text (Qwen2's
+    # class would split each digit from the space before it).
+    row = "<|im_start|>user\nWendy buys 7 bags with 8 apples each.<|im_end|>\n<|im_start|>assistant\n7 * 8 = 56.<|im_end|>"
+    assert handle.tokenizer(row, add_special_tokens=False)["input_ids"] == random_sdar.tokenizer()(
+        row, add_special_tokens=False)["input_ids"]
     assert handle.mask_id == random_sdar.tokenizer().convert_tokens_to_ids("<|MASK|>")
     result = dllm_local.generate(handle, "What is 2 + 3?", dllm_local.Settings.from_dict(
         {"gen_length": 32, "block_size": BLOCK, "cache": "block", "seed": 0}))

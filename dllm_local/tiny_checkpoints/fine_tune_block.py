@@ -41,6 +41,7 @@ from .train import STAGES, diffusion_batch, train_loop, trained_tasks
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "assets" / "models" / "tiny-block"
 BLOCK = 32
 END_OF_TURN = "<|im_end|>"
+TOKENIZER_CLASS = "PreTrainedTokenizerFast"
 # The finish stage's task mix on answer regions of 32 to 128: a row's block is drawn among its
 # answer's blocks, so regions of 512 would spend most rows on blocks of padding.
 FINE_TUNE = replace(STAGES[-1], name="block", steps=2000, lr=4e-4, warmup=40, block_suffix_share=0.0,
@@ -133,7 +134,9 @@ def save(model: SDARForCausalLM, raw: dict, tok: PreTrainedTokenizerFast, out: P
     generation = {"bos_token_id": tok.eos_token_id, "eos_token_id": [end_of_turn, tok.eos_token_id],
                   "pad_token_id": tok.eos_token_id}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-    random_sdar._write_tokenizer(tok, out)
+    # The tiny BPE's own class, so the files load as the tokenizer it was trained with: Qwen2's class
+    # (the random SDARs') would split each digit from the space before it, ids it never saw.
+    random_sdar._write_tokenizer(tok, out, tokenizer_class=TOKENIZER_CLASS)
 
 
 def fine_tune(out: Path, steps: int, seed: int, token_budget: int, save_every: int = 0, quiet: bool = False) -> Path:

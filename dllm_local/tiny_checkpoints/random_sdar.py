@@ -155,10 +155,12 @@ def tokenizer() -> PreTrainedTokenizerFast:
     return tok
 
 
-def _write_tokenizer(tok: PreTrainedTokenizerFast, path: Path) -> None:
+def _write_tokenizer(tok: PreTrainedTokenizerFast, path: Path, tokenizer_class: str = "Qwen2Tokenizer") -> None:
     """The released tokenizer files: tokenizer.json, vocab.json and merges.txt, added_tokens.json,
     special_tokens_map.json, and tokenizer_config.json naming Qwen2Tokenizer (and its remote module,
-    as released) with the template inline as well as in chat_template.jinja."""
+    as released) with the template inline as well as in chat_template.jinja. ``tokenizer_class``:
+    another class to name, without the remote module (a model trained on ``tok``'s own
+    pre-tokenizer, which Qwen2Tokenizer's would replace)."""
     tok.save_pretrained(path)
     model = json.loads((path / "tokenizer.json").read_text())["model"]
     (path / "vocab.json").write_text(json.dumps(model["vocab"], ensure_ascii=False))
@@ -173,10 +175,12 @@ def _write_tokenizer(tok: PreTrainedTokenizerFast, path: Path) -> None:
                         "single_word": t.single_word, "special": t.special} for i, t in tok.added_tokens_decoder.items()}
     config = {
         "add_bos_token": False, "add_prefix_space": False, "added_tokens_decoder": decoder,
-        "additional_special_tokens": SPECIAL, "auto_map": {"AutoTokenizer": ["tokenization_qwen2.Qwen2Tokenizer", None]},
+        "additional_special_tokens": SPECIAL,
+        **({"auto_map": {"AutoTokenizer": ["tokenization_qwen2.Qwen2Tokenizer", None]}}
+           if tokenizer_class == "Qwen2Tokenizer" else {}),
         "bos_token": None, "chat_template": CHAT_TEMPLATE, "clean_up_tokenization_spaces": False,
         "eos_token": tok.eos_token, "mask_token": "<|MASK|>", "errors": "replace", "model_max_length": 131072,
-        "pad_token": tok.eos_token, "split_special_tokens": False, "tokenizer_class": "Qwen2Tokenizer", "unk_token": None,
+        "pad_token": tok.eos_token, "split_special_tokens": False, "tokenizer_class": tokenizer_class, "unk_token": None,
     }
     (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False))
 
