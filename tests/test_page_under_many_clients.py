@@ -443,7 +443,8 @@ ENDPOINT_INPUTS = [  # (endpoint, arguments, the message), from a probe of every
     ("/show_cost_2", (None, "H100"), "model must be 'LLaDA-8B-Instruct'"),
     ("/show_knobs", (None, None), "preset_name must be a valid string (not null)"),
     ("/partial", (None,), "name must be a valid string (not null)"),
-    ("/load_model", (7, "none", "dual", 32), "name must be a valid string (not 7)"),  # with the cache and block shown
+    # with the cache, block size and preset shown
+    ("/load_model", (7, "none", "dual", 32, None), "name must be a valid string (not 7)"),
     ("/download_model", (None,), "name must be a valid string (not null)"),
 ]
 

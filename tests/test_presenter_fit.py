@@ -138,6 +138,12 @@ def test_a_block_model_and_the_canvas_model_fit_one_screen(pg, model):
     pg.click("#run-btn")
     assert "Done" in _wait_run_ended(pg, before, timeout=240_000)  # after a block model's note on its length
     fits_every_scale_and_panel(pg, model)
+    # The tiny model back, in presenter view: the menu offers the masked presets the tests after run.
+    pg.click("#present input")
+    pg.wait_for_function("() => !document.body.classList.contains('dl-present')")
+    _load_model(pg, "tiny")
+    pg.click("#present input")
+    pg.wait_for_function("() => document.body.classList.contains('dl-present')")
 
 
 def test_a_presenter_run_shifts_no_layout(pg):
