@@ -48,6 +48,11 @@ def cache_choices(specs: Specs, model: dict) -> list[tuple[str, str]]:
             if spec["name"] in allowed or spec["name"] not in registry.CACHE]
 
 
+def takes_cache(specs: Specs, model: dict, cache: str | None) -> bool:
+    """Whether ``model``'s kind offers the cache policy ``cache`` (``cache_choices``)."""
+    return cache in {name for _, name in cache_choices(specs, model)}
+
+
 def model_start(model: dict) -> dict:
     """The cache and block size a run of ``model`` starts at: a block model's block cache and the
     block it was trained with; a masked model's defaults."""
@@ -68,7 +73,7 @@ def fit_to_model(values: dict, specs: Specs, model: dict, given: dict | None = N
     gives way, with the block size, to what ``model`` starts at; on a block model, the block size
     and cache knobs that ``given`` (the settings the values were read from) leaves unset are the
     model's own (a block preset is for every block model, each with its trained block)."""
-    if values["cache"] not in {name for _, name in cache_choices(specs, model)}:
+    if not takes_cache(specs, model, values["cache"]):
         return {**values, **model_start(model)}
     if given is None or not is_block_model(model):
         return values
@@ -99,7 +104,7 @@ def given_back(specs: Specs, model: dict, kept: dict | None) -> dict:
     """The kept cache and block size that ``model`` takes: none where the cache is one its kind
     refuses (a page started on a block model kept its preset's block cache)."""
     kept = {name: value for name, value in (kept or {}).items() if name in KEPT_CONTROLS}
-    return kept if kept.get("cache") in {name for _, name in cache_choices(specs, model)} else {}
+    return kept if takes_cache(specs, model, kept.get("cache")) else {}
 
 
 def kept_aside(model: dict, previous: dict, values: dict, kept: dict) -> dict:
