@@ -126,6 +126,7 @@ def test_a_token_click_opens_the_token_panel_and_a_branch_fits_with_its_controls
 def test_a_block_model_and_the_canvas_model_fit_one_screen(pg, model):
     pg.click("#present input")
     pg.wait_for_function("() => !document.body.classList.contains('dl-present')")
+    prompt = _text_box(pg, "#prompt").input_value()
     _load_model(pg, model)
     if model == "tiny-diffusiongemma":  # knobs under which the random model's canvases settle soon
         _text_box(pg, "#prompt").fill(PROMPT)
@@ -138,10 +139,12 @@ def test_a_block_model_and_the_canvas_model_fit_one_screen(pg, model):
     pg.click("#run-btn")
     assert "Done" in _wait_run_ended(pg, before, timeout=240_000)  # after a block model's note on its length
     fits_every_scale_and_panel(pg, model)
-    # The tiny model back, in presenter view: the menu offers the masked presets the tests after run.
+    # The tiny model and its prompt back, in presenter view: the menu offers the masked presets the
+    # tests after run, and their runs start with no off-task notice.
     pg.click("#present input")
     pg.wait_for_function("() => !document.body.classList.contains('dl-present')")
     _load_model(pg, "tiny")
+    _text_box(pg, "#prompt").fill(prompt)
     pg.click("#present input")
     pg.wait_for_function("() => document.body.classList.contains('dl-present')")
 
