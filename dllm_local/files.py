@@ -6,6 +6,7 @@ with only valid Unicode in it (keys included). A refusal is a ``FileRefused`` na
 from __future__ import annotations
 
 import json
+import os
 import stat
 from pathlib import Path
 from typing import Any
@@ -25,9 +26,7 @@ def read_bytes(path: str | Path, max_bytes: int, what: str = "", error: type[Dll
     path = Path(path)
     what = what or path.name
     try:
-        info = path.stat()
-        if not stat.S_ISREG(info.st_mode):
-            raise error(f"{what} is {_kind(info.st_mode)}, not a file")
+        info = regular(path, what, error)
         if info.st_size > max_bytes:
             raise error(f"{what} is {_size(info.st_size)}; the limit is {_size(max_bytes)}")
         with path.open("rb") as f:
@@ -37,6 +36,20 @@ def read_bytes(path: str | Path, max_bytes: int, what: str = "", error: type[Dll
     if len(data) > max_bytes:
         raise error(f"{what} is over {_size(max_bytes)}, its limit")
     return data
+
+
+def regular(path: str | Path, what: str = "", error: type[DllmError] = FileRefused) -> os.stat_result:
+    """``path``'s status (links followed) once it is known to be a regular file: opening a FIFO
+    blocks until a writer comes, reading a device never ends. Every file read from a user's folder
+    is checked here first; ``what`` names it in the refusal (by default the file's name)."""
+    path = Path(path)
+    try:
+        info = path.stat()
+    except OSError as exc:
+        raise error(f"{what or path.name} could not be read ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise error(f"{what or path.name} is {_kind(info.st_mode)}, not a file")
+    return info
 
 
 def read_text(path: str | Path, max_bytes: int, what: str = "", error: type[DllmError] = FileRefused) -> str:

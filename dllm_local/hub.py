@@ -7,7 +7,6 @@ Run as ``python -m dllm_local.hub REPO_ID`` it downloads REPO_ID's files into th
 cache (what ``Download`` starts)."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 from .errors import ModelLoadError
+from .files import FileRefused, read_json
 
 # Short name -> (hub id, gigabytes of bf16 weights a download brings: said when downloads are off,
 # so the page names a size without asking the hub).
@@ -48,6 +48,7 @@ TINY_FAMILIES = ("tiny-block", "tiny-sdar", "tiny-sdar-moe", "tiny-llada2", "tin
 # The files of a model folder the loader, the tokenizer or transformers may open: all a download
 # fetches (a repository's other weight formats are left on the hub).
 OPENED_SUFFIXES = (".json", ".safetensors", ".jinja", ".txt", ".model", ".tiktoken")
+JSON_MAX_BYTES = 64 * 2**20  # a model folder's JSON (config, index, tokenizer): kilobytes to some MB
 DOWNLOADED = tuple(f"*{suffix}" for suffix in OPENED_SUFFIXES)
 
 
@@ -80,9 +81,9 @@ def on_disk(repo_id: str) -> bool:
     index = cached("model.safetensors.index.json")
     if index is None:
         return cached("model.safetensors") is not None
-    try:
-        shards = set(json.loads(Path(index).read_text())["weight_map"].values())
-    except (OSError, ValueError, KeyError, AttributeError, TypeError):
+    try:  # read within bounds (a regular file, its depth): a deep one is a RecursionError to json
+        shards = set(read_json(index, JSON_MAX_BYTES)["weight_map"].values())
+    except (FileRefused, KeyError, AttributeError, TypeError):
         return False
     return all(cached(shard) is not None for shard in shards)
 

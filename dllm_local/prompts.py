@@ -2,13 +2,18 @@
 tokens kept as text so that a prompt can neither plant masks nor forge turns."""
 from __future__ import annotations
 
+import ctypes
 import re
+import threading
 from typing import Any, Protocol
 
-from .errors import SettingsError
+from .errors import DllmError, SettingsError
 
 Prompt = str | list[dict]
 ROLES = ("system", "user", "assistant")
+# A chat template renders in milliseconds; jinja's sandbox bounds each range() but not loops inside
+# loops, so one that runs longer than this never ends.
+TEMPLATE_SECONDS = 2.0
 
 
 class HasTokenizer(Protocol):
@@ -27,12 +32,41 @@ def encode_prompt(handle: HasTokenizer, prompt: Prompt) -> list[int]:
     tok = handle.tokenizer
     if not tok.chat_template:
         return _text_ids(tok, "\n".join(m["content"] for m in messages))
-    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    text = render_chat(tok, messages)
     ids, start = [], 0
     for begin, end, token_id in _template_markers(tok, messages, text):
         ids += _text_ids(tok, text[start:begin]) + [token_id]
         start = end
     return ids + _text_ids(tok, text[start:])
+
+
+class _Stopped(Exception):
+    """Raised inside a chat template's rendering that ran past TEMPLATE_SECONDS, to end it."""
+
+
+def render_chat(tok: Any, messages: list[dict]) -> str:
+    """``messages`` through ``tok``'s chat template with the generation prompt, as text, within
+    TEMPLATE_SECONDS. It renders in a worker thread; one still rendering then is stopped (an
+    exception raised in it, which a template's Python loop meets at once) and refused here. The
+    template's own errors are raised as they are."""
+    done: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            done["text"] = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread, whatever it is
+            done["error"] = exc
+
+    worker = threading.Thread(target=work, name="chat-template", daemon=True)
+    worker.start()
+    worker.join(TEMPLATE_SECONDS)
+    if worker.is_alive():
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker.ident), ctypes.py_object(_Stopped))
+        raise DllmError(f"the chat template did not finish rendering in {TEMPLATE_SECONDS:g} s (it loops without "
+                        "end, or nearly); fix it (chat_template.jinja, or chat_template in tokenizer_config.json)")
+    if "error" in done:
+        raise done["error"]
+    return done["text"]
 
 
 def _messages(prompt: object) -> list[dict]:
@@ -87,7 +121,7 @@ def _template_markers(tok, messages: list[dict], text: str) -> list[tuple[int, i
     are then the template's (between slots) and the typed ones (in each content), by count,
     which holds whatever the template does to the content (LLaDA's trims it)."""
     slots = [{**m, "content": f"\ue000{n}\ue001"} for n, m in enumerate(messages)]
-    parts = _SLOT.split(tok.apply_chat_template(slots, add_generation_prompt=True, tokenize=False))
+    parts = _SLOT.split(render_chat(tok, slots))
     from_template: list[bool] = []
     for k, part in enumerate(parts):  # template text, slot number, template text, ...
         source = messages[int(part)]["content"] if k % 2 else part

@@ -368,9 +368,9 @@ def _write(name, text):
 
 
 MALFORMED = {
-    "config not JSON": (_write("config.json", "{nope"), r"config.json is not readable JSON"),
+    "config not JSON": (_write("config.json", "{nope"), r"config.json is not valid JSON"),
     "config a list": (_write("config.json", "[1, 2]"), r"config.json must hold a JSON object, not a list"),
-    "index not JSON": (_write("model.safetensors.index.json", "{"), r"index.json is not readable JSON"),
+    "index not JSON": (_write("model.safetensors.index.json", "{"), r"index.json is not valid JSON"),
     "index without weight_map": (_write("model.safetensors.index.json", "{}"), r"has no weight_map"),
     "weight_map a list": (_edit_json("model.safetensors.index.json", lambda d: {"weight_map": [1]}), r"has no weight_map"),
     "no mask_token_id": (_edit_json("config.json", _without("mask_token_id")), r"has no mask_token_id"),
@@ -378,7 +378,7 @@ MALFORMED = {
                                    r"mask_token_id 768 .* not a token id of this model \(vocab_size 768\)"),
     "mask_token_id not an int": (_edit_json("config.json", lambda d: {**d, "mask_token_id": "2"}), r"mask_token_id '2'"),
     "config value of the wrong type": (_edit_json("config.json", lambda d: {**d, "d_model": "big"}),
-                                       r"not a valid llada config"),
+                                       r"config.json: d_model 'big' must be a whole number"),
     "unknown type with remote code": (
         _edit_json("config.json", lambda d: {**d, "model_type": "fancy", "auto_map": {"AutoModel": "m.M"}}),
         r"unsupported model_type 'fancy'.*this app runs no remote code; supported natively: llada, Dream"),
@@ -481,7 +481,7 @@ def test_a_config_that_is_not_a_regular_file_or_too_large_is_refused(tmp_path):
     path = build_llada(tmp_path / "m", n_layers=2, shard_size="10MB")
     config = path / "config.json"
     config.write_text(json.dumps(json.loads(config.read_text())) + " " * (65 * 2**20))
-    with pytest.raises(dllm_local.ModelLoadError, match="config.json is 65 MB, more than a checkpoint's JSON holds"):
+    with pytest.raises(dllm_local.ModelLoadError, match=r"config.json is 65.0 MB; the limit is 64.0 MB"):
         dllm_local.load(str(path))
 
 

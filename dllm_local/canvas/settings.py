@@ -49,13 +49,15 @@ def _schema() -> TypeAdapter:
     return TypeAdapter(TypedDict("CanvasParams", get_type_hints(CanvasParams, include_extras=True), total=False))
 
 
-def check_canvas_params(params: dict) -> dict:
-    """``params`` read through the schema (text parsed as the number asked for); t_max above t_min."""
+def check_canvas_params(params: dict, owner: str = "") -> dict:
+    """``params`` read through the schema (text parsed as the number asked for); t_max above t_min.
+    A refusal names ``owner`` first when given: where the knobs come from (a checkpoint's file)."""
+    where = owner or "canvas_params"
     unknown = sorted(set(map(str, params)) - set(CANVAS_KNOBS))
     if unknown:
-        raise SettingsError(f"canvas_params: {listed(unknown, 'unknown knob')}; known: {', '.join(CANVAS_KNOBS)}")
-    valid = read(_schema(), params, "canvas_params")
+        raise SettingsError(f"{where}: {listed(unknown, 'unknown knob')}; known: {', '.join(CANVAS_KNOBS)}")
+    valid = read(_schema(), params, "canvas_params", owner)
     if "t_min" in valid and "t_max" in valid and valid["t_max"] <= valid["t_min"]:
-        raise SettingsError(f"canvas_params: t_max ({valid['t_max']}) must be above t_min ({valid['t_min']}): "
+        raise SettingsError(f"{where}: t_max ({valid['t_max']}) must be above t_min ({valid['t_min']}): "
                             "the temperature falls from t_max to t_min")
     return valid

@@ -12,6 +12,7 @@ from transformers import PretrainedConfig
 
 from .attention import BIDIRECTIONAL, Attention
 from .cache import CacheFork, CacheView
+from .config_rules import QWEN2_KEYS, ConfigRules, Whole
 from .family import QWEN2_WEIGHTS, FamilySpec, register
 from .layers import FusedProjections, RMSNorm, SwiGLU, attend
 from .stack import LayerStackLM
@@ -152,5 +153,6 @@ def _missing_predecessors(positions: torch.Tensor) -> torch.Tensor:
     return before[~torch.isin(before, positions)]
 
 
+DREAM_KEYS = {**QWEN2_KEYS, "intermediate_size": Whole()}
 register(FamilySpec(config=DreamConfig, model=DreamModel, kind="masked", weights=QWEN2_WEIGHTS,
-                    tokenizer="Qwen2Tokenizer"))  # its tokenizer_config.json names a remote-code class
+                    tokenizer="Qwen2Tokenizer", rules=ConfigRules(DREAM_KEYS)))  # its tokenizer_config.json names a remote-code class

@@ -2,8 +2,8 @@
 
 A ``FamilySpec`` names a family's config and model classes, how it decodes (its kind's name, ``dllm_local.kinds``), where its
 weights are by name (``WeightNames``: what the loader checks before building), the tokenizer class
-its files load as, and its mask token. Each family's file declares its spec beside its classes
-and registers it; ``register`` also registers the classes with transformers' Auto classes. The
+its files load as, its mask token, and the rules its config.json keeps (``config_rules``). Each
+family's file declares its spec beside its classes and registers it; ``register`` also registers the classes with transformers' Auto classes. The
 loader, the checks and the builder read a family from here, never by its name.
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from .. import kinds
+from .config_rules import ConfigRules
 
 # The attention's sizes by their config.json names (width, heads, key/value heads): Qwen2's.
 QWEN2_SIZE_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads")
@@ -56,6 +57,8 @@ class FamilySpec:
     # "llada", its expert sizes tell it apart): True for such a config.
     claims: Callable[[dict], bool] | None = None
     transformers_own: bool = False  # transformers ships the classes (and registers them itself)
+    # What its config.json must hold, checked before its config class or any module is built.
+    rules: ConfigRules = ConfigRules()
 
     def __post_init__(self) -> None:
         if self.kind not in kinds.names():

@@ -14,7 +14,8 @@ taken from the store forward's last row) is the engine's business, not the model
 from __future__ import annotations
 
 from .attention import BlockCausal
-from .dream import DreamConfig, DreamModel
+from .config_rules import ConfigRules, Whole
+from .dream import DREAM_KEYS, DreamConfig, DreamModel
 from .family import QWEN2_WEIGHTS, FamilySpec, register
 
 
@@ -62,4 +63,5 @@ class FastDLLMv2ForCausalLM(DreamModel):
 register(FamilySpec(
     config=FastDLLMv2Config, model=FastDLLMv2ForCausalLM, kind="block", weights=QWEN2_WEIGHTS,
     tokenizer="Qwen2Tokenizer",
-    mask_token="|<MASK>|"))  # id 151665 in the released tokenizers (added_tokens.json)
+    mask_token="|<MASK>|",  # id 151665 in the released tokenizers (added_tokens.json)
+    rules=ConfigRules({**DREAM_KEYS, "bd_size": Whole()})))

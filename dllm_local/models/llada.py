@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from transformers import PretrainedConfig
 
 from .attention import Attention
+from .config_rules import MAX_LAYERS, ConfigRules, Real, Whole
 from .family import FamilySpec, WeightNames, register
 from .layers import FusedProjections, RMSNorm, attend
 from .stack import LayerStackLM
@@ -161,4 +162,9 @@ register(FamilySpec(
     config=LLaDAConfig, model=LLaDAModelLM, kind="masked",
     weights=WeightNames("model.transformer.wte.weight", r"model\.transformer\.blocks\.(\d+)\.",
                         lambda c: ([c.embedding_size or c.vocab_size, c.d_model], c.n_layers)),
-    tokenizer="PreTrainedTokenizerFast", size_keys=("d_model", "n_heads", "n_kv_heads")))
+    tokenizer="PreTrainedTokenizerFast", size_keys=("d_model", "n_heads", "n_kv_heads"),
+    rules=ConfigRules({
+        "d_model": Whole(), "n_heads": Whole(), "n_kv_heads": Whole(optional=True), "n_layers": Whole(high=MAX_LAYERS),
+        "mlp_hidden_size": Whole(optional=True), "mlp_ratio": Whole(), "vocab_size": Whole(),
+        "embedding_size": Whole(optional=True), "max_sequence_length": Whole(), "rope_theta": Real(0, low_open=True),
+        "rms_norm_eps": Real(0, 1, low_open=True)})))

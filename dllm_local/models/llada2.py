@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from transformers import PretrainedConfig
 
 from .attention import Attention, BlockCausal
+from .config_rules import MAX_EXPERTS, MAX_LAYERS, QWEN2_KEYS, ConfigRules, Real, Values, Whole, grouped, routed
 from .family import FamilySpec, WeightNames, register
 from .layers import Experts, RMSNorm, SwiGLU, apply_rope
 from .stack import LayerStackLM
@@ -230,9 +231,26 @@ class LLaDA2MoeModelLM(LayerStackLM):
         return self.lm_head(x).float()
 
 
+def _check(values: Values) -> None:
+    """The gate's groups: equal groups of two or more experts (a group scores by its best two),
+    ``topk_group`` of them searched, holding at least ``num_experts_per_tok`` experts."""
+    routed(values, "num_experts", "num_experts_per_tok")
+    grouped(values, "num_experts", "num_experts_per_tok", "n_group", "topk_group")
+
+
+RULES = ConfigRules({
+    **QWEN2_KEYS, "head_dim": Whole(optional=True), "intermediate_size": Whole(), "moe_intermediate_size": Whole(),
+    "num_experts": Whole(high=MAX_EXPERTS, optional=True), "num_shared_experts": Whole(optional=True),
+    "num_experts_per_tok": Whole(high=MAX_EXPERTS), "n_group": Whole(high=MAX_EXPERTS),
+    "topk_group": Whole(high=MAX_EXPERTS), "first_k_dense_replace": Whole(0, MAX_LAYERS),
+    "routed_scaling_factor": Real(0, low_open=True), "partial_rotary_factor": Real(0, 1, low_open=True),
+}, _check)
+
+
 register(FamilySpec(
     config=LLaDA2MoeConfig, model=LLaDA2MoeModelLM, kind="block",
     weights=WeightNames("model.word_embeddings.weight", r"model\.layers\.(\d+)\.",
                         lambda c: ([c.vocab_size, c.hidden_size], c.num_hidden_layers)),
     tokenizer="PreTrainedTokenizerFast",
-    mask_token="<|mask|>"))  # id 156895 in the release; config.json names no mask_token_id
+    mask_token="<|mask|>",  # id 156895 in the release; config.json names no mask_token_id
+    rules=RULES))

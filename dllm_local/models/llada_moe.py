@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from transformers import PretrainedConfig
 
 from .attention import Attention
+from .config_rules import MAX_EXPERTS, QWEN2_KEYS, ConfigRules, Real, Whole, routed
 from .family import QWEN2_WEIGHTS, FamilySpec, register
 from .llada import LLaDAConfig
 from .layers import Experts, FusedProjections, RMSNorm, SwiGLU, apply_rope, mix_experts
@@ -55,7 +56,7 @@ class LLaDAMoEConfig(PretrainedConfig):
     ) -> None:
         if hidden_act != "silu":
             raise ValueError(f"hidden_act {hidden_act!r}: LLaDA-MoE's experts are SwiGLU (silu)")
-        if kwargs.get("rope_scaling", 0) is not None:
+        if kwargs.get("rope_scaling") is not None:  # absent or null: unscaled
             raise ValueError(f"rope_scaling {kwargs['rope_scaling']!r}: LLaDA-MoE's released rope is unscaled")
         kwargs.pop("rope_scaling", None)  # null in the released config; transformers warns on it
         self.vocab_size = vocab_size
@@ -200,9 +201,17 @@ class LLaDAMoEModelLM(LayerStackLM):
         return self.config.rotary_dim
 
 
+RULES = ConfigRules({
+    **QWEN2_KEYS, "dense_intermediate_size": Whole(), "expert_intermediate_size": Whole(),
+    "shared_expert_intermediate_size": Whole(optional=True), "num_experts": Whole(high=MAX_EXPERTS),
+    "num_experts_per_tok": Whole(high=MAX_EXPERTS), "partial_rotary_factor": Real(0, 1, low_open=True),
+}, lambda values: routed(values, "num_experts", "num_experts_per_tok"))
+
+
 register(FamilySpec(
     config=LLaDAMoEConfig, model=LLaDAMoEModelLM, kind="masked", weights=QWEN2_WEIGHTS,
     tokenizer="PreTrainedTokenizerFast",  # Ling's byte-level BPE in tokenizer.json
     mask_token="<|mask|>",  # the released config.json names no mask_token_id; the tokenizer's <|mask|> is 156895
     # The released config.json says "llada", as the dense LLaDA's does; its expert sizes tell it apart.
-    claims=lambda raw: raw.get("model_type") == LLaDAConfig.model_type and "expert_intermediate_size" in raw))
+    claims=lambda raw: raw.get("model_type") == LLaDAConfig.model_type and "expert_intermediate_size" in raw,
+    rules=RULES))

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from transformers import PretrainedConfig
 
 from .attention import Attention, BlockCausal
+from .config_rules import MAX_EXPERTS, MAX_LAYERS, QWEN2_KEYS, ConfigRules, Whole, routed
 from .family import QWEN2_WEIGHTS, FamilySpec, register
 from .layers import Experts, FusedProjections, RMSNorm, SwiGLU, attend, mix_experts
 from .stack import LayerStackLM
@@ -203,7 +204,13 @@ class SDARMoeForCausalLM(SDARForCausalLM):
 # Its tokenizer_config.json names the remote tokenization_qwen2 module; the tokenizer's mask token
 # (id 151669 in the released vocabulary) is for a config.json without mask_token_id (the first
 # uploads had none; block_size was added with it).
+DENSE_KEYS = {**QWEN2_KEYS, "head_dim": Whole(), "intermediate_size": Whole(), "block_size": Whole()}
+# The MoE's: experts routed per token within the experts (0 experts: every layer dense).
+MOE_RULES = ConfigRules({
+    **DENSE_KEYS, "num_experts": Whole(0, MAX_EXPERTS), "num_experts_per_tok": Whole(high=MAX_EXPERTS),
+    "moe_intermediate_size": Whole(), "decoder_sparse_step": Whole(high=MAX_LAYERS),
+}, lambda values: routed(values, "num_experts", "num_experts_per_tok"))
 register(FamilySpec(config=SDARConfig, model=SDARForCausalLM, kind="block", weights=QWEN2_WEIGHTS,
-                    tokenizer="Qwen2Tokenizer", mask_token="<|MASK|>"))
+                    tokenizer="Qwen2Tokenizer", mask_token="<|MASK|>", rules=ConfigRules(DENSE_KEYS)))
 register(FamilySpec(config=SDARMoeConfig, model=SDARMoeForCausalLM, kind="block", weights=QWEN2_WEIGHTS,
-                    tokenizer="Qwen2Tokenizer", mask_token="<|MASK|>"))
+                    tokenizer="Qwen2Tokenizer", mask_token="<|MASK|>", rules=MOE_RULES))

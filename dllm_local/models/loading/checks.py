@@ -6,7 +6,6 @@ in the memory free where they go. Each failure is a ModelLoadError saying what i
 """
 from __future__ import annotations
 
-import json
 import math
 import struct
 from pathlib import Path
@@ -14,8 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ...errors import ModelLoadError
-from ...hub import OPENED_SUFFIXES
+from ...errors import DllmError, ModelLoadError
+from ...files import parse_json, read_json, regular
+from ...hub import JSON_MAX_BYTES, OPENED_SUFFIXES
+from ...prompts import render_chat
 from ..family import FamilySpec, all_specs, known, of_config
 from ..protocol import FamilyConfig
 from .quantize import BYTES_PER_VALUE, FULL_PRECISION
@@ -23,7 +24,7 @@ from .quantize import BYTES_PER_VALUE, FULL_PRECISION
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-JSON_MAX_BYTES = 64 * 2**20  # a checkpoint's JSON (config, index, tokenizer): kilobytes to some MB
+HEADER_MAX_BYTES = 100_000_000  # a safetensors header: safetensors' own limit
 
 
 def checkpoint_root(path: Path) -> Path:
@@ -46,29 +47,26 @@ def inside(path: Path, name: str, what: str) -> Path:
     if not any(resolved.is_relative_to(root) for root in roots):
         raise ModelLoadError(f"{what} {name!r} in {path} leads outside the model's folder: a checkpoint's files stay "
                              "in its folder")
-    if f.exists() and not resolved.is_file():
-        raise ModelLoadError(f"{what} {name!r} in {path} is not a regular file")
+    if f.exists() or f.is_symlink():  # a missing one is the caller's to name
+        regular(f, f"{what} {name!r} in {path}", ModelLoadError)
     return f
 
 
 def check_folder(path: Path) -> None:
-    """Every file of the model folder that gets opened (config, tokenizer files, weights; links
-    followed) is a regular file under it, or in the hub cache, before any of them is opened."""
+    """Every file of the model folder that gets opened (config, tokenizer files, generation config,
+    index, weights; links followed) is a regular file under it, or in the hub cache, and each JSON
+    one is within ``read_json``'s bounds (size, depth), before any of them is opened by this
+    project, transformers or tokenizers (Python's own JSON parser meets a deep file with a RecursionError)."""
     for entry in path.iterdir():
-        if entry.name.endswith(OPENED_SUFFIXES) and (entry.is_symlink() or entry.is_file()):
+        if entry.name.endswith(OPENED_SUFFIXES):
             f = inside(path, entry.name, "file")
-            if f.name.endswith(".json") and f.exists() and f.stat().st_size > JSON_MAX_BYTES:
-                raise ModelLoadError(f"{f} is {f.stat().st_size / 2**20:.0f} MB, more than a checkpoint's JSON holds")
+            if f.name.endswith(".json"):
+                read_json(f, JSON_MAX_BYTES, str(f), ModelLoadError)
 
 
 def read_json_object(file: Path) -> dict:
-    """The JSON object in ``file``; unreadable JSON or another JSON type is a ModelLoadError."""
-    try:
-        if file.stat().st_size > JSON_MAX_BYTES:
-            raise ValueError(f"{file.stat().st_size} bytes, more than a checkpoint's JSON holds")
-        data = json.loads(file.read_text())
-    except (OSError, ValueError) as exc:  # ValueError: bad JSON or bad UTF-8
-        raise ModelLoadError(f"{file} is not readable JSON ({exc}); download the checkpoint again or fix the file") from exc
+    """The JSON object in ``file``, read within ``read_json``'s bounds; another JSON type is a ModelLoadError."""
+    data = read_json(file, JSON_MAX_BYTES, str(file), ModelLoadError)
     if not isinstance(data, dict):
         raise ModelLoadError(f"{file} must hold a JSON object, not a {type(data).__name__}")
     return data
@@ -100,13 +98,13 @@ def check_weights(path: Path) -> dict[str, dict]:
 def _check_safetensors_complete(f: Path) -> dict:
     """The file's header (tensor name -> dtype, shape, offsets), once the file is known to hold
     every byte the header names, each tensor's bytes where the header says and of its size."""
-    size = f.stat().st_size
+    size = regular(f, f"weight file {f.name}", ModelLoadError).st_size
     try:
         with f.open("rb") as fh:
             (header_len,) = struct.unpack("<Q", fh.read(8))
-            if header_len > size:
+            if header_len > min(size, HEADER_MAX_BYTES):
                 raise ValueError
-            header = json.loads(fh.read(header_len))
+            header = parse_json(fh.read(header_len), f"the header of weight file {f.name}", ModelLoadError)
         entries = {k: v for k, v in header.items() if k != "__metadata__"}
         if not all(map(_is_tensor_entry, entries.values())):
             raise ValueError("a tensor's dtype, shape or data_offsets is not one")
@@ -258,12 +256,14 @@ def check_mask_id(raw: dict, config: FamilyConfig, config_file: Path, tokenizer:
 
 
 def check_chat_template(tokenizer: PreTrainedTokenizerBase, path: Path) -> None:
-    """The chat template rendered once, before the weights load: a template that does not render
-    is told here, not at the first prompt."""
+    """The chat template rendered once (within ``render_chat``'s time), before the weights load: a
+    template that does not render, or does not end, is told here, not at the first prompt."""
     if not tokenizer.chat_template:
         return
     try:
-        tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=False)
+        render_chat(tokenizer, [{"role": "user", "content": "Hi"}])
+    except DllmError as exc:  # it did not finish
+        raise ModelLoadError(f"{path}: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - jinja raises many classes; the message is the point
         raise ModelLoadError(f"the chat template in {path} does not render ({type(exc).__name__}: "
                              f"{str(exc).splitlines()[0] if str(exc) else ''}); fix it (chat_template.jinja, or "

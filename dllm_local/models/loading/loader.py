@@ -17,8 +17,9 @@ from ... import kinds
 from ...errors import ModelLoadError, SettingsError
 from ...tiny.tasks import TASKS
 from .. import diffusion_gemma
+from ..config_rules import check_config
 from ..family import FamilySpec
-from .build import build_model, family_config, load_tokenizer
+from .build import build_model, family_config, load_tokenizer, reading
 from .checks import (check_chat_template, check_family, check_folder, check_guider_type, check_mask_id, check_memory,
                      check_tensors, check_weights, needed_bytes, read_json_object)
 from .find import ALIASES, ASSETS, TINY_GUIDER, TINY_MODEL, resolve_path
@@ -175,6 +176,7 @@ def decoding_facts(name_or_path: str) -> dict:
     block-diffusion model, the block and sub-block its class declares (built on the meta device)."""
     path, config_file, raw = _open(name_or_path)
     family = check_family(raw, config_file)
+    check_config(family, raw, config_file)
     kind = kinds.get(family.kind)
     if not kind.own_block:
         return kind.decoding()
@@ -193,6 +195,7 @@ def load(
     quiet_bitsandbytes()
     path, config_file, raw = _open(name_or_path)
     family = check_family(raw, config_file)
+    check_config(family, raw, config_file)  # the family's rules, before any config class or module is built
     config = family_config(raw, family, config_file)
     check_config_sizes(family, config, config_file)
     has_mask = kinds.get(family.kind).has_mask
@@ -251,6 +254,8 @@ def load_guider(name_or_path: str, device: str | torch.device = "auto", dtype: s
     check_guider_type(raw, name_or_path, config_file)
     check_weights(path)
     dev = pick_device(device)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=pick_dtype(dtype, dev), trust_remote_code=False).to(dev).eval()
-    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    with reading(f"the guider in {path} could not be loaded"):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=pick_dtype(dtype, dev), trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    model = model.to(dev).eval()
     return GuiderHandle(name_or_path, model, tokenizer, sum(p.numel() for p in model.parameters()))
