@@ -59,9 +59,8 @@ class Real:
     def broken(self, value: Any) -> str | None:
         if value is None and self.optional:
             return None
-        fits = (type(value) in (int, float) and math.isfinite(value) and value <= self.high
-                and (value > self.low if self.low_open else value >= self.low))
-        if fits:
+        number = float(value) if type(value) is float or (type(value) is int and abs(value) < 2**1000) else math.nan
+        if math.isfinite(number) and number <= self.high and (number > self.low if self.low_open else number >= self.low):
             return None
         low = f"above {self.low:g}" if self.low_open else f"at least {self.low:g}" if self.low > -math.inf else ""
         high = f"at most {self.high:g}" if self.high < math.inf else ""

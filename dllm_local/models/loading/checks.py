@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import struct
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -16,7 +17,8 @@ import torch
 from ...errors import DllmError, ModelLoadError
 from ...files import parse_json, read_json, regular
 from ...hub import JSON_MAX_BYTES, OPENED_SUFFIXES
-from ...prompts import render_chat
+from ...prompts import encode_prompt, render_chat
+from .build import cause
 from ..family import FamilySpec, all_specs, known, of_config
 from ..protocol import FamilyConfig
 from .quantize import BYTES_PER_VALUE, FULL_PRECISION
@@ -255,16 +257,21 @@ def check_mask_id(raw: dict, config: FamilyConfig, config_file: Path, tokenizer:
     return mask_id
 
 
-def check_chat_template(tokenizer: PreTrainedTokenizerBase, path: Path) -> None:
-    """The chat template rendered once (within ``render_chat``'s time), before the weights load: a
-    template that does not render, or does not end, is told here, not at the first prompt."""
-    if not tokenizer.chat_template:
-        return
+def check_tokenizer(tokenizer: PreTrainedTokenizerBase, path: Path) -> None:
+    """The chat template rendered once (within ``render_chat``'s time), then a prompt encoded and
+    decoded as a run does, before the weights load: a template that does not render or does not
+    end, or tokenizer files that load but do not encode (a model_max_length of text), are told here,
+    not at the first prompt."""
     try:
-        render_chat(tokenizer, [{"role": "user", "content": "Hi"}])
+        if tokenizer.chat_template:
+            render_chat(tokenizer, [{"role": "user", "content": "Hi"}])
     except DllmError as exc:  # it did not finish
         raise ModelLoadError(f"{path}: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - jinja raises many classes; the message is the point
-        raise ModelLoadError(f"the chat template in {path} does not render ({type(exc).__name__}: "
-                             f"{str(exc).splitlines()[0] if str(exc) else ''}); fix it (chat_template.jinja, or "
-                             "chat_template in tokenizer_config.json)") from None
+        raise ModelLoadError(f"the chat template in {path} does not render ({cause(exc)}); fix it "
+                             "(chat_template.jinja, or chat_template in tokenizer_config.json)") from None
+    try:
+        tokenizer.decode(encode_prompt(SimpleNamespace(tokenizer=tokenizer), "Hi"))
+    except Exception as exc:  # noqa: BLE001 - as above: the tokenizer files' failures come in many classes
+        raise ModelLoadError(f"the tokenizer in {path} does not encode a prompt ({cause(exc)}); check its "
+                             "tokenizer files") from None

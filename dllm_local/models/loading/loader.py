@@ -20,8 +20,8 @@ from .. import diffusion_gemma
 from ..config_rules import check_config
 from ..family import FamilySpec
 from .build import build_model, family_config, load_tokenizer, reading
-from .checks import (check_chat_template, check_family, check_folder, check_guider_type, check_mask_id, check_memory,
-                     check_tensors, check_weights, needed_bytes, read_json_object)
+from .checks import (check_family, check_folder, check_guider_type, check_mask_id, check_memory,
+                     check_tensors, check_tokenizer, check_weights, needed_bytes, read_json_object)
 from .find import ALIASES, ASSETS, TINY_GUIDER, TINY_MODEL, resolve_path
 from .footprint import arithmetic_parameters, logical_parameters, weight_read_bytes
 from .placement import apply_threads, auto_cuda_dtype, free_bytes, free_device_memory, pick_device, pick_dtype
@@ -204,7 +204,7 @@ def load(
     check_shapes(family, config, tensors, config_file)
     tokenizer = load_tokenizer(path, family)
     mask_id = None if not has_mask else check_mask_id(raw, config, config_file, tokenizer, family.mask_token)
-    check_chat_template(tokenizer, path)
+    check_tokenizer(tokenizer, path)
     dev = pick_device(device)
     dtype = pick_dtype(dtype, dev, quantization)
     if device_map is None:  # one device: spread over several, the placement is transformers' own
