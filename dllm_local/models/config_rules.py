@@ -15,12 +15,9 @@ import math
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, NoReturn
+from typing import Any, Callable, Mapping, NoReturn
 
 from ..errors import ModelLoadError, shown
-
-if TYPE_CHECKING:
-    from .family import FamilySpec
 
 # Bounds past any real model's: a vocabulary (262,144 at most today) or a width; the layers and
 # experts a config may ask for (each is a module: a million of them is a load that never ends).
@@ -89,6 +86,18 @@ class ConfigRules:
     keys: Mapping[str, Whole | Real] = field(default_factory=dict)
     check: Callable[[Values], None] | None = None
 
+    def enforce(self, raw: dict, config_class: type, config_file: Path) -> None:
+        """``raw`` (config.json's object) against these rules, its absent keys at ``config_class``'s
+        defaults, before the config class or any module is built from it."""
+        values = Values(raw, _defaults(config_class), config_file)
+        for key, rule in self.keys.items():
+            value = values[key]
+            broken = None if value is _ABSENT else rule.broken(value)
+            if broken:
+                values.refuse(key, broken)
+        if self.check is not None:
+            self.check(values)
+
 
 def _at(data: Any, key: str) -> Any:
     for part in key.split("."):
@@ -101,19 +110,6 @@ def _at(data: Any, key: str) -> Any:
 @cache
 def _defaults(config_class: type) -> dict:
     return config_class().to_dict()
-
-
-def check_config(family: FamilySpec, raw: dict, config_file: Path) -> None:
-    """``raw`` (config.json's object) against ``family``'s rules, before its config class or any
-    module is built from it."""
-    values = Values(raw, _defaults(family.config), config_file)
-    for key, rule in family.rules.keys.items():
-        value = values[key]
-        broken = None if value is _ABSENT else rule.broken(value)
-        if broken:
-            values.refuse(key, broken)
-    if family.rules.check is not None:
-        family.rules.check(values)
 
 
 def routed(values: Values, experts: str, per_token: str) -> None:

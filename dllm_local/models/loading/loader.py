@@ -17,7 +17,6 @@ from ... import kinds
 from ...errors import ModelLoadError, SettingsError
 from ...tiny.tasks import TASKS
 from .. import diffusion_gemma
-from ..config_rules import check_config
 from ..family import FamilySpec
 from .build import build_model, family_config, load_tokenizer, reading
 from .checks import (check_family, check_folder, check_guider_type, check_mask_id, check_memory,
@@ -176,7 +175,7 @@ def decoding_facts(name_or_path: str) -> dict:
     block-diffusion model, the block and sub-block its class declares (built on the meta device)."""
     path, config_file, raw = _open(name_or_path)
     family = check_family(raw, config_file)
-    check_config(family, raw, config_file)
+    family.rules.enforce(raw, family.config, config_file)
     kind = kinds.get(family.kind)
     if not kind.own_block:
         return kind.decoding()
@@ -195,7 +194,7 @@ def load(
     quiet_bitsandbytes()
     path, config_file, raw = _open(name_or_path)
     family = check_family(raw, config_file)
-    check_config(family, raw, config_file)  # the family's rules, before any config class or module is built
+    family.rules.enforce(raw, family.config, config_file)  # before any config class or module is built
     config = family_config(raw, family, config_file)
     check_config_sizes(family, config, config_file)
     has_mask = kinds.get(family.kind).has_mask
