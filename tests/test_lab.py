@@ -124,7 +124,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def lab_page(tmp_path_factory):
     import app
-    from ui.page import LAUNCH_OPTIONS
+    from ui.page import launch_options
 
     users = tmp_path_factory.mktemp("lab") / "users.txt"
     add_user(users, "lee", PASSWORD, "lecturer")
@@ -135,7 +135,7 @@ def lab_page(tmp_path_factory):
     page, session = app.create(args, {name: user.role for name, user in sign_in.users.items()})
     page.queue(default_concurrency_limit=1)
     _, url, _ = page.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True, quiet=True,
-                            auth=sign_in, **LAUNCH_OPTIONS)
+                            **launch_options(sign_in))
     yield url, session
     page.close()
     session.close()

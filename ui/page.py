@@ -7,6 +7,7 @@ session through one ``EngineQueue``: every request that uses the model waits in 
 from __future__ import annotations
 
 import gradio as gr
+from starlette.middleware import Middleware
 
 from dllm_local.trace import MAX_TRACE_BYTES
 
@@ -15,6 +16,7 @@ from .engine.queue import EngineQueue
 from .parts.exports import ExportFolder
 from .parts.presets import fits, presets_for
 from .lab.classroom import Lab, LabTab, batching_line
+from .lab.guard import SignedInRoutes
 from .model.access import ModelAccess
 from .model.box import model_line
 from .run.play import PLAY_JS
@@ -69,6 +71,15 @@ JS = """
 # the browser's storage, which kept the browser busy most of a long live run.
 LAUNCH_OPTIONS = {"css": CSS + PRESENTER_CSS, "js": JS, "footer_links": [], "max_file_size": MAX_TRACE_BYTES,
                   "show_error": True, "run_history": False}
+
+
+def launch_options(auth=None) -> dict:
+    """``launch``'s options for this page; with sign-in (``auth``: ``ui.signin.SignIn``), also
+    the guard that closes Gradio's unchecked routes and ties each tab to its user (``lab.guard``)."""
+    if auth is None:
+        return LAUNCH_OPTIONS
+    return {**LAUNCH_OPTIONS, "auth": auth, "auth_message": "Sign in with the name and password your lecturer gave you.",
+            "app_kwargs": {"middleware": [Middleware(SignedInRoutes)]}}
 
 
 def build(session, presets: dict, preset_problems: list[str], default_preset: str | None = None,

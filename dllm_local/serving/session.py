@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import queue
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -40,6 +41,91 @@ class Request:
     place: int | None = None  # its place in line while it waits (None: not told yet); 0 once it runs
     steps: int = 0
     started: float = field(default_factory=time.time)
+    engine: EngineProcess | None = None  # the process it was sent to: only that one's death ends it
+
+
+def ended_how(exitcode: int | None) -> str:
+    """How a process ended, as its exit code says it: a signal named (SIGKILL is what the kernel's
+    out-of-memory killer sends)."""
+    if exitcode is None or exitcode >= 0:
+        return f"exit code {exitcode}"
+    try:
+        name = signal.Signals(-exitcode).name
+    except ValueError:
+        name = "an unknown signal"
+    memory = "; the system may have run out of memory" if -exitcode == signal.SIGKILL else ""
+    return f"killed by signal {-exitcode}, {name}{memory}"
+
+
+class EngineProcess:
+    """One engine process: its pipe, and a reader thread that hands each of its messages to its
+    request as it comes, so the engine never waits on a page that is drawing. ``settled`` is set
+    once the process is ready, failed to start or died: every caller waiting for it wakes then,
+    however many there are (one shared message queue woke only one of them)."""
+
+    def __init__(self, spec: dict, requests: dict[str, Request], lock: threading.Lock) -> None:
+        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked torch or OpenMP state
+        self.conn, child_conn = ctx.Pipe()
+        self.stop = ctx.Event()  # set by the engine's reader on a stop of the request that has it alone
+        self.process = ctx.Process(target=_serve, args=(child_conn, self.stop, dict(spec)), name="dllm-engine",
+                                   daemon=True)
+        self.process.start()
+        child_conn.close()
+        self.settled = threading.Event()
+        self.ready: dict | None = None
+        self.failure: BaseException | None = None
+        self._requests, self._lock = requests, lock
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def alive(self) -> bool:
+        """Whether it serves, or may yet: started and not ended (a failed start ends it)."""
+        return self.process.is_alive() and self.failure is None
+
+    def send(self, message: tuple) -> None:
+        with self._lock:
+            self.conn.send(message)
+
+    def wait_ready(self) -> dict:
+        """The engine's ``ready`` message, once it has loaded its model; its start's failure raised:
+        its load error, or how the process ended."""
+        self.settled.wait()
+        if self.failure is not None:
+            raise self.failure
+        return self.ready
+
+    def _read(self) -> None:
+        while True:
+            try:
+                request_id, kind, payload = self.conn.recv()
+            except (EOFError, OSError):
+                self.process.join(1)
+                self._died(ended_how(self.process.exitcode))
+                return
+            if request_id is None:  # the engine's own: ready, or its load error
+                self.ready, self.failure = (payload, None) if kind == "ready" else (None, payload)
+                self.settled.set()
+                continue
+            request = self._requests.get(request_id)
+            if request is None:  # its reader left and stopped waiting for it
+                continue
+            queued = kind == "event" and "queued" in payload
+            request.place = payload["queued"] if queued else 0
+            if kind == "event" and "step" in payload:
+                request.steps += 1
+            if not queued or request.method == "run":  # a run's page shows its place; the others just wait
+                request.inbox.put((kind, payload))
+
+    def _died(self, how: str) -> None:
+        """Tell this process's open requests, and whoever waits for it to start, that it is gone."""
+        if not self.settled.is_set():
+            self.failure = EngineError(f"the engine process could not start ({how})")
+            self.settled.set()
+        elif self.failure is None:
+            self.failure = EngineError(f"the engine process ended ({how})")
+        with self._lock:
+            for request in self._requests.values():
+                if request.engine is self:
+                    request.inbox.put(("dead", how))
 
 
 class Session:
@@ -51,7 +137,11 @@ class Session:
     engine's batch; ``max_length``: the positions each slot holds (None: the model's maximum);
     ``batch_mode``: how the batch runs its requests' forwards (``decoding.batch.BatchRun``);
     ``lecture_slots``: slots more, a lecturer's runs' only (``first``), so they never wait in line.
-    ``lazy``: return at once and wait for the model (and raise its error) on first use."""
+    ``lazy``: return at once and wait for the model (and raise its error) on first use.
+
+    An engine that ended (killed for memory, a lost GPU context, a failed start) is started again
+    by the next request; every request waiting for it then, however many, is answered once it is
+    up, or told why it could not start."""
 
     def __init__(self, model: str = "tiny", device: str = "auto", quantization: str | None = None,
                  guider: str | None = "tiny-guider", threads: int = 0, lazy: bool = False,
@@ -63,89 +153,48 @@ class Session:
                       "ray": ray, "threads": threads, "memory_fraction": memory_fraction,
                       "policies": registry.load_plugins(), "slots": slots, "max_length": max_length,
                       "batch_mode": batch_mode, "lecture_slots": lecture_slots}
-        self._lock = threading.Lock()  # the open requests, the pipe's sending end, a restart
+        self._lock = threading.Lock()  # the open requests and the pipe's sending end
+        self._starting = threading.Lock()  # one restart at a time: the others wait for it, not start their own
         self._open: dict[str, Request] = {}
         self._ids = itertools.count(1)
-        self._start()
+        self._engine = EngineProcess(self._spec, self._open, self._lock)
         if not lazy:
             self._described  # noqa: B018 - raises the engine's load error (an unknown model) here
 
     # ---------------------------------------------------------------- the engine process
-    def _start(self) -> None:
-        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked torch or OpenMP state
-        self._conn, child_conn = ctx.Pipe()
-        self._stop = ctx.Event()  # set by the engine's reader on a stop of the request that has it alone
-        self._process = ctx.Process(target=_serve, args=(child_conn, self._stop, dict(self._spec)),
-                                    name="dllm-engine", daemon=True)
-        self._process.start()
-        child_conn.close()
-        # A reader thread drains the pipe at once, so the engine never waits on a page that is drawing.
-        self._inbox: queue.Queue = queue.Queue()  # the engine's own messages: ready, or its load error
-        threading.Thread(target=self._read, args=(self._conn, self._process, self._inbox), daemon=True).start()
-        self._ready: dict | None = None
-        self._failure: BaseException | None = None
+    @property
+    def _process(self):
+        """The engine's process now (tests and the CUDA smoke script tell a restart by it)."""
+        return self._engine.process
 
-    def _read(self, conn, process, inbox: queue.Queue) -> None:
-        """Hand each of the engine's messages to its request as it comes; when the engine is gone,
-        tell every request still open, and whoever waits for it to start."""
-        while True:
-            try:
-                request_id, kind, payload = conn.recv()
-            except (EOFError, OSError):
-                process.join(1)
-                dead = ("dead", f"exit code {process.exitcode}")
-                inbox.put(dead)
-                with self._lock:
-                    for request in self._open.values():
-                        request.inbox.put(dead)
-                return
-            if request_id is None:
-                inbox.put((kind, payload))
-                continue
-            request = self._open.get(request_id)
-            if request is None:  # its reader left and stopped waiting for it
-                continue
-            queued = kind == "event" and "queued" in payload
-            request.place = payload["queued"] if queued else 0
-            if kind == "event" and "step" in payload:
-                request.steps += 1
-            if not queued or request.method == "run":  # a run's page shows its place; the others just wait
-                request.inbox.put((kind, payload))
+    def _engine_up(self) -> EngineProcess:
+        """The engine, started again if it has ended; waits until it has loaded its model."""
+        with self._starting:
+            if not self._engine.alive() and self._engine.settled.is_set():
+                self._engine = EngineProcess(self._spec, self._open, self._lock)
+            engine = self._engine
+        engine.wait_ready()
+        return engine
 
     @property
     def _described(self) -> dict:
         """The engine's ``ready`` message, waited for on first use: the page process imports its
-        UI while the engine loads the model. A failed start raises its error (every time, until a
-        request starts the engine again)."""
-        if self._ready is None and self._failure is None:
-            kind, payload = self._inbox.get()
-            if kind == "ready":
-                self._ready = payload
-            else:
-                self._process.join(5)
-                self._failure = payload if kind == "error" else EngineError(
-                    f"the engine process could not start ({payload})")
-        if self._failure is not None:
-            raise self._failure
-        return self._ready
-
-    def _send(self, message: tuple) -> None:
-        with self._lock:
-            self._conn.send(message)
+        UI while the engine loads the model. A failed start raises its error; the next request
+        starts the engine again."""
+        return self._engine_up().ready
 
     def _request(self, method: str, on_wait: Callable[[float], None] | None = None, run_id: str | None = None,
                  options: dict | None = None, what: str = "", **kwargs) -> Iterator:
         """Send one request; yield its streamed items (or its one result). ``run_id`` names who
         started it (``stop`` takes the same id). A consumer that leaves early stops the request and
         waits for the engine to end it."""
-        with self._lock:
-            if not self._process.is_alive() and not self._open:
-                self._start()
-        self._described  # noqa: B018 - the engine has loaded its model
+        engine = self._engine_up()
         request_id = str(next(self._ids))
-        request = Request(run_id, method, what)
+        request = Request(run_id, method, what, engine=engine)
         with self._lock:
             self._open[request_id] = request
+        if engine.settled.is_set() and engine.failure is not None:  # it died between ready and now
+            request.inbox.put(("dead", str(engine.failure)))
         answer = self._exchange(request_id, request, method, on_wait, kwargs, options or {})
         # Started at once: errors are raised here, and a dropped iterator still runs its clean-up.
         first = next(answer)
@@ -153,9 +202,12 @@ class Session:
 
     def _exchange(self, request_id: str, request: Request, method: str, on_wait, kwargs: dict,
                   options: dict) -> Iterator:
-        kind = "end"
+        kind, engine = "end", request.engine
         try:
-            self._send((request_id, method, kwargs, options))
+            try:
+                engine.send((request_id, method, kwargs, options))
+            except OSError:  # the pipe closed under it: the reader tells the request so
+                pass
             kind = "sent"
             started = time.perf_counter()
             while True:
@@ -175,7 +227,10 @@ class Session:
                     return
         finally:
             if kind not in _ENDS:  # left early: stop the request and drain its answer
-                self._send((request_id, "stop", {}, {}))
+                try:
+                    engine.send((request_id, "stop", {}, {}))
+                except OSError:
+                    pass
                 while kind not in _ENDS:
                     kind, _ = request.inbox.get()
             with self._lock:
@@ -183,14 +238,15 @@ class Session:
 
     def close(self) -> None:
         """End the engine process (it also ends with this one), stopping every request first."""
-        self._stop.set()
+        engine = self._engine
+        engine.stop.set()
         try:
-            self._send((None, "close", {}, {}))
+            engine.send((None, "close", {}, {}))
         except OSError:
             pass
-        self._process.join(10)
-        if self._process.is_alive():
-            self._process.kill()
+        engine.process.join(10)
+        if engine.process.is_alive():
+            engine.process.kill()
 
     # ---------------------------------------------------------------- models
     def model_options(self) -> list[tuple[str, bool, str]]:
@@ -216,8 +272,9 @@ class Session:
                      on_wait: Callable[[float], None] | None = None, run_id: str | None = None) -> dict:
         """Load another model in place of the current one, once the runs going have ended;
         ``on_wait(seconds)`` is called about twice a second until it has loaded."""
-        self._ready = next(self._request("switch_model", on_wait, run_id, what=f"load {name}", name=name,
-                                         quantization=quantization))
+        request = self._request("switch_model", on_wait, run_id, what=f"load {name}", name=name,
+                                quantization=quantization)
+        self._engine.ready = next(request)
         self._spec.update(model=name, quantization=quantization)
         return self.info()
 
@@ -248,7 +305,10 @@ class Session:
         with self._lock:
             ids = [i for i, request in self._open.items() if run_id is None or request.owner == run_id]
         for request_id in ids:
-            self._send((request_id, "stop", {}, {}))
+            try:
+                self._open[request_id].engine.send((request_id, "stop", {}, {}))
+            except (KeyError, OSError):  # it ended meanwhile, or its engine did (the request is told)
+                pass
         return bool(ids)
 
     def sweep(self, task: str, n: int, base: dict, axes: dict[str, list], seed: int = 1000,
