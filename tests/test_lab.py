@@ -204,7 +204,7 @@ def test_the_labs_limits_refuse_with_why_and_a_lecturer_goes_past_them(lab_page)
     assert second.startswith("⚠ you have 1 request going, this lab's limit per user; wait for it to end"), second
     other = _client(url, "student2")
     too_long = _status(other.predict("Ann has 2 pens.", api_name="/run", gen_length=512, block_size=32))
-    assert too_long.startswith("⚠ gen_length 512 is beyond this lab's limit of 256"), too_long
+    assert too_long.startswith("⚠ this request decodes 512 answer positions, beyond this lab's limit of 256"), too_long
     assert "for the lecturer" in other.predict("tiny", "none", api_name="/load_model")[1]  # the model line, the status
     assert "would hold every student's run" in other.predict("LLaDA baseline", "LLaDA baseline", "", LONG_PROMPT,
                                                              api_name="/compare")[-1]

@@ -4,16 +4,24 @@ caller (cancel and heartbeat included), a tab id used by another signed-in user 
 grants anything, and lecturer-only actions are refused where they run."""
 from __future__ import annotations
 
+import json
 import re
 import time
+from pathlib import Path
 
 import pytest
 import requests
+from gradio_client import handle_file
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from test_lab import LONG_PROMPT, PASSWORD, STOPPED_RUN, _client, _free_port, _status, _wait_for_a_request
+from dllm_local.serving.cost import answer_positions
+from ui.lab.classroom import Lab, LabRefusal, Limits, Who
 from ui.lab.guard import OPEN_TO_ALL
 from ui.signin import SignIn, add_user, read_users
+
+LIMIT = 64
+SMALL_TRACE = Path(__file__).resolve().parent / "data" / "trace_small.json"
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +34,7 @@ def page(tmp_path_factory):
     for name in ("ann", "bob"):
         add_user(users, name, PASSWORD)
     sign_in = SignIn(read_users(users))
-    args = app.parse_args(["--users", str(users), "--slots", "2"])
+    args = app.parse_args(["--users", str(users), "--slots", "2", "--max-gen-length", str(LIMIT)])
     page, session = app.create(args, {name: user.role for name, user in sign_in.users.items()})
     page.queue(default_concurrency_limit=1)
     _, url, _ = page.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True, quiet=True,
@@ -77,26 +85,38 @@ def test_every_route_gradio_registers_is_closed_to_the_signed_out_but_the_sign_i
     assert closed and all(status == 401 for _, _, status in closed), [c for c in closed if c[2] != 401]
 
 
-def test_a_tab_id_used_by_another_student_stops_nothing(page):
+def test_the_lecturers_tab_id_in_a_students_hands_stops_nothing(page):
     _, url, session = page
-    ann = _client(url, "ann")
-    long = ann.submit(LONG_PROMPT, api_name="/run", **STOPPED_RUN)
+    lee = _client(url, "lee")  # held by no limit: a run longer than the lab's
+    long = lee.submit(LONG_PROMPT, api_name="/run", **STOPPED_RUN)
     _wait_for_a_request(session)
     bob = _signed_in(url, "bob")
-    stop = {"data": [], "fn_index": _fn_index(bob, url, "stop"), "session_hash": ann.session_hash,
+    stop = {"data": [], "fn_index": _fn_index(bob, url, "stop"), "session_hash": lee.session_hash,
             "event_data": None, "trigger_id": None}
     assert bob.post(url + "gradio_api/queue/join", json=stop, timeout=30).status_code == 403
-    cancel = {"session_hash": ann.session_hash, "fn_index": _fn_index(bob, url, "run"), "event_id": "x"}
+    cancel = {"session_hash": lee.session_hash, "fn_index": _fn_index(bob, url, "run"), "event_id": "x"}
     assert bob.post(url + "gradio_api/cancel", json=cancel, timeout=30).status_code == 403
-    assert bob.get(url + f"gradio_api/queue/data?session_hash={ann.session_hash}", timeout=30).status_code == 403
-    # The lecturer's list names ann's tab by an id that is not her session's.
-    table, _ = _client(url, "lee").predict(api_name="/lab_requests")
-    shown = [row[5] for row in table["data"] if row[0] == "ann"]
-    assert shown and shown[0].startswith("tab-") and ann.session_hash not in str(table["data"])
+    assert bob.get(url + f"gradio_api/queue/data?session_hash={lee.session_hash}", timeout=30).status_code == 403
+    # The lecturer's list names each tab by an id that is not its session's.
+    table, _ = lee.predict(api_name="/lab_requests")
+    shown = [row[5] for row in table["data"] if row[0] == "lee"]
+    assert shown and shown[0].startswith("tab-") and lee.session_hash not in str(table["data"])
     time.sleep(1)  # what bob's requests would have stopped had time to
-    assert any(r["owner"] == ann.session_hash and r["steps"] for r in session.requests())
-    assert ann.predict(api_name="/stop").startswith("Stopping")  # ann's own Stop still stops it
+    assert any(r["owner"] == lee.session_hash and r["steps"] for r in session.requests())
+    assert lee.predict(api_name="/stop").startswith("Stopping")  # the tab's own Stop still stops it
     assert _status(long.result(timeout=120)).startswith("Stopped")
+
+
+def test_a_branch_of_an_imported_trace_is_held_to_the_length_it_will_run_at(page, tmp_path):
+    """The trace's settings name no gen_length: its branch runs at the default, 128, past the limit."""
+    _, url, _ = page
+    trace = json.loads(SMALL_TRACE.read_text())
+    del trace["settings"]["gen_length"]
+    (path := tmp_path / "no_length.json").write_text(json.dumps(trace))
+    bob = _client(url, "bob")
+    bob.predict(handle_file(str(path)), api_name="/import_trace")
+    outputs = bob.predict(len(trace["steps"]) - 1, 0, None, "confidence", api_name="/branch_remask")
+    assert f"128 answer positions, beyond this lab's limit of {LIMIT}" in str(outputs), outputs
 
 
 def test_lecturer_only_actions_are_refused_where_they_run(page):
@@ -104,3 +124,29 @@ def test_lecturer_only_actions_are_refused_where_they_run(page):
     bob = _client(url, "bob")
     assert "Downloading a model is for the lecturer" in str(bob.predict("tiny", api_name="/download_model"))
     assert "for the lecturer" in bob.predict("tiny", "none", api_name="/load_model")[1]
+
+
+@pytest.fixture(scope="module")
+def canvas_model():
+    import dllm_local
+
+    return dllm_local.load("tiny-diffusiongemma")
+
+
+@pytest.mark.parametrize("canvas_params, gen_length", [({"canvas_length": 48}, 8), ({}, 20), ({}, 16)])
+def test_a_canvas_run_is_held_to_the_whole_canvases_it_decodes(canvas_model, canvas_params, gen_length):
+    """canvas_length 512 passed a limit of 32: the region is whole canvases, as the run allocates it."""
+    import dllm_local
+    from dllm_local.settings import Settings
+
+    tiny = canvas_model
+    settings = Settings.from_dict({"gen_length": gen_length, "block_size": gen_length, "canvas_params": canvas_params})
+    positions = answer_positions(settings, tiny.summary())
+    run = dllm_local.generate(tiny, "What is 2 plus 3?", Settings.from_dict(
+        {**settings.to_dict(), "canvas_params": {**canvas_params, "max_denoising_steps": 1}}))
+    assert positions == run.trace.gen_length and positions % (canvas_params.get("canvas_length") or 16) == 0
+    lab, student = Lab(Limits(max_gen_length=gen_length), {"ann": "student"}), Who("t", "ann", False)
+    if positions > gen_length:
+        with pytest.raises(LabRefusal, match=f"{positions} answer positions, beyond this lab's limit"):
+            with lab.admitted(student, positions):
+                pass

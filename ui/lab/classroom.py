@@ -97,14 +97,16 @@ class Lab:
             raise LabRefusal(f"{what} is for the lecturer in a lab: {why}")
 
     @contextmanager
-    def admitted(self, who: Who, gen_length: int) -> Iterator[None]:
-        """Hold one of ``who``'s requests for as long as it runs, or refuse it with why."""
+    def admitted(self, who: Who, positions: int) -> Iterator[None]:
+        """Hold one of ``who``'s requests for as long as it runs, or refuse it with why. ``positions``:
+        the answer region it will decode, from its settings as they will run (``serving.cost``)."""
         limits, user = self.limits, who.user
         with self._lock:
             if not who.lecturer:
-                if limits.max_gen_length is not None and gen_length > limits.max_gen_length:
-                    raise LabRefusal(f"gen_length {gen_length} is beyond this lab's limit of {limits.max_gen_length}; "
-                                     f"choose {limits.max_gen_length} or less")
+                longest = limits.max_gen_length
+                if longest is not None and positions > longest:
+                    raise LabRefusal(f"this request decodes {positions} answer positions, beyond this lab's limit of "
+                                     f"{longest}; ask for {longest} or fewer (a canvas model decodes whole canvases)")
                 if limits.runs_per_user is not None and self._open[user] >= limits.runs_per_user:
                     n = self._open[user]
                     raise LabRefusal(f"you have {n} request{'s' if n != 1 else ''} going, this lab's limit per "

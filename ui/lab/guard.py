@@ -21,6 +21,7 @@ import json
 from collections import OrderedDict
 from typing import Any, Awaitable, Callable
 
+from gradio.routes import App
 from starlette.requests import HTTPConnection
 
 API = "/gradio_api/"
@@ -50,10 +51,11 @@ class SessionOwners:
 def signed_in_user(scope: Scope) -> str | None:
     """The user Gradio signed in for this request's cookie, or None."""
     app = scope.get("app")
+    if not isinstance(app, App):
+        return None
     cookies = HTTPConnection(scope).cookies
-    cookie_id = getattr(app, "cookie_id", None)
-    token = cookies.get(f"access-token-{cookie_id}") or cookies.get(f"access-token-unsecure-{cookie_id}")
-    return getattr(app, "tokens", {}).get(token) if token else None
+    token = cookies.get(f"access-token-{app.cookie_id}") or cookies.get(f"access-token-unsecure-{app.cookie_id}")
+    return app.tokens.get(token) if token else None
 
 
 def session_in_path_or_query(scope: Scope) -> str | None:
