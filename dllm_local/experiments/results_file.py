@@ -192,8 +192,8 @@ class Results:
                                          ("problem", f"problem {problem} (its task, data seed, prompt or answer)"))
                   if have[key] != want[key]]
         if differ:
-            raise DllmError(f"{where} holds a record of another run: {' and '.join(differ)} differ from this "
-                            f"run's{refuse}")
+            raise DllmError(f"{where} holds a record of another run: {' and '.join(differ)} "
+                            f"{'differ' if len(differ) > 1 else 'differs'} from this run's{refuse}")
         return {k: v for k, v in row.items() if k not in ("unit", "seal")}
 
     @cached_property
