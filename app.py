@@ -145,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.allow_downloads:
         offline.allow_downloads()
-    from ui.signin import SignIn, read_users, sign_in_problem
+    from ui.login import SignIn
+    from ui.signin import read_users, sign_in_problem
 
     problem = sign_in_problem(args.host, args.share, args.users) or address_problem(args.host, args.port)
     if not problem and args.models_dir and not os.path.isdir(args.models_dir):
@@ -168,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         page.launch(server_name=args.host, server_port=args.port, share=args.share, **LAUNCH_OPTIONS,
-                    prevent_thread_lock=True, auth=sign_in, auth_message="Sign in with the name and password "
-                    "your lecturer gave you.")
+                    prevent_thread_lock=True, **(sign_in.launch_options() if sign_in else {}),
+                    auth_message="Sign in with the name and password your lecturer gave you.")
         print(f"dllm-local: serving on http://{args.host}:{args.port}", flush=True)
         page.block_thread()
     except KeyboardInterrupt:  # Ctrl-C: end quietly; the export folder goes below

@@ -19,7 +19,8 @@ from dllm_local.tiny.tasks import make_problems
 from test_page import browser  # noqa: F401 - the real browser's fixture
 from ui.lab.classroom import Lab, LabRefusal, Limits, Who
 from ui.parts.presets import load_presets
-from ui.signin import SignIn, add_user, read_users
+from ui.login import SignIn
+from ui.signin import add_user, read_users
 
 PRESET = "Fast-dLLM DualCache (paper default)"  # what Run decodes when only a prompt is given
 PASSWORD = "correct horse"
@@ -135,7 +136,7 @@ def lab_page(tmp_path_factory):
     page, session = app.create(args, {name: user.role for name, user in sign_in.users.items()})
     page.queue(default_concurrency_limit=1)
     _, url, _ = page.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True, quiet=True,
-                            auth=sign_in, **LAUNCH_OPTIONS)
+                            **sign_in.launch_options(), **LAUNCH_OPTIONS)
     yield url, session
     page.close()
     session.close()
