@@ -162,15 +162,14 @@ def main(argv: list[str] | None = None) -> int:
     except DllmError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from ui.page import LAUNCH_OPTIONS
+    from ui.page import launch_options
 
     page.queue(default_concurrency_limit=1)
     # A plain `kill` ends the page like Ctrl-C: the engine closed, the export folder deleted.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        page.launch(server_name=args.host, server_port=args.port, share=args.share, **LAUNCH_OPTIONS,
-                    prevent_thread_lock=True, **(sign_in.launch_options() if sign_in else {}),
-                    auth_message="Sign in with the name and password your lecturer gave you.")
+        page.launch(server_name=args.host, server_port=args.port, share=args.share, prevent_thread_lock=True,
+                    **launch_options(sign_in))
         print(f"dllm-local: serving on http://{args.host}:{args.port}", flush=True)
         page.block_thread()
     except KeyboardInterrupt:  # Ctrl-C: end quietly; the export folder goes below

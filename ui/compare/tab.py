@@ -11,6 +11,7 @@ import gradio as gr
 
 from dllm_local.errors import SettingsError, shown
 from dllm_local.files import FileRefused, parse_json
+from dllm_local.serving.cost import answer_positions
 from dllm_local.values import Text, integer
 from dllm_local.settings import Settings
 
@@ -198,7 +199,8 @@ class CompareTab:
 
         try:
             who = self.engine.lab.who(request)
-            with self.engine.several_runs(client) as stop_asked, self.engine.lab.admitted(who, sides["a"].gen_length):
+            cost = max(answer_positions(settings, self.session.info()) for settings in sides.values())
+            with self.engine.several_runs(client) as stop_asked, self.engine.lab.admitted(who, cost):
                 for key, settings in sides.items():  # the warm-ups, drawn live: their time is not counted
                     if stop_asked():
                         yield shown(f"Stopped before the warm-up of {key.upper()}: nothing was timed.")

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import gradio as gr
 
 from dllm_local.limits import MAX_GEN_LENGTH
+from dllm_local.serving.cost import answer_positions
 from dllm_local.values import integer
 
 from ..lessons import acceptance, verdicts as lessons
@@ -147,7 +148,8 @@ class Branching:
                   "token": None if remask else int(token)}
         who = self.engine.lab.who(request)
         try:
-            with self.engine.lab.admitted(who, trace["settings"].get("gen_length", 0)):
+            # The settings as the engine will run them: a trace's missing length is the default's.
+            with self.engine.lab.admitted(who, answer_positions(trace["settings"], self.session.info())):
                 yield from self._branched(trace, prompt, change, who, step, color_by)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message; the page stays up
             yield {self.branch_status: f"⚠ {error_text(exc)}"}
