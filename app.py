@@ -145,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.allow_downloads:
         offline.allow_downloads()
-    from ui.signin import SignIn, read_users, sign_in_problem
+    from ui.login import SignIn
+    from ui.signin import read_users, sign_in_problem
 
     problem = sign_in_problem(args.host, args.share, args.users) or address_problem(args.host, args.port)
     if not problem and args.models_dir and not os.path.isdir(args.models_dir):

@@ -19,7 +19,8 @@ from dllm_local.tiny.tasks import make_problems
 from test_page import browser  # noqa: F401 - the real browser's fixture
 from ui.lab.classroom import Lab, LabRefusal, Limits, Who
 from ui.parts.presets import load_presets
-from ui.signin import SignIn, add_user, read_users
+from ui.login import SignIn
+from ui.signin import add_user, read_users
 
 PRESET = "Fast-dLLM DualCache (paper default)"  # what Run decodes when only a prompt is given
 PASSWORD = "correct horse"

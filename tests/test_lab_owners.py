@@ -18,7 +18,8 @@ from test_lab import LONG_PROMPT, PASSWORD, STOPPED_RUN, _client, _free_port, _s
 from dllm_local.serving.cost import answer_positions
 from ui.lab.classroom import Lab, LabRefusal, Limits, Who
 from ui.lab.guard import OPEN_TO_ALL
-from ui.signin import SignIn, add_user, read_users
+from ui.login import SignIn
+from ui.signin import add_user, read_users
 
 LIMIT = 64
 SMALL_TRACE = Path(__file__).resolve().parent / "data" / "trace_small.json"

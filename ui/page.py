@@ -17,6 +17,7 @@ from .parts.exports import ExportFolder
 from .parts.presets import fits, presets_for
 from .lab.classroom import Lab, LabTab, batching_line
 from .lab.guard import SignedInRoutes
+from .login import SignIn
 from .model.access import ModelAccess
 from .model.box import model_line
 from .run.play import PLAY_JS
@@ -73,13 +74,14 @@ LAUNCH_OPTIONS = {"css": CSS + PRESENTER_CSS, "js": JS, "footer_links": [], "max
                   "show_error": True, "run_history": False}
 
 
-def launch_options(auth=None) -> dict:
-    """``launch``'s options for this page; with sign-in (``auth``: ``ui.signin.SignIn``), also
+def launch_options(sign_in: SignIn | None = None) -> dict:
+    """``launch``'s options for this page; with sign-in, also its guarded check (``ui.login``) and
     the guard that closes Gradio's unchecked routes and ties each tab to its user (``lab.guard``)."""
-    if auth is None:
+    if sign_in is None:
         return LAUNCH_OPTIONS
-    return {**LAUNCH_OPTIONS, "auth": auth, "auth_message": "Sign in with the name and password your lecturer gave you.",
-            "app_kwargs": {"middleware": [Middleware(SignedInRoutes)]}}
+    options = sign_in.launch_options()
+    options["app_kwargs"]["middleware"].append(Middleware(SignedInRoutes))
+    return {**LAUNCH_OPTIONS, **options, "auth_message": "Sign in with the name and password your lecturer gave you."}
 
 
 def build(session, presets: dict, preset_problems: list[str], default_preset: str | None = None,
