@@ -232,7 +232,7 @@ def numeric_api(server):  # noqa: F811
 @given(data=st.data())
 def test_true_is_refused_at_any_numeric_input_of_any_api_endpoint(numeric_api, data):
     """Gradio's Number and Slider round true to 1 before a handler sees it (a branch ran at step 1):
-    the page's own (``ui.parts.inputs.NumberBox``, ``NumberSlider``) refuse it as sent, by name."""
+    the page's own (``ui.parts.inputs.number_box``, ``number_slider``) refuse it as sent, by name."""
     from gradio_client.exceptions import AppError
 
     client, inputs = numeric_api

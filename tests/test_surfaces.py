@@ -23,7 +23,7 @@ from dllm_local.errors import SettingsError
 from dllm_local.kinds.spec import COMMON_KNOBS
 from dllm_local.limits import MAX_SLOTS
 from dllm_local.settings import Settings
-from ui.parts.inputs import NumberBox, NumberSlider
+from ui.parts.inputs import number_box, number_slider
 from ui.run.slides_zip import MAX_SLIDES_IMAGES, slides_zip
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,7 +89,7 @@ NOT_NUMBERS = st.one_of(st.booleans(), st.text(max_size=8), st.lists(st.integers
 @settings(max_examples=40, deadline=None)
 @given(payload=NOT_NUMBERS, slider=st.booleans())
 def test_a_number_input_refuses_anything_but_a_finite_number_before_gradio_rounds_it(payload, slider):
-    component = NumberSlider(0, 10, 0, step=1, label="Step") if slider else NumberBox(None, label="Step", precision=0)
+    component = number_slider(0, 10, 0, step=1, label="Step") if slider else number_box(None, label="Step", precision=0)
     with pytest.raises(gr.Error, match="Step: must be a finite number, not "):
         component.preprocess(payload)
 
@@ -97,14 +97,14 @@ def test_a_number_input_refuses_anything_but_a_finite_number_before_gradio_round
 def test_every_number_input_of_the_page_is_one_of_the_checked_components():
     built = [str(p.relative_to(ROOT)) for p in (ROOT / "ui").rglob("*.py") if p.name != "inputs.py"
              and re.search(r"\bgr\.(Number|Slider)\(", p.read_text())]
-    assert built == []  # NumberBox and NumberSlider (ui/parts/inputs.py) instead
+    assert built == []  # number_box and number_slider (ui/parts/inputs.py) instead
 
 
 @settings(max_examples=20, deadline=None)
 @given(value=st.integers(0, 10) | st.floats(0, 10))
 def test_a_number_input_takes_a_finite_number_as_gradio_does(value):
-    assert NumberSlider(0, 10, 0, step=1).preprocess(value) == gr.Slider(0, 10, 0, step=1).preprocess(value)
-    assert NumberBox(None, precision=0).preprocess(value) == gr.Number(None, precision=0).preprocess(value)
+    assert number_slider(0, 10, 0, step=1).preprocess(value) == gr.Slider(0, 10, 0, step=1).preprocess(value)
+    assert number_box(None, precision=0).preprocess(value) == gr.Number(None, precision=0).preprocess(value)
 
 
 # True at every numeric input of every endpoint of a real server: tests/test_compare_repeats.py

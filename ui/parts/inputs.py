@@ -110,19 +110,20 @@ def raw_number(component: gr.components.Component, payload: Any) -> Any:
                    f"{shown[:40]}{'…' if len(shown) > 40 else ''}", print_exception=False)
 
 
-class NumberBox(gr.Number):
-    """The page's number box: Gradio's Number, its payload checked by ``raw_number`` first."""
+def _checked(component: gr.Number | gr.Slider) -> Any:
+    """``component`` with its payload checked by ``raw_number`` before Gradio's own preprocessing.
+    The instance's method is wrapped, not the class subclassed: Gradio writes a .pyi stub beside
+    the module of any Component subclass when the subclass is defined."""
+    rounded = component.preprocess
+    component.preprocess = lambda payload: rounded(raw_number(component, payload))
+    return component
 
-    is_template = True  # the browser draws it as the Number it is
 
-    def preprocess(self, payload: Any) -> Any:
-        return super().preprocess(raw_number(self, payload))
+def number_box(*args: Any, **kwargs: Any) -> gr.Number:
+    """The page's number box: Gradio's Number (same arguments), its payload checked first."""
+    return _checked(gr.Number(*args, **kwargs))
 
 
-class NumberSlider(gr.Slider):
-    """The page's slider: Gradio's Slider, its payload checked by ``raw_number`` first."""
-
-    is_template = True
-
-    def preprocess(self, payload: Any) -> Any:
-        return super().preprocess(raw_number(self, payload))
+def number_slider(*args: Any, **kwargs: Any) -> gr.Slider:
+    """The page's slider: Gradio's Slider (same arguments), its payload checked first."""
+    return _checked(gr.Slider(*args, **kwargs))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ..parts.inputs import ColorBy, NumberSlider, PageState, StepIndex, checked
+from ..parts.inputs import ColorBy, PageState, StepIndex, checked, number_slider
 from .play import Play
 from .slides import SLIDES_JS, grid_svg
 from .slides_zip import slides_zip
@@ -173,7 +173,7 @@ class Presenter(Play):
                 self.moves[move] = gr.Button(label, size="sm", scale=0, min_width=40, elem_id=f"step-{move}")
             self._speed_menu()
             self.follow = gr.Checkbox(True, label="Follow live", scale=0, min_width=90, elem_id="follow")
-            self.scrub = NumberSlider(0, 1, 0, step=1, label="Step", scale=1, min_width=200, elem_id="scrubber")
+            self.scrub = number_slider(0, 1, 0, step=1, label="Step", scale=1, min_width=200, elem_id="scrubber")
         self._play_requests()
 
     @checked
