@@ -22,7 +22,7 @@ from ..run.controls import Specs, settings_from_controls, settings_line, spec_na
 from ..engine.handler import engine_handler
 from ..engine.queue import ENGINE, EngineQueue, client_of, error_text, place_text, throttled
 from ..parts.replay import numbers
-from ..parts.inputs import Choice, checked
+from ..parts.inputs import Choice, checked, number_slider
 from ..parts.presets import CURRENT_RUN
 from ..run.tab import RunTab
 from ..parts.timing import ALPHA, MAX_REPEATS, MIN_REPEATS, REPEATS, repeats_needed, smallest_p
@@ -120,10 +120,10 @@ class CompareTab:
                                        "for Current Run settings (filled in when they change; yours to edit)")
         with gr.Row():
             fewest = repeats_needed()
-            self.repeats = gr.Slider(MIN_REPEATS, MAX_REPEATS, value=REPEATS, step=1, elem_id="cmp-repeats",
-                                     label="Timed repeats of each side",
-                                     info=f"below {fewest} the rank test cannot find a difference (with {fewest - 1} "
-                                          f"a side its smallest p is {smallest_p(fewest - 1, fewest - 1):.2f})")
+            self.repeats = number_slider(MIN_REPEATS, MAX_REPEATS, value=REPEATS, step=1, elem_id="cmp-repeats",
+                                        label="Timed repeats of each side",
+                                        info=f"below {fewest} the rank test cannot find a difference (with {fewest - 1} "
+                                             f"a side its smallest p is {smallest_p(fewest - 1, fewest - 1):.2f})")
             self.button = gr.Button("Run both", variant="primary", elem_id="cmp-btn")
             self.stop_btn = gr.Button("Stop", variant="stop", elem_id="cmp-stop-btn")
         self.stop_note = gr.Markdown("", elem_id="cmp-stop-note")

@@ -17,7 +17,7 @@ from ..canvas.parts import is_canvas
 from ..engine.handler import engine_handler
 from ..engine.queue import RUNS, error_text, place_text
 from ..grid.tokens import token_label
-from ..parts.inputs import Choice, PageState, StepIndex, checked
+from ..parts.inputs import Choice, PageState, StepIndex, checked, number_box
 from ..lab.classroom import Who
 from .position_panel import candidates_at, position_panel_html
 from ..parts.replay import answer_length, prompt_len, prompt_of, state_at
@@ -83,8 +83,8 @@ class Branching:
     ``scrub``, ``color_by``, ``status`` and ``exports`` it reads."""
 
     def _token_panel(self) -> None:
-        self.position = gr.Number(None, label="Position (click a token in the grid)", precision=0, minimum=0,
-                                  elem_id="position")
+        self.position = number_box(None, label="Position (click a token in the grid)", precision=0, minimum=0,
+                                   elem_id="position")
         # Force and Re-mask above the position's history (which grows with the run): on the first
         # screen in presenter view at every font scale.
         with gr.Row(equal_height=True, elem_id="branch-controls"):
