@@ -12,33 +12,11 @@ from dllm_local import offline  # before gradio, the hub or Ray is imported
 
 offline.stay_offline()  # telemetry off, the hub offline: --allow-downloads alone turns the hub on
 
-
-def port_number(text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port number in 1..65535, not {text!r}")
-    return int(text)
+from dllm_local.arguments import COUNT, PORT, SLOT_COUNT, Count, Number  # noqa: E402
 
 
-def threads_count(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"must be a whole number of threads >= 0 (0: all cores but one), not {text!r}")
-    return int(text)
-
-
-def positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, not {text!r}")
-    return int(text)
-
-
-def memory_fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be a share of the GPU's memory in (0, 1], not {text!r}")
-    return value
+THREADS = Count(0, what="a whole number of threads", why="0: all cores but one")
+MEMORY_SHARE = Number(0, 1, low_open=True, what="a share of the GPU's memory")
 
 
 POLICIES_HELP = ("modules that register policies of your own, imported by the page and the engine (installed "
@@ -53,37 +31,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--model", default="tiny", help="hub id, local folder or short name (default: the embedded tiny model)")
     ap.add_argument("--quantize", choices=["none", "8bit", "4bit"], default="none", help="bitsandbytes quantization (CUDA; on the CPU too, slower)")
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ...")
-    ap.add_argument("--gpu-memory-fraction", type=memory_fraction, default=None, metavar="F",
+    ap.add_argument("--gpu-memory-fraction", type=MEMORY_SHARE, default=None, metavar="F",
                     help="cap the engine at this share of the GPU's memory (for a GPU shared with other programs)")
     ap.add_argument("--guider", default="tiny-guider", help="autoregressive guider for guided decoding")
     ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=port_number, default=7860)
+    ap.add_argument("--port", type=PORT, default=7860)
     ap.add_argument("--share", action="store_true", help="opt in to a public Gradio share link (needs --users)")
     ap.add_argument("--users", default=None, metavar="FILE",
                     help="sign-in: the users file (python -m ui.signin add FILE NAME); needed to serve beyond "
                          "127.0.0.1 or with --share")
     lab = ap.add_argument_group("a class on one page (docs/page.md, Running a lab)")
-    lab.add_argument("--slots", type=positive, default=SLOTS,
+    lab.add_argument("--slots", type=SLOT_COUNT, default=SLOTS,
                      help=f"runs decoding at once in the engine's batch (default {SLOTS}); the others wait in line. "
                           "With a lecturer in --users, one slot more, the lecturer's runs' only")
     lab.add_argument("--batch-mode", choices=BATCH_MODES, default=BATCH_MODE,
                      help="packed (default): one forward for the batch's runs, fastest; on a GPU in bf16 a run's "
                           "tokens may depend on who shares the batch. invariant: each run's own forward, its tokens "
                           "those it gets alone, one forward per run a step (docs/performance.md)")
-    lab.add_argument("--max-gen-length", type=positive, default=None, metavar="N",
+    lab.add_argument("--max-gen-length", type=COUNT, default=None, metavar="N",
                      help=f"the longest answer a student may ask for; each slot then holds N + {SLOT_PROMPT_ROOM} "
                           "positions (default: the model's maximum)")
-    lab.add_argument("--max-users", type=positive, default=None, metavar="N",
+    lab.add_argument("--max-users", type=COUNT, default=None, metavar="N",
                      help="users with requests going at once (default: no limit)")
-    lab.add_argument("--runs-per-user", type=positive, default=None, metavar="N",
+    lab.add_argument("--runs-per-user", type=COUNT, default=None, metavar="N",
                      help="a user's requests going or waiting at once (default: no limit)")
-    lab.add_argument("--requests-per-minute", type=positive, default=None, metavar="N",
+    lab.add_argument("--requests-per-minute", type=COUNT, default=None, metavar="N",
                      help="a user's requests started in any minute (default: no limit)")
     ap.add_argument("--preset", default="Fast-dLLM DualCache (paper default)")
     ap.add_argument("--present", action="store_true",
                     help="open in presenter view: prompt, Run, the step controls, the grid and one panel on one "
                          "1280x720 screen (a box on the page switches it too)")
-    ap.add_argument("--threads", type=threads_count, default=0,
+    ap.add_argument("--threads", type=THREADS, default=0,
                     help="torch threads of the engine process for a model on the CPU "
                          "(default: all cores but one, left to the page and browser)")
     ap.add_argument("--models-dir", default=None, metavar="DIR",
@@ -145,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.allow_downloads:
         offline.allow_downloads()
-    from ui.signin import SignIn, read_users, sign_in_problem
+    from ui.login import SignIn
+    from ui.signin import read_users, sign_in_problem
 
     problem = sign_in_problem(args.host, args.share, args.users) or address_problem(args.host, args.port)
     if not problem and args.models_dir and not os.path.isdir(args.models_dir):
@@ -161,15 +140,14 @@ def main(argv: list[str] | None = None) -> int:
     except DllmError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from ui.page import LAUNCH_OPTIONS
+    from ui.page import launch_options
 
     page.queue(default_concurrency_limit=1)
     # A plain `kill` ends the page like Ctrl-C: the engine closed, the export folder deleted.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        page.launch(server_name=args.host, server_port=args.port, share=args.share, **LAUNCH_OPTIONS,
-                    prevent_thread_lock=True, auth=sign_in, auth_message="Sign in with the name and password "
-                    "your lecturer gave you.")
+        page.launch(server_name=args.host, server_port=args.port, share=args.share, prevent_thread_lock=True,
+                    **launch_options(sign_in))
         print(f"dllm-local: serving on http://{args.host}:{args.port}", flush=True)
         page.block_thread()
     except KeyboardInterrupt:  # Ctrl-C: end quietly; the export folder goes below

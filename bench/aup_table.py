@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from dllm_local.arguments import COUNT  # noqa: E402
 
 from dllm_local.devices import machine_name  # noqa: E402
 from dllm_local.analysis.frontier import policy_curves  # noqa: E402
@@ -50,14 +51,19 @@ def settings_of(cache: str, unmask: str, knob: dict) -> Settings:
                     trace="off")
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """Its flags, each number through a checked type (dllm_local.arguments): a bad one is told before anything runs."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=40)
+    ap.add_argument("--n", type=COUNT, default=40)
     ap.add_argument("--task", default="arithmetic")
     ap.add_argument("--ray", default=None, help="local, auto or HOST:PORT (default: this process)")
     ap.add_argument("--results", default=None)
     ap.add_argument("--resume", default=None)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     missing = set(registry.UNMASK) - set(KNOBS)
     if missing:
         sys.exit(f"no parallelism knob listed for {', '.join(sorted(missing))}: add it to KNOBS")

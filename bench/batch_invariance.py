@@ -22,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from dllm_local.arguments import COUNT, LENGTH_LIST, SLOT_COUNT  # noqa: E402
 import dllm_local  # noqa: E402
 from dllm_local import Settings  # noqa: E402
 from dllm_local.devices import machine_name  # noqa: E402
@@ -63,21 +64,26 @@ def print_comparison(result: dict) -> None:
     print(f"invariant / packed continuous tokens/s: {result['invariant_x_packed']:.2f} (batch {result['batch']})")
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """Its flags, each number through a checked type (dllm_local.arguments): a bad one is told before anything runs."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=24, help="problems in the workload")
-    ap.add_argument("--batch", type=int, default=8, help="slots of each batch")
-    ap.add_argument("--rounds", type=int, default=2, help="timed rounds of each schedule, alternated")
-    ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="answer lengths drawn from")
+    ap.add_argument("--n", type=COUNT, default=24, help="problems in the workload")
+    ap.add_argument("--batch", type=SLOT_COUNT, default=8, help="slots of each batch")
+    ap.add_argument("--rounds", type=COUNT, default=2, help="timed rounds of each schedule, alternated")
+    ap.add_argument("--lengths", type=LENGTH_LIST, default=",".join(map(str, LENGTHS)), help="answer lengths drawn from")
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--threads", type=int, default=None,
+    ap.add_argument("--threads", type=COUNT, default=None,
                     help="torch threads (default: every core; on a CPU shared with other work, 1 keeps the "
                          "OpenMP team from stalling at its barriers)")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     handle = dllm_local.load(args.model, device=args.device)
     apply_threads(args.threads, handle, batched=True)
-    lengths = tuple(int(x) for x in args.lengths.split(","))
+    lengths = tuple(args.lengths)
     prompts, settings = workload(args.n, lengths=lengths)
     decode(handle, prompts[:4], settings[:4], 4, True)  # first-call costs out of the timings
     mix = ", ".join(f"{sum(s.gen_length == length for s in settings)} x {length}" for length in lengths)

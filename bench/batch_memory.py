@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from dllm_local.arguments import COUNT, SLOT_COUNT  # noqa: E402
 import dllm_local  # noqa: E402
 from continuous_batching import workload  # noqa: E402
 from dllm_local.decoding.batch import BatchRun  # noqa: E402
@@ -70,11 +71,16 @@ def llada_8b_row(prompt: int = 256, gen: int = 256) -> dict:
             **per_request(kv, length, config["embedding_size"], 2)}
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """Its flags, each number through a checked type (dllm_local.arguments): a bad one is told before anything runs."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--n", type=int, default=32, help="requests of the tiny model's workload")
-    args = ap.parse_args()
+    ap.add_argument("--batch", type=SLOT_COUNT, default=16)
+    ap.add_argument("--n", type=COUNT, default=32, help="requests of the tiny model's workload")
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     rows = tiny_rows(args.batch, args.n) + [llada_8b_row()]
     b = args.batch
     print(f"machine: {machine_name()}; per request, at its largest step (MB); a batch of {b} at once (GB)")

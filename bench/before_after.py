@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from dllm_local.arguments import COUNT  # noqa: E402
 CASES = {  # name: settings (gen 128, block 32)
     "dual+threshold off": {"cache": "dual", "unmask": "threshold", "trace": "off"},
     "dual+threshold summary": {"cache": "dual", "unmask": "threshold", "trace": "summary"},
@@ -99,20 +101,28 @@ def measure_modes(runs: int) -> None:
               f"{c / e:14.3f}  {tokens[case, 'eager'] == tokens[case, 'compiled']}")
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """Its flags, each number through a checked type (dllm_local.arguments): a bad one is told before anything runs."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", help="the earlier revision (any git revision)")
     ap.add_argument("--modes", action="store_true", help="compare this tree's forward modes instead")
-    ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--rounds", type=COUNT, default=4)
+    ap.add_argument("--runs", type=COUNT, default=3)
     ap.add_argument("--measure", help=argparse.SUPPRESS)  # a worker: measure the tree at this path
+    return ap
+
+
+def main() -> None:
+    ap = build_parser()
     args = ap.parse_args()
     if args.measure:
+        # The flags' types came from this tree's package: forget it, so the tree measured is --measure's.
+        for name in [name for name in sys.modules if name.partition(".")[0] == "dllm_local"]:
+            del sys.modules[name]
         sys.path.insert(0, args.measure)
         print(json.dumps(measure(args.runs)))
         return
     if args.modes:
-        sys.path.insert(0, str(ROOT))
         measure_modes(args.runs)
         return
     if not args.base:

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from dllm_local.arguments import COUNT  # noqa: E402
 
 from dllm_local.experiments.cluster import Cluster, ClusterRunner, connect  # noqa: E402
 from dllm_local.devices import machine_name  # noqa: E402
@@ -27,13 +28,18 @@ from dllm_local.models.loading.loader import apply_threads, load  # noqa: E402
 from dllm_local.settings import Settings  # noqa: E402
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """Its flags, each number through a checked type (dllm_local.arguments): a bad one is told before anything runs."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=40)
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--chunk", type=int, default=4)
+    ap.add_argument("--n", type=COUNT, default=40)
+    ap.add_argument("--workers", type=COUNT, default=2)
+    ap.add_argument("--chunk", type=COUNT, default=4)
     ap.add_argument("--task", default="arithmetic")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     base = Settings(gen_length=64, block_size=32, cache="dual", unmask="threshold")
     job = sweep_job(base, {"threshold": [0.5, 0.7, 0.9], "block_size": [16, 32]}, args.task, args.n)
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dllm_local.arguments import Count  # noqa: E402
 from dllm_local.serving.session import Session  # noqa: E402
 from dllm_local.settings import Settings  # noqa: E402
 from ui.parts.presets import load_presets  # noqa: E402
@@ -51,11 +52,16 @@ def timed(session: Session, prompt: str, settings: dict) -> dict:
     return deque(session.run(prompt, Settings.from_dict(settings)), maxlen=1)[0]["trace"]
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """Its flags, each number through a checked type (dllm_local.arguments): a bad one is told before anything runs."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=REPEATS, choices=range(MIN_REPEATS, MAX_REPEATS + 1),
-                    metavar=f"{MIN_REPEATS}..{MAX_REPEATS}", help="timed repeats of each side (Compare's control)")
-    args = ap.parse_args()
+    ap.add_argument("--repeats", type=Count(MIN_REPEATS, MAX_REPEATS, what="a number of repeats"), default=REPEATS,
+                    help="timed repeats of each side (Compare's control)")
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     presets, _ = load_presets()
     session = Session("tiny")  # the page's engine process, with its thread count
     started, load_before = time.strftime("%Y-%m-%d %H:%M:%S"), os.getloadavg()

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from dllm_local.arguments import COUNT, SLOT_LIST  # noqa: E402
 import dllm_local  # noqa: E402
 from dllm_local import Settings  # noqa: E402
 from dllm_local.decoding.batch import BatchRun, batches  # noqa: E402
@@ -70,19 +71,24 @@ def print_rows(rows: list[dict]) -> None:
               f"{r['forwards_continuous']:<13} | {r['forward_ratio']:.2f}")
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """Its flags, each number through a checked type (dllm_local.arguments): a bad one is told before anything runs."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=48, help="problems in the workload")
-    ap.add_argument("--batch-sizes", default="8,16")
-    ap.add_argument("--rounds", type=int, default=2, help="timed rounds of each schedule, alternated")
-    args = ap.parse_args()
+    ap.add_argument("--n", type=COUNT, default=48, help="problems in the workload")
+    ap.add_argument("--batch-sizes", type=SLOT_LIST, default="8,16")
+    ap.add_argument("--rounds", type=COUNT, default=2, help="timed rounds of each schedule, alternated")
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     handle = dllm_local.load("tiny")
     apply_threads(None, handle, batched=True)
     prompts, settings = workload(args.n)
     list(BatchRun(handle, prompts[:4], settings[:4], share_budget=False))  # first-call costs out of the timings
     mix = ", ".join(f"{sum(s.gen_length == length for s in settings)} x {length}" for length in LENGTHS)
     print(f"machine: {machine_name()}; tiny model; {args.n} problems, answer lengths {mix}")
-    print_rows([compare(handle, prompts, settings, batch, args.rounds) for batch in map(int, args.batch_sizes.split(","))])
+    print_rows([compare(handle, prompts, settings, batch, args.rounds) for batch in args.batch_sizes])
 
 
 def decode(handle, prompts: list[str], settings: list[Settings], batch: int, continuous: bool,

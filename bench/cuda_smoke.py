@@ -47,6 +47,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
+from dllm_local.arguments import SECONDS  # noqa: E402
 
 PROMPT = "Emma has 7 apples. Emma gets 5 more. How many apples does Emma have now?"
 # Section a's prompts: tiny-task prompts the model decodes over several steps per block.
@@ -468,7 +469,7 @@ def section_c(ctx: Context) -> tuple[str, str, dict]:
                                                        "--quant-layers", str(layers),
                                                        "--quant-checkpoint", str(ctx.checkpoint()),
                                                        "--json", str(ctx.workdir / "gpu_check.json")])
-    gen = int(args.lengths.split(",")[0])
+    gen = args.lengths[0]
     settings = Settings(gen_length=gen, block_size=32, cache="dual", unmask="threshold", trace="off")
     rows = gpu_check.check(args, probe=lambda handle: step_probe(handle, settings, ctx.device))
     for label, probe in rows["probes"].items():
@@ -629,16 +630,22 @@ def slim_wheel(wheel: Path, libraries: tuple[str, ...]) -> None:
 
 
 # ---------------------------------------------------------------- main
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """Its flags, each number through a checked type (dllm_local.arguments): a bad one is told before anything runs."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated, from " + ",".join(SECTIONS))
     ap.add_argument("--cpu-dry-run", action="store_true", help="run on the CPU with tiny shapes (exercises the code)")
-    ap.add_argument("--budget", type=float, default=None, help="seconds for the whole run (default 300 on CUDA)")
+    ap.add_argument("--budget", type=SECONDS, default=None, help="seconds for the whole run (default 300 on CUDA)")
     ap.add_argument("--workdir", default=None, help="for the checkpoint (default: a temporary folder)")
     ap.add_argument("--json", default=None, help="write the outcomes here")
     ap.add_argument("--make-wheels", metavar="DIR", default=None, help="download and slim the wheels, then exit")
-    ap.add_argument("--wheel-python", default="3.12", help="the GPU machine's Python, for --make-wheels")
-    ap.add_argument("--wheel-cuda", default="130", help="the CUDA torch was built for there (130: 13.0), for --make-wheels")
+    ap.add_argument("--wheel-python", type=str, default="3.12", help="the GPU machine's Python, for --make-wheels")
+    ap.add_argument("--wheel-cuda", type=str, default="130", help="the CUDA torch was built for there (130: 13.0), for --make-wheels")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.make_wheels:
         make_wheels(Path(args.make_wheels), args.wheel_python, args.wheel_cuda)

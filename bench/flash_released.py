@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from dllm_local.arguments import COUNT, LENGTH  # noqa: E402
 
 from dllm_local.experiments.side_by_side import BASELINE, FAST_DLLM, Strategy  # noqa: E402
 from dllm_local.devices import machine_name  # noqa: E402
@@ -54,18 +55,23 @@ REFERENCE = "fast_dllm"  # the ratios' denominator
 VERIFYING = ("released", "write_up")  # the pairs whose steps may add a verify forward
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """Its flags, each number through a checked type (dllm_local.arguments): a bad one is told before anything runs."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=200, help="problems (200: 7 to 10 minutes on 2 CPU cores)")
+    ap.add_argument("--n", type=COUNT, default=200, help="problems (200: 7 to 10 minutes on 2 CPU cores)")
     ap.add_argument("--task", default="arithmetic", choices=TASKS)
-    ap.add_argument("--gen-length", type=int, default=64)
-    ap.add_argument("--block-size", type=int, default=16, help="16: the released generator's default")
-    ap.add_argument("--threads", type=int, default=None,
+    ap.add_argument("--gen-length", type=LENGTH, default=64)
+    ap.add_argument("--block-size", type=LENGTH, default=16, help="16: the released generator's default")
+    ap.add_argument("--threads", type=COUNT, default=None,
                     help="torch threads (default: the CLI's, one for the tiny model)")
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--json", default=None, help="also write the rows here")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
-    return ap.parse_args(argv)
+    return ap
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def decode(handle, prompt: str, settings: Settings) -> tuple:

@@ -20,19 +20,25 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from dllm_local.arguments import COUNT, LENGTH  # noqa: E402
 from dllm_local.devices import machine_name  # noqa: E402
 from dllm_local.models import LLaDAConfig, LLaDAModelLM  # noqa: E402
 from dllm_local.tiny_checkpoints.train import REFERENCE_CONFIG  # noqa: E402
 
 
 @torch.no_grad()
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """Its flags, each number through a checked type (dllm_local.arguments): a bad one is told before anything runs."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--seq-len", type=int, default=512)
-    ap.add_argument("--repeats", type=int, default=20)
-    ap.add_argument("--d-model", type=int, default=1024)
-    ap.add_argument("--layers", type=int, default=4)
-    args = ap.parse_args()
+    ap.add_argument("--seq-len", type=LENGTH, default=512)
+    ap.add_argument("--repeats", type=COUNT, default=20)
+    ap.add_argument("--d-model", type=COUNT, default=1024)
+    ap.add_argument("--layers", type=COUNT, default=4)
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     raw = json.loads(REFERENCE_CONFIG.read_text())
     raw.pop("auto_map")
     heads = max(1, args.d_model // 128)

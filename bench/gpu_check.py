@@ -75,6 +75,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its block-diffusion shapes beside it, however it is loaded
+from dllm_local.arguments import COUNT, Counts, LENGTH, LENGTH_LIST, SECONDS, SLOT_COUNT  # noqa: E402
 import dllm_local  # noqa: E402
 from dllm_local import Settings  # noqa: E402
 from dllm_local.devices import DEVICES, DeviceProfile, machine_name, measure_device  # noqa: E402
@@ -494,42 +495,48 @@ def print_released_rows(rows: list[dict]) -> None:
                   ("floor_ms_32L", 12, ".3f"), ("peak_gb", 7, ".1f")], rows)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """Its flags, each number through a checked type (dllm_local.arguments): a bad one is told before anything runs."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tiny", action="store_true", help="a small shape (for a CPU smoke run)")
-    ap.add_argument("--lengths", default="256,512,1024")
-    ap.add_argument("--prompt", type=int, default=256, help="prompt tokens (about: the chat template's included)")
-    ap.add_argument("--block", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=3, help="timed steps per policy after the block's first")
-    ap.add_argument("--generate-budget", type=float, default=20.0, help="seconds per generate run")
+    ap.add_argument("--lengths", type=LENGTH_LIST, default="256,512,1024")
+    ap.add_argument("--prompt", type=COUNT, default=256, help="prompt tokens (about: the chat template's included)")
+    ap.add_argument("--block", type=LENGTH, default=32)
+    ap.add_argument("--repeats", type=COUNT, default=3, help="timed steps per policy after the block's first")
+    ap.add_argument("--generate-budget", type=SECONDS, default=20.0, help="seconds per generate run")
     ap.add_argument("--traces", default="summary", help="the trace levels of the generate runs, comma-separated")
     ap.add_argument("--quantized", choices=("auto", "yes", "no"), default="auto",
                     help="bf16/4-bit/8-bit rows from a checkpoint on disk; auto: on CUDA only (bitsandbytes on "
                          "the CPU is slow, and the CPU run is a smoke test)")
-    ap.add_argument("--quant-layers", type=int, default=4, help="blocks in the checkpoint for the quantized rows")
+    ap.add_argument("--quant-layers", type=COUNT, default=4, help="blocks in the checkpoint for the quantized rows")
     ap.add_argument("--quant-checkpoint", default=None,
                     help="folder for that checkpoint (reused when it holds one); default: a temporary folder")
-    ap.add_argument("--batches", default="1,2,4,8,16,32",
+    ap.add_argument("--batches", type=Counts(SLOT_COUNT, empty=True), default="1,2,4,8,16,32",
                     help="the batch sweep's sizes (empty: no sweep), at the first --lengths, bf16 and 4-bit")
-    ap.add_argument("--released-batches", default="1,32",
+    ap.add_argument("--released-batches", type=Counts(SLOT_COUNT, empty=True), default="1,32",
                     help="Flash-dLLM as released beside dual + threshold and flash + threshold: batch 1 at every "
                          "--lengths, the larger sizes at the first (empty: none)")
-    ap.add_argument("--released-block", type=int, default=16, help="their block size (16: the authors')")
-    ap.add_argument("--released-steps", type=int, default=4, help="timed steps per released row, after the prefill")
+    ap.add_argument("--released-block", type=LENGTH, default=16, help="their block size (16: the authors')")
+    ap.add_argument("--released-steps", type=COUNT, default=4, help="timed steps per released row, after the prefill")
     ap.add_argument("--diffusiongemma", choices=("auto", "no"), default="auto",
                     help="the DiffusionGemma-shaped rows (26B-A4B layer sizes, bf16 and 4-bit); auto: on CUDA only "
                          "(its layers are 26B-wide)")
-    ap.add_argument("--dg-layers", type=int, default=6, help="layers of the DiffusionGemma-shaped model (of 30)")
-    ap.add_argument("--dg-steps", type=int, default=4, help="decoder passes timed per DiffusionGemma load")
+    ap.add_argument("--dg-layers", type=COUNT, default=6, help="layers of the DiffusionGemma-shaped model (of 30)")
+    ap.add_argument("--dg-steps", type=COUNT, default=4, help="decoder passes timed per DiffusionGemma load")
     ap.add_argument("--block-shapes", choices=("auto", "no"), default="auto",
                     help="the block-diffusion shapes (SDAR-8B, LLaDA2.0-mini; bench/gpu_block.py): auto runs them on CUDA")
-    ap.add_argument("--block-layers", type=int, default=4, help="layers of each block-diffusion shape")
-    ap.add_argument("--block-gen", type=int, default=128, help="answer tokens of each block-diffusion run")
-    ap.add_argument("--continuous-batches", default="32", help="static against continuous batching at these sizes")
-    ap.add_argument("--continuous-n", type=int, default=64, help="problems of the continuous-batching workload")
+    ap.add_argument("--block-layers", type=COUNT, default=4, help="layers of each block-diffusion shape")
+    ap.add_argument("--block-gen", type=LENGTH, default=128, help="answer tokens of each block-diffusion run")
+    ap.add_argument("--continuous-batches", type=Counts(SLOT_COUNT, empty=True), default="32",
+                    help="static against continuous batching at these sizes (empty: none)")
+    ap.add_argument("--continuous-n", type=COUNT, default=64, help="problems of the continuous-batching workload")
     ap.add_argument("--json", default=None, help="also write the rows here")
-    return ap.parse_args(argv)
+    return ap
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 Probe = Callable[[ModelHandle], dict]
@@ -539,10 +546,10 @@ def check(args: argparse.Namespace, probe: Probe | None = None) -> dict:
     """Every measurement of the module docstring, printed as it goes and returned as rows.
     ``probe``, when given, measures more of each model (the random one and each checkpoint load)
     while it is loaded; its results are kept under "probes", by the model's weights label."""
-    batches = [int(x) for x in args.batches.split(",") if x.strip()]
+    batches = args.batches
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    lengths = [int(x) for x in args.lengths.split(",")]
+    lengths = args.lengths
     profile = profile_for(device, dtype)
     t0 = time.perf_counter()
 
@@ -564,8 +571,7 @@ def check(args: argparse.Namespace, probe: Probe | None = None) -> dict:
     generated = [{"weights": label, **generate_run(handle, gen, args.prompt, args.block, trace, args.generate_budget)}
                  for gen in lengths for trace in args.traces.split(",")]
     swept = batch_rows(handle, label, batches, lengths[0], args.prompt, args.block, profile)
-    released_batches = [int(x) for x in args.released_batches.split(",") if x.strip()]
-    released = [row for gen in lengths for batch in released_batches if batch == 1 or gen == lengths[0]
+    released = [row for gen in lengths for batch in args.released_batches if batch == 1 or gen == lengths[0]
                 for row in released_rows(handle, label, gen, args.prompt, args.released_block, batch,
                                          args.released_steps, profile)]
     continuous = continuous_rows(handle, args)
@@ -629,7 +635,7 @@ def continuous_rows(handle: ModelHandle, args: argparse.Namespace) -> list[dict]
     ``--continuous-batches``; a failure is printed and leaves the other rows standing."""
     prompts, settings = workload(args.continuous_n)
     rows = []
-    for batch in (int(x) for x in args.continuous_batches.split(",") if x.strip()):
+    for batch in args.continuous_batches:
         try:
             rows.append(compare(handle, prompts, settings, batch))
         except Exception as exc:  # noqa: BLE001 - the first CUDA run of this path: say what broke, keep the rest

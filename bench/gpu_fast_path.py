@@ -71,6 +71,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from dllm_local.arguments import COUNT, Count, LENGTH, LENGTH_LIST, SECONDS, SLOT_COUNT, SLOT_LIST  # noqa: E402
 import dllm_local  # noqa: E402
 from dllm_local import Settings, StepRecord  # noqa: E402
 from dllm_local.analysis.costmodel import step_floor_s  # noqa: E402
@@ -446,30 +447,35 @@ def print_targets(rows: list[dict]) -> None:
 
 
 # ---------------------------------------------------------------- main
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """Its flags, each number through a checked type (dllm_local.arguments): a bad one is told before anything runs."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tiny", action="store_true", help="gpu_check's small shape (a CPU dry run)")
-    ap.add_argument("--lengths", default="256,512", help="generation lengths, comma-separated")
-    ap.add_argument("--prompt", type=int, default=256, help="prompt tokens (about: the chat template's included)")
-    ap.add_argument("--block", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=3, help="timed steps per policy row, after the middle block's first")
-    ap.add_argument("--batches", default="1,8,32", help="batch sizes of the batch rows (first length)")
-    ap.add_argument("--batch-steps", type=int, default=4, help="cached steps timed per batch row")
-    ap.add_argument("--invariance", type=int, default=8,
+    ap.add_argument("--lengths", type=LENGTH_LIST, default="256,512", help="generation lengths, comma-separated")
+    ap.add_argument("--prompt", type=COUNT, default=256, help="prompt tokens (about: the chat template's included)")
+    ap.add_argument("--block", type=LENGTH, default=32)
+    ap.add_argument("--repeats", type=COUNT, default=3, help="timed steps per policy row, after the middle block's first")
+    ap.add_argument("--batches", type=SLOT_LIST, default="1,8,32", help="batch sizes of the batch rows (first length)")
+    ap.add_argument("--batch-steps", type=COUNT, default=4, help="cached steps timed per batch row")
+    ap.add_argument("--invariance", type=Count(0, what="a number of problems", why="0: none"), default=8,
                     help="problems of the batch-invariance rows (0: none)")
-    ap.add_argument("--invariance-batch", type=int, default=4, help="slots of the batch-invariance rows")
+    ap.add_argument("--invariance-batch", type=SLOT_COUNT, default=4, help="slots of the batch-invariance rows")
     ap.add_argument("--fast", choices=("graphs", "compiled"), default="graphs", help="the fast forward mode")
     ap.add_argument("--backend", default=None, help=argparse.SUPPRESS)  # tests: aot_eager compiles in seconds
     ap.add_argument("--released", default=None, help="a copy of VILA-Lab/Flash-dLLM's llada/ folder")
-    ap.add_argument("--released-block", type=int, default=16,
+    ap.add_argument("--released-block", type=LENGTH, default=16,
                     help="block of the released comparison (16: the authors')")
-    ap.add_argument("--released-seconds", type=float, default=30.0,
+    ap.add_argument("--released-seconds", type=SECONDS, default=30.0,
                     help="our side of the released comparison stops after this long (its answers then not compared)")
-    ap.add_argument("--time-budget", type=float, default=330.0,
+    ap.add_argument("--time-budget", type=SECONDS, default=330.0,
                     help="seconds from the start; the rows left after it are skipped with a note")
     ap.add_argument("--out", default=None, help="also write the tables here as JSON")
-    return ap.parse_args(argv)
+    return ap
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def print_tables(out: dict, args: argparse.Namespace) -> None:
@@ -547,8 +553,7 @@ def main(argv: list[str] | None = None) -> dict:
 def measure(args: argparse.Namespace, device: torch.device, out: dict) -> dict:
     """Every row, in order of priority, into ``out`` (which says where they were measured)."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
-    batches = [int(x) for x in args.batches.split(",") if x.strip()]
+    lengths, batches = args.lengths, args.batches
     guard = Guard(args.time_budget)
     t0 = time.perf_counter()
 

@@ -18,6 +18,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+from dllm_local.arguments import COUNT_LIST  # noqa: E402
 import dllm_local  # noqa: E402
 from checkpoints import build_llada  # noqa: E402
 from dllm_local import Settings  # noqa: E402
@@ -39,13 +40,18 @@ def step_syncs(handle, cache: str, unmask: str, trace: str) -> HostSyncCounter |
     return syncs
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """Its flags, each number through a checked type (dllm_local.arguments): a bad one is told before anything runs."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--layers", default="6,24", help="checkpoint depths to compare")
+    ap.add_argument("--layers", type=COUNT_LIST, default="6,24", help="checkpoint depths to compare")
     ap.add_argument("--trace", default="off", choices=["off", "summary", "full"])
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     torch.set_num_threads(1)
-    depths = [int(n) for n in args.layers.split(",")]
+    depths = args.layers
     handles = {n: dllm_local.load(str(build_llada(Path(tempfile.mkdtemp()), n_layers=n)), device="cpu") for n in depths}
     print(f"host syncs per step (gen 64, block 32, trace {args.trace}); per kind at {depths[-1]} layers")
     print(f"{'cache':>14} {'unmask':>12} " + " ".join(f"{n:>4}L" for n in depths) + "  kinds")

@@ -23,6 +23,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+from dllm_local.arguments import COUNT, Counts  # noqa: E402
 import dllm_local  # noqa: E402
 from checkpoints import build_llada  # noqa: E402
 from dllm_local.devices import machine_name  # noqa: E402
@@ -56,11 +57,16 @@ def load_float32(directory: Path, n_layers: int) -> torch.nn.Module:
     return dllm_local.load(str(build_llada(directory, n_layers=n_layers)), device="cpu").model.float()
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """Its flags, each number through a checked type (dllm_local.arguments): a bad one is told before anything runs."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--layers", default="2,4", help="the two checkpoint depths")
-    args = ap.parse_args(argv)
-    shallow, deep = (int(n) for n in args.layers.split(","))
+    ap.add_argument("--layers", type=Counts(COUNT, size=2), default="2,4", help="the two checkpoint depths")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    shallow, deep = args.layers
     models = {n: load_float32(Path(tempfile.mkdtemp()), n) for n in (shallow, deep)}
     print(f"torch {torch.__version__}, {machine_name()}")
     print(f"kernels per forward of a LLaDA layer stack, split by depths {shallow} and {deep}; float32")

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from dllm_local.arguments import COUNT, Counts, LENGTH  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -46,15 +47,21 @@ def closer_than_masked(summary: dict) -> str:
     return "yes" if all(summary[k]["mean"] > summary["masked"]["mean"] for k in ("prompt", "decoded") if k in summary) else "no"
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """Its flags, each number through a checked type (dllm_local.arguments): a bad one is told before anything runs."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", nargs="+", default=list(PROMPTS), choices=list(PROMPTS))
     ap.add_argument("--layers", nargs="+", default=["1", "2", "3", "4", "5", "mean"])
     ap.add_argument("--caches", nargs="+", default=["dual", "prefix"])
-    ap.add_argument("--shapes", nargs="+", default=["64/16", "64/32", "128/16", "128/32"],
+    ap.add_argument("--shapes", type=Counts(LENGTH, sep="/", size=2), nargs="+",
+                    default=[[64, 16], [64, 32], [128, 16], [128, 32]],
                     help="gen_length/block_size pairs")
-    ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args()
+    ap.add_argument("--threads", type=COUNT, default=1)
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     torch.set_num_threads(args.threads)
     handle = dllm_local.load("tiny")
     header = ["prompt", "decoding", "cache", "gen/block", "forwards", "layer", "K/V",
@@ -65,7 +72,7 @@ def main() -> None:
         for decoding, unmask in UNMASKS.items():
             for cache in args.caches:
                 for shape in args.shapes:
-                    gen_length, block_size = map(int, shape.split("/"))
+                    gen_length, block_size = shape
                     settings = Settings(gen_length=gen_length, block_size=block_size, cache=cache, trace="full",
                                         exact_drift=True, **unmask)
                     trace = dllm_local.generate(handle, PROMPTS[prompt_name], settings).trace.to_dict()
@@ -74,7 +81,7 @@ def main() -> None:
                         for which in ("k", "v"):
                             verdict = kv_reuse_verdict(trace, last, layer, which)
                             run = verdict.numbers.get("run", {})
-                            row = [prompt_name, decoding, cache, shape, str(last + 1), layer, which.upper(),
+                            row = [prompt_name, decoding, cache, f"{gen_length}/{block_size}", str(last + 1), layer, which.upper(),
                                    *(kinds_cell(run, kind) for kind in KINDS), verdict.status,
                                    closer_than_masked(run)]
                             print(" | ".join(row), flush=True)

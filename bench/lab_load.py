@@ -28,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from dllm_local.arguments import COUNT_LIST, SLOT_COUNT  # noqa: E402
 import dllm_local  # noqa: E402
 from dllm_local import Settings  # noqa: E402
 from dllm_local.devices import DEVICES, machine_name  # noqa: E402
@@ -89,13 +90,18 @@ def _p95(sorted_values: list[float]) -> float:
     return sorted_values[min(len(sorted_values) - 1, round(0.95 * (len(sorted_values) - 1)))]
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """Its flags, each number through a checked type (dllm_local.arguments): a bad one is told before anything runs."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--students", default="1,8,30", help="students at once, one level each (comma-separated)")
-    ap.add_argument("--slots", type=int, default=SLOTS, help=f"runs the engine decodes at once (default {SLOTS})")
+    ap.add_argument("--students", type=COUNT_LIST, default="1,8,30", help="students at once, one level each (comma-separated)")
+    ap.add_argument("--slots", type=SLOT_COUNT, default=SLOTS, help=f"runs the engine decodes at once (default {SLOTS})")
     ap.add_argument("--device", default="H200", choices=sorted(DEVICES), help="the GPU of the projection")
-    args = ap.parse_args()
-    levels = [int(x) for x in args.students.split(",")]
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
+    levels = args.students
     prompts = [make_problems(TASKS[i % len(TASKS)], 1, 2000 + i)[0].prompt for i in range(max(levels))]
     settings = Settings.from_dict(load_presets()[0][DEFAULT_PRESET]["settings"])
     handle = dllm_local.load("tiny")

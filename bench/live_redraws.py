@@ -26,6 +26,7 @@ from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from dllm_local.arguments import COUNT, LENGTH  # noqa: E402
 from ui_latency import open_page, start_page  # noqa: E402 - the same page, started the same way
 
 # Installed before each click: every grid of the new run the page paints, (time, steps shown),
@@ -100,11 +101,16 @@ def _median_ms(values: list[float]) -> str:
     return f"{statistics.median(values) * 1e3:.0f}" if values else "-"
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """Its flags, each number through a checked type (dllm_local.arguments): a bad one is told before anything runs."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--lengths", type=int, nargs="+", default=[128, 256, 512])
-    ap.add_argument("--repeats", type=int, default=1, help="page runs per length (the row shows the median run)")
-    args = ap.parse_args()
+    ap.add_argument("--lengths", type=LENGTH, nargs="+", default=[128, 256, 512])
+    ap.add_argument("--repeats", type=COUNT, default=1, help="page runs per length (the row shows the median run)")
+    return ap
+
+
+def main() -> int:
+    args = build_parser().parse_args()
     import dllm_local
     from dllm_local.devices import machine_name
     from dllm_local.serving.engine import engine_threads

@@ -19,6 +19,7 @@ from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # loaded by a test too
+from dllm_local.arguments import COUNT  # noqa: E402
 from ui_latency import open_page, start_page  # noqa: E402 - the same browser and app, opened the same way
 
 # Every grid painted, (browser time, step shown), from a mutation observer: no polling load.
@@ -58,11 +59,16 @@ def play(page, steps: int) -> list[list[float]]:
     return page.evaluate("() => window.__dlSteps.slice()")
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """Its flags, each number through a checked type (dllm_local.arguments): a bad one is told before anything runs."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=12, help="steps painted per speed (the run's last ends it sooner)")
+    ap.add_argument("--steps", type=COUNT, default=12, help="steps painted per speed (the run's last ends it sooner)")
     ap.add_argument("--preset", default="DualCache, blocks of several steps")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> int:
+    args = build_parser().parse_args()
     from playwright.sync_api import sync_playwright
 
     from dllm_local.devices import machine_name

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from dllm_local.arguments import COUNT, SHARE  # noqa: E402
 
 DUAL_09 = {"cache": "dual", "unmask": "threshold", "unmask_params": {"threshold": 0.9}}
 THRESHOLD_01 = {"unmask": "threshold", "unmask_params": {"threshold": 0.1}}
@@ -103,14 +104,19 @@ def run_check(job: tuple[Check, int, str, str]) -> dict:
             "seconds": time.perf_counter() - start}
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """Its flags, each number through a checked type (dllm_local.arguments): a bad one is told before anything runs."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--guider", default="tiny-guider")
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--scale", type=float, default=1.0, help="share of each row's problems to run")
+    ap.add_argument("--jobs", type=COUNT, default=2)
+    ap.add_argument("--scale", type=SHARE, default=1.0, help="share of each row's problems to run")
     ap.add_argument("--only", nargs="*", default=None, help="rows whose name contains one of these words")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     checks = [c for c in CHECKS if not args.only or any(word in c.name for word in args.only)]
     jobs = [(c, max(1, round(c.n * args.scale)), args.model, args.guider) for c in checks]
     # The longest rows first, so the processes finish together.

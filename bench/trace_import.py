@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from dllm_local.arguments import COUNT, LENGTH_LIST  # noqa: E402
 
 import dllm_local  # noqa: E402
 from dllm_local import Settings  # noqa: E402
@@ -33,16 +34,21 @@ def _median_s(work, repeats: int) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """Its flags, each number through a checked type (dllm_local.arguments): a bad one is told before anything runs."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--lengths", default="128,256,512")
-    ap.add_argument("--repeats", type=int, default=3)
-    args = ap.parse_args()
+    ap.add_argument("--lengths", type=LENGTH_LIST, default="128,256,512")
+    ap.add_argument("--repeats", type=COUNT, default=3)
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     model = dllm_local.load("tiny")
     print(f"machine: {machine_name()}")
     print(f"{'gen_length':>10} {'MB':>7} {'steps':>6} {'json s':>8} {'schema s':>9} {'schema/json':>12}")
     with tempfile.TemporaryDirectory() as folder:
-        for length in (int(n) for n in args.lengths.split(",")):
+        for length in args.lengths:
             settings = Settings(gen_length=length, block_size=32, cache="dual", trace="full", exact_drift=True)
             trace = dllm_local.generate(model, "Give two numbers whose sum is 9.", settings).trace
             path = Path(folder) / f"trace-{length}.json"

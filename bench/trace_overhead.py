@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from dllm_local.arguments import COUNT, LENGTH  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -25,12 +26,17 @@ from dllm_local.tiny.tasks import make_problems  # noqa: E402
 LEVELS = ("off", "summary", "full")
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """Its flags, each number through a checked type (dllm_local.arguments): a bad one is told before anything runs."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=15)
-    ap.add_argument("--gen-length", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args()
+    ap.add_argument("--runs", type=COUNT, default=15)
+    ap.add_argument("--gen-length", type=LENGTH, default=128)
+    ap.add_argument("--threads", type=COUNT, default=1)
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     torch.set_num_threads(args.threads)
     handle = dllm_local.load("tiny")
     prompt = make_problems("arithmetic", 1, 1000)[0].prompt

@@ -22,6 +22,7 @@ from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from dllm_local.arguments import COUNT  # noqa: E402
 
 
 # Installed before each click: the page itself notes (browser clock) the click, the first painted
@@ -78,10 +79,16 @@ def open_page(playwright, url: str, viewport: dict | None = None):
     return browser, page
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """Its flags, each number through a checked type (dllm_local.arguments): a bad one is told before anything runs."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=COUNT, default=3)
     ap.add_argument("--preset", default=None, help="preset name (default: the page's default preset)")
+    return ap
+
+
+def main() -> int:
+    ap = build_parser()
     args = ap.parse_args()
     import dllm_local
     from dllm_local.devices import machine_name

@@ -16,6 +16,13 @@ SWEEP_GEN_LENGTH = 64
 # tokens a slot holds beyond a lab's longest answer (--max-gen-length).
 SLOTS = 8
 SLOT_PROMPT_ROOM = 512
+# The most slots the engine's batch takes (decoding.batch.BatchRun refuses more). Each slot is one
+# preallocated row of the KV cache (models/cache.py: slots x positions x layers x K/V), one row of
+# the packed forward's attention and one request the batch plans on the host at every step, all
+# linear in slots; the memory those rows need is the model's and the device's to bound. Given at
+# start (app.py --slots, the CLI's and bench's --batch-size), a number past this is told there,
+# not by every run after the page is up.
+MAX_SLOTS = 4096
 
 # How the engine's batch runs its requests' step forwards (app.py --batch-mode, bench and eval
 # --batch-mode): "packed", one forward for them all (fastest; on a GPU in bf16 a request's tokens may

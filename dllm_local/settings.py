@@ -97,14 +97,11 @@ class Settings:
             raise SettingsError(f"early_stop: the {self.cache} cache ends the answer at its first committed end of "
                                 f"text by itself; leave early_stop off")
 
-    def masked_settings_given(self) -> list[str]:
-        """The masked-diffusion knobs set away from their defaults, named with their values: a
-        canvas model, with its own sampler, refuses them."""
+    def knobs_set(self) -> dict[str, Any]:
+        """The knobs set away from their defaults: each one the model's kind must have
+        (``kinds.ModelKind.check_knobs``)."""
         defaults = Settings()
-        given = [f"{name} {getattr(self, name)!r}" for name in ("cache", "unmask", "temperature", "steps",
-                                                                  "exact_drift", "early_stop")
-                 if getattr(self, name) != getattr(defaults, name)]
-        return given + ["policy parameters"] * bool(self.cache_params or self.unmask_params)
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != getattr(defaults, f.name)}
 
     @property
     def cache_spec(self) -> registry.PolicySpec:

@@ -22,7 +22,7 @@ from dllm_local.errors import MAX_MESSAGE, DllmError, SettingsError, TraceError
 from dllm_local.experiments.ray_address import reach_head
 from dllm_local.analysis.reports import add_points
 from dllm_local.experiments.sweep import sweep_job
-from dllm_local.experiments.units import ModelSpec, Results
+from dllm_local.experiments.units import RESULTS_FORMAT, ModelSpec, Results
 from dllm_local.files import MAX_DEPTH, FileRefused, read_json
 from dllm_local.trace import load_trace_file, parse_trace
 from ui.parts.presets import CURRENT_RUN, load_presets
@@ -227,12 +227,12 @@ def job():
 ], ids=["another code", "another model", "another task and n", "a file from before the code was recorded"])
 def test_resume_refuses_a_file_of_another_job_and_names_what_differs(job, tmp_path, change, named):
     path = tmp_path / "r.jsonl"
-    header = {"format": "dllm-local results v1", "job": change(job.identity())}
+    header = {"format": RESULTS_FORMAT, "job": change(job.identity())}
     path.write_text(json.dumps(header) + "\n")
     with pytest.raises(DllmError, match="holds the results of another run") as refused:
         Results(job, path, resume=True)
     assert named in str(refused.value)
-    path.write_text(json.dumps({"format": "dllm-local results v1", "job": job.identity()}) + "\n")
+    path.write_text(json.dumps({"format": RESULTS_FORMAT, "job": job.identity()}) + "\n")
     assert Results(job, path, resume=True).records == {}  # its own job's file resumes
 
 

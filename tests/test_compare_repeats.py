@@ -1,15 +1,18 @@
 """Speed that admits its noise: the repeat statistics (hand-computed), Compare's table and cards
 over repeats, and the Compare tab on a real server: its repeat count, B at A's length, the
-preset's prompt, and Stop between repeats (the rank test itself: test_compare_rank_test.py)."""
+preset's prompt, and Stop between repeats (the rank test itself: test_compare_rank_test.py). On
+that server too: true refused at every numeric input of every endpoint (issue 61)."""
 from __future__ import annotations
 
 import copy
 import json
 import re
+import urllib.request
 import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from test_compare_like_with_like import answer_tokens
 from test_page import OUT, _wait_done, browser, page, server  # noqa: F401 - the real page's fixtures
@@ -209,3 +212,34 @@ def test_compare_refuses_what_it_cannot_compare_and_checks_its_repeat_count(serv
                              (2.5, "repeats must be a valid integer")):
         with pytest.raises(AppError, match=message):
             client.predict(STRAIGHT_HOUSE, STRAIGHT_HOUSE, "", prompt, repeats, api_name="/compare")
+
+
+@pytest.fixture(scope="module")
+def numeric_api(server):  # noqa: F811
+    """A client of the page, and every (endpoint, numeric argument, arguments) of its public API."""
+    from gradio_client import Client
+
+    config = json.load(urllib.request.urlopen(server + "config"))
+    components = {c["id"]: c for c in config["components"]}
+    found = []
+    for dep in (d for d in config["dependencies"] if d.get("api_visibility") == "public"):
+        sent = [components[i] for i in dep["inputs"] if components[i]["type"] != "state"]  # the client's arguments
+        found += [(dep["api_name"], at, sent) for at, c in enumerate(sent) if c["type"] in ("number", "slider")]
+    return Client(server, verbose=False), found
+
+
+@settings(max_examples=6, deadline=None)
+@given(data=st.data())
+def test_true_is_refused_at_any_numeric_input_of_any_api_endpoint(numeric_api, data):
+    """Gradio's Number and Slider round true to 1 before a handler sees it (a branch ran at step 1):
+    the page's own (``ui.parts.inputs.number_box``, ``number_slider``) refuse it as sent, by name."""
+    from gradio_client.exceptions import AppError
+
+    client, inputs = numeric_api
+    assert len(inputs) > 30
+    branch_step = next(i for i in inputs if i[0] == "branch_force" and i[2][i[1]]["props"]["label"] == "Step")
+    for api_name, at, sent in (branch_step, data.draw(st.sampled_from(inputs))):
+        label = sent[at]["props"]["label"]
+        with pytest.raises(AppError, match=re.escape(f"{label}: must be a finite number, not true")):
+            client.predict(*[True if i == at else c["props"].get("value") for i, c in enumerate(sent)],
+                           api_name=f"/{api_name}")

@@ -17,7 +17,7 @@ from dllm_local import Settings
 from dllm_local.errors import DllmError
 from dllm_local.analysis.reports import add_points
 from dllm_local.experiments.sweep import sweep_job
-from dllm_local.experiments.units import Results
+from dllm_local.experiments.units import RESULTS_FORMAT, Results
 from dllm_local.prompts import encode_prompt
 from dllm_local.trace import parse_trace
 from ui.parts.inputs import Choice, ColorBy, Fraction, KVView, PageState, StepIndex, Which, checked
@@ -147,7 +147,7 @@ def job():
 @given(lines=st.lists(JSON.map(json.dumps) | st.text(max_size=30), max_size=4))
 def test_a_results_file_of_any_lines_resumes_or_is_refused(job, tmp_path_factory, lines):
     path = tmp_path_factory.mktemp("results") / "r.jsonl"
-    header = json.dumps({"format": "dllm-local results v1", "job": job.identity()})
+    header = json.dumps({"format": RESULTS_FORMAT, "job": job.identity()})
     path.write_text("\n".join([header, *lines]) + "\n")
     try:
         results = Results(job, path, resume=True)

@@ -58,6 +58,7 @@ LAYERS = {
     "dllm_local.softmax": 9,
     "dllm_local.hub": 9,
     "dllm_local.tiny": 9,                       # tasks and scorers, the tiny tokenizer
+    "dllm_local.arguments": 9,                  # argparse types of every command line: app.py, the CLI, bench/
     # foundations: what the leaves themselves are made of
     "dllm_local.errors": 10,
     "dllm_local.values": 10,

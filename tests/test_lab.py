@@ -19,7 +19,8 @@ from dllm_local.tiny.tasks import make_problems
 from test_page import browser  # noqa: F401 - the real browser's fixture
 from ui.lab.classroom import Lab, LabRefusal, Limits, Who
 from ui.parts.presets import load_presets
-from ui.signin import SignIn, add_user, read_users
+from ui.login import SignIn
+from ui.signin import add_user, read_users
 
 PRESET = "Fast-dLLM DualCache (paper default)"  # what Run decodes when only a prompt is given
 PASSWORD = "correct horse"
@@ -124,7 +125,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def lab_page(tmp_path_factory):
     import app
-    from ui.page import LAUNCH_OPTIONS
+    from ui.page import launch_options
 
     users = tmp_path_factory.mktemp("lab") / "users.txt"
     add_user(users, "lee", PASSWORD, "lecturer")
@@ -135,7 +136,7 @@ def lab_page(tmp_path_factory):
     page, session = app.create(args, {name: user.role for name, user in sign_in.users.items()})
     page.queue(default_concurrency_limit=1)
     _, url, _ = page.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True, quiet=True,
-                            auth=sign_in, **LAUNCH_OPTIONS)
+                            **launch_options(sign_in))
     yield url, session
     page.close()
     session.close()
@@ -204,7 +205,7 @@ def test_the_labs_limits_refuse_with_why_and_a_lecturer_goes_past_them(lab_page)
     assert second.startswith("⚠ you have 1 request going, this lab's limit per user; wait for it to end"), second
     other = _client(url, "student2")
     too_long = _status(other.predict("Ann has 2 pens.", api_name="/run", gen_length=512, block_size=32))
-    assert too_long.startswith("⚠ gen_length 512 is beyond this lab's limit of 256"), too_long
+    assert too_long.startswith("⚠ this request decodes 512 answer positions, beyond this lab's limit of 256"), too_long
     assert "for the lecturer" in other.predict("tiny", "none", api_name="/load_model")[1]  # the model line, the status
     assert "would hold every student's run" in other.predict("LLaDA baseline", "LLaDA baseline", "", LONG_PROMPT,
                                                              api_name="/compare")[-1]

@@ -17,13 +17,14 @@ import pytest
 
 import dllm_local
 from dllm_local.settings import Settings
-from ui.run import slides
+from ui.run import slides_zip as zipping
 from ui.lessons.acceptance import acceptance_verdict
 from ui.grid.tokens import token_grid_html, token_label
 from ui.lessons.verdicts import MARKS, grid_verdicts
 from ui.parts.presets import load_presets
 from ui.parts.replay import is_end_token, state_at
-from ui.run.slides import PLOT_IDS, SLIDES_JS, grid_svg, slides_zip
+from ui.run.slides import PLOT_IDS, SLIDES_JS, grid_svg
+from ui.run.slides_zip import slides_zip
 
 PRESETS, _ = load_presets()
 SVG = "{http://www.w3.org/2000/svg}"
@@ -128,7 +129,7 @@ def test_the_zip_round_trips_and_refuses_anything_but_png_and_svg(traces, tmp_pa
         assert not empty.exists(), why
     with pytest.raises(ValueError):
         slides_zip("{}", "<p>not an svg</p>", empty)
-    monkeypatch.setattr(slides, "MAX_SLIDES_BYTES", len(grid) + 100)
+    monkeypatch.setattr(zipping, "MAX_SLIDES_BYTES", len(grid) + 100)
     with pytest.raises(ValueError, match="MiB"):
         slides_zip(json.dumps({"big.png": _url("image/png", _png(200, 200) + b"\0" * 200)}), grid, empty)
     assert not empty.exists()

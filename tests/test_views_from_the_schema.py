@@ -43,7 +43,7 @@ from ui.parts.replay import MEAN_LAYERS, numbers, what_if
 from ui.figures import cache_panel, confidence_heatmap, experts_html, kv_heatmap
 from ui.run.settings import RunSettings
 from ui.run.views import RunReplay, show_cost
-from ui.run.slides import slides_zip
+from ui.run.slides_zip import slides_zip
 from ui.parts.tables import numbers_html
 from ui.run.trace_files import TraceFiles
 

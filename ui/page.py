@@ -7,6 +7,7 @@ session through one ``EngineQueue``: every request that uses the model waits in 
 from __future__ import annotations
 
 import gradio as gr
+from starlette.middleware import Middleware
 
 from dllm_local.trace import MAX_TRACE_BYTES
 
@@ -15,6 +16,8 @@ from .engine.queue import EngineQueue
 from .parts.exports import ExportFolder
 from .parts.presets import fits, presets_for
 from .lab.classroom import Lab, LabTab, batching_line
+from .lab.guard import SignedInRoutes
+from .login import SignIn
 from .model.access import ModelAccess
 from .model.box import model_line
 from .run.play import PLAY_JS
@@ -69,6 +72,16 @@ JS = """
 # the browser's storage, which kept the browser busy most of a long live run.
 LAUNCH_OPTIONS = {"css": CSS + PRESENTER_CSS, "js": JS, "footer_links": [], "max_file_size": MAX_TRACE_BYTES,
                   "show_error": True, "run_history": False}
+
+
+def launch_options(sign_in: SignIn | None = None) -> dict:
+    """``launch``'s options for this page; with sign-in, also its guarded check (``ui.login``) and
+    the guard that closes Gradio's unchecked routes and ties each tab to its user (``lab.guard``)."""
+    if sign_in is None:
+        return LAUNCH_OPTIONS
+    options = sign_in.launch_options()
+    options["app_kwargs"]["middleware"].append(Middleware(SignedInRoutes))
+    return {**LAUNCH_OPTIONS, **options, "auth_message": "Sign in with the name and password your lecturer gave you."}
 
 
 def build(session, presets: dict, preset_problems: list[str], default_preset: str | None = None,

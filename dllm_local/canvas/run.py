@@ -31,9 +31,9 @@ from typing import Any, Iterator
 
 import torch
 
-from .settings import CANVAS_KNOBS
 from .trace import CanvasStep
 from .watch import DecoderWatch, KeepScores
+from .. import kinds
 from ..errors import SequenceTooLongError, SettingsError
 from ..limits import MAX_GEN_LENGTH
 from ..models.loading.loader import ModelHandle
@@ -49,11 +49,7 @@ class CanvasRun:
 
     def __init__(self, handle: ModelHandle, prompt: Prompt, settings: Settings, guider: Any = None,
                  branch: Any = None) -> None:
-        given = settings.masked_settings_given()
-        if given:
-            raise SettingsError(f"{', '.join(given)}: a canvas model (DiffusionGemma) refines whole canvases with its own "
-                                f"sampler; masked-diffusion settings do not apply. Set its own knobs in canvas_params "
-                                f"({', '.join(CANVAS_KNOBS)})")
+        kinds.get(handle.kind).check_knobs(settings.knobs_set(), handle.name)  # its sampler's own, canvas_params
         if branch is not None:
             raise SettingsError("a branch forces one token into a masked-diffusion run; a canvas model redraws its "
                                 "whole canvas every step, so it has no branches")

@@ -10,11 +10,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..arguments import COUNT
 from ..errors import DllmError
 from ..offline import allow_downloads
 from ..policies import registry
 from . import bench, evaluate, generate, info, lm_eval, sweep
-from .common import MODEL_HELP, at_least_one
+from .common import MODEL_HELP
 
 COMMANDS = (info, generate, evaluate, bench, sweep, lm_eval)  # in the order --help lists them
 EXAMPLES = {command.NAME: command.EXAMPLES for command in COMMANDS}
@@ -50,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--model", default="tiny", help=MODEL_HELP)
         p.add_argument("--device", default="auto")
         p.add_argument("--quantize", choices=["none", "8bit", "4bit"], default=None)
-        p.add_argument("--threads", type=at_least_one, default=None,
+        p.add_argument("--threads", type=COUNT, default=None,
                        help="torch threads on the CPU (default: 1 for a model under 50M parameters, such as the tiny "
                             "model, where one thread is fastest; every core for larger ones)")
         p.add_argument("--policies", default="", metavar="MODULE[,MODULE]", help=POLICIES_HELP)

@@ -6,13 +6,14 @@ import argparse
 import sys
 
 from .. import kinds
+from ..arguments import COUNT, SLOT_COUNT
 from ..devices import DEVICES
 from ..errors import SettingsError
 from ..limits import BATCH_MODE, BATCH_MODES
 from ..experiments.side_by_side import STRATEGY_SETS
 from ..experiments.problems import SCORERS
 from ..tiny.tasks import TASKS
-from .common import BATCH_HELP, at_least_one, check_out, guider_for, load_model, write_out
+from .common import BATCH_HELP, check_out, guider_for, load_model, write_out
 from .settings_flags import add_settings_args, model_defaults, settings_from_args
 
 NAME = "bench"
@@ -52,13 +53,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", default="arithmetic", choices=TASKS)
     p.add_argument("--jsonl", default=None, help="a file of {prompt, answer} lines instead of a tiny task")
     p.add_argument("--scorer", default="exact_number", choices=list(SCORERS), help="for --jsonl")
-    p.add_argument("--n", type=at_least_one, default=20)
+    p.add_argument("--n", type=COUNT, default=20)
     p.add_argument("--seed-data", type=int, default=1000)
     p.add_argument("--repeats", type=_repeats, default=3,
                    help="timed passes per row after one warm-up answer; the table shows the median (default: 3); "
                         "with --concurrency, runs per level")
     p.add_argument("--out", default=None, help="also write the report as JSON here")
-    p.add_argument("--batch-size", type=at_least_one, default=1, help=BATCH_HELP)
+    p.add_argument("--batch-size", type=SLOT_COUNT, default=1, help=BATCH_HELP)
     p.add_argument("--batch-mode", choices=BATCH_MODES, default=BATCH_MODE,
                    help="with --batch-size: packed (one forward for the batch, default) or invariant (each problem's "
                         "own forward, its tokens those it gets alone on any hardware; app.py --batch-mode)")

@@ -12,13 +12,6 @@ BATCH_HELP = ("problems decoded together, each with its own seed, continuously (
               "the next at once): the same answers as one at a time, in less wall time (default: 1)")
 
 
-def at_least_one(text: str) -> int:
-    """An argparse type for counts (--n, --batch-size): a bad one stops the command before a model loads."""
-    if not text.strip().isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, not {text!r}")
-    return int(text)
-
-
 def load_model(args: argparse.Namespace, quiet: bool = False, batched: bool = False):
     """--model on --device, with --quantize and --threads (``batched``: the threads a batch wants)."""
     from ..models.loading.loader import apply_threads, load

@@ -4,9 +4,10 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..arguments import COUNT, SLOT_COUNT
 from ..errors import SettingsError
 from ..tiny.tasks import TASKS
-from .common import BATCH_HELP, at_least_one
+from .common import BATCH_HELP
 from .settings_flags import add_settings_args, model_defaults, settings_from_args
 from .work import add_cluster_args, interrupted, model_spec, results_file, runner, say_results_file
 
@@ -22,11 +23,11 @@ EXAMPLES = """examples:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", default="arithmetic", choices=TASKS)
-    p.add_argument("--n", type=at_least_one, default=200)
+    p.add_argument("--n", type=COUNT, default=200)
     p.add_argument("--seed-data", type=int, default=1000, help="problem set seed (training uses others)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--autoregressive", action="store_true", help="--model is a causal LM (the guider): decode it greedily")
-    p.add_argument("--batch-size", type=at_least_one, default=1, help=BATCH_HELP)
+    p.add_argument("--batch-size", type=SLOT_COUNT, default=1, help=BATCH_HELP)
     add_cluster_args(p)
     add_settings_args(p)
 

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import argparse
 
+from ..arguments import COUNT
 from ..errors import SettingsError
-from .common import at_least_one, check_out, guider_for, load_model, warn_past_trained_length, write_out
+from .common import check_out, guider_for, load_model, warn_past_trained_length, write_out
 from .settings_flags import add_settings_args, settings_from_args
 
 NAME = "lm-eval"
@@ -19,7 +20,7 @@ EXAMPLES = """examples:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tasks", required=True, help="comma-separated harness tasks or YAML paths; bundled and offline: "
                    "tiny_arithmetic")
-    p.add_argument("--limit", type=at_least_one, default=None, help="the first N documents of each task")
+    p.add_argument("--limit", type=COUNT, default=None, help="the first N documents of each task")
     p.add_argument("--num-fewshot", type=int, default=None, help="override the tasks' few-shot count")
     p.add_argument("--include-path", default=None, help="a folder of your own task YAML files")
     p.add_argument("--out", default=None, help="also write the report as JSON here")

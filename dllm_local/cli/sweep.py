@@ -7,11 +7,12 @@ import json
 import sys
 
 from .. import kinds
+from ..arguments import COUNT
 from ..errors import SettingsError
 from ..experiments.sweep import sweepable
 from ..limits import SWEEP_BLOCK_SIZES, SWEEP_GEN_LENGTH, SWEEP_THRESHOLDS
 from ..tiny.tasks import TASKS
-from .common import at_least_one, check_out, write_out
+from .common import check_out, write_out
 from .settings_flags import add_settings_args, model_defaults, settings_from_args
 from .work import add_cluster_args, interrupted, model_spec, results_file, runner, say_results_file
 
@@ -40,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--axis", action="append", default=[], metavar="KNOB=V1,V2",
                    help=f"another knob to vary: {', '.join(sweepable())}")
     p.add_argument("--task", default="arithmetic", choices=TASKS)
-    p.add_argument("--n", type=at_least_one, default=50)
+    p.add_argument("--n", type=COUNT, default=50)
     p.add_argument("--seed-data", type=int, default=1000)
     p.add_argument("--out", default=None)
     add_cluster_args(p)

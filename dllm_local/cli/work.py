@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..arguments import COUNT
 from ..errors import SettingsError
-from .common import at_least_one, guider_for, load_model, warn_past_trained_length
+from .common import guider_for, load_model, warn_past_trained_length
 
 
 def add_cluster_args(ap: argparse.ArgumentParser) -> None:
@@ -18,11 +19,11 @@ def add_cluster_args(ap: argparse.ArgumentParser) -> None:
                        help="run on a Ray cluster: auto (the cluster this machine joined; the default of a bare --ray), "
                             "local (a Ray instance of this run's own), or the head's HOST:PORT; one worker per GPU, "
                             "or per --worker-cpus CPUs (needs pip install -r requirements-cluster.txt)")
-    group.add_argument("--workers", type=at_least_one, default=None,
+    group.add_argument("--workers", type=COUNT, default=None,
                        help="with --ray: at most this many workers (default: one per GPU, or per CPU slot)")
-    group.add_argument("--worker-cpus", type=at_least_one, default=1,
+    group.add_argument("--worker-cpus", type=COUNT, default=1,
                        help="with --ray on a cluster without GPUs: CPUs per worker (default: 1)")
-    group.add_argument("--chunk", type=at_least_one, default=DEFAULT_CHUNK,
+    group.add_argument("--chunk", type=COUNT, default=DEFAULT_CHUNK,
                        help=f"problems per unit of work handed to a worker (default: {DEFAULT_CHUNK}; with --batch-size B, "
                             "at least 4 x B)")
     files = group.add_mutually_exclusive_group()

@@ -12,7 +12,7 @@ import torch
 from pydantic import TypeAdapter
 
 from ..errors import SettingsError
-from ..limits import BATCH_MODE, BATCH_MODES
+from ..limits import BATCH_MODE, BATCH_MODES, MAX_SLOTS
 from ..models.attention import Segment
 from ..models.cache import KVCache
 from ..models.loading.loader import GuiderHandle, ModelHandle
@@ -23,7 +23,7 @@ from ..settings import Settings
 from ..trace import Branch, StepRecord
 from ..values import integer, read
 
-SLOTS = TypeAdapter(integer(1, 4096))  # requests decoding at once: a batch's slots
+SLOTS = TypeAdapter(integer(1, MAX_SLOTS))  # requests decoding at once: a batch's slots
 MODES = TypeAdapter(Literal[BATCH_MODES])  # type: ignore[valid-type] -- the tuple of limits.BATCH_MODES
 
 

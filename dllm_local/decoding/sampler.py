@@ -47,6 +47,7 @@ class Run:
 
     def __init__(self, handle: ModelHandle, prompt: Prompt, settings: Settings, guider: GuiderHandle | None = None,
                  branch: Branch | None = None):
+        kinds.get(handle.kind).check_knobs(settings.knobs_set(), handle.name)  # a canvas knob on the sampler, ...
         self.handle, self.settings, self.guider, self.branch = handle, settings, guider, branch
         self.cache_policy = settings.cache_spec.build(settings.cache_params)
         self.unmask_policy = settings.unmask_spec.build(settings.unmask_params)

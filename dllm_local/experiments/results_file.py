@@ -2,6 +2,11 @@
 after a first line naming the job, read back through the record's schema to resume; and a grid
 point's figures from its records alone.
 
+Every record carries its job: a stamp of the unit it is (the model and code that decoded it, its
+point's settings, its problem as the job generates it) and a seal over all its fields. On resume
+each line is checked against the unit of this job it claims to be, so a line pasted from another
+run's file or edited by hand is refused by its line number, and nothing is resumed from the file.
+
 Torch-free: the CLI reads results files before any model loads.
 """
 from __future__ import annotations
@@ -10,7 +15,7 @@ import hashlib
 import json
 import os
 import statistics
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Protocol
 
@@ -19,9 +24,14 @@ from typing_extensions import TypedDict
 
 from ..errors import DllmError, schema_message
 from ..files import FileRefused, parse_json, read_bytes
+from ..tiny.tasks import make_problems
 from ..values import Count, Flag, Number, Text
 
-RESULTS_FORMAT = "dllm-local results v1"
+# v2: each record carries its unit's stamp and a seal. A v1 file's records cannot be checked, so
+# it is refused rather than trusted.
+RESULTS_FORMAT = "dllm-local results v2"
+_FORMATS = "dllm-local results v"
+_DECODER = ("code", "model", "quantization", "guider")  # the job's keys that decode every unit alike
 MAX_RESULTS_BYTES = 2**30  # a record is a few kB: hundreds of thousands of problems
 
 
@@ -74,6 +84,28 @@ class Record(TypedDict):
 RECORD = TypeAdapter(Record)
 
 
+class Stamp(TypedDict):
+    """What ties a record to its job, each a ``digest``: what decoded it (model and code), its
+    point's settings, its problem (task, data seed, index, prompt and answer)."""
+    decoder: Text
+    settings: Text
+    problem: Text
+
+
+class Line(Record):
+    """A record as the file holds it."""
+    unit: Stamp
+    seal: Text  # the digest of every other field: a line edited after it was written no longer matches
+
+
+LINE = TypeAdapter(Line)
+
+
+def digest(value: object) -> str:
+    """A short hash of a JSON value, the same whatever the order of its keys."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
+
+
 class Results:
     """The records of a run, by (point, problem): each kept once, however often a unit ran (a
     lost worker's unit runs again elsewhere). With a ``path`` each new record is appended to it as
@@ -112,7 +144,12 @@ class Results:
             first = parse_json(lines[0]) if lines else None
         except (UnicodeDecodeError, FileRefused):
             first = None
-        if not isinstance(first, dict) or first.get("format") != RESULTS_FORMAT:
+        fmt = first.get("format") if isinstance(first, dict) else None
+        if isinstance(fmt, str) and fmt.startswith(_FORMATS) and fmt != RESULTS_FORMAT:
+            raise DllmError(f"{self.path} was written by another version of dllm-local ({fmt[:40]!r}; this one writes "
+                            f"{RESULTS_FORMAT!r}) and its records cannot be checked against this run: run the "
+                            "command again with a new results file")
+        if fmt != RESULTS_FORMAT:
             raise DllmError(f"{self.path} is not a results file of dllm-local (its first line names none)")
         if first.get("job") != header["job"]:
             theirs = first.get("job") if isinstance(first.get("job"), dict) else {}
@@ -121,21 +158,60 @@ class Results:
             raise DllmError(f"{self.path} holds the results of another run: these differ from this command's: "
                             f"{', '.join(differ)}{code}. Resume with the same model, task, --n, --seed-data and "
                             "settings, or name a new results file")
-        for number, line in enumerate(lines[1:], 2):
-            try:
-                raw = parse_json(line, f"{self.path} line {number}")
-                record = RECORD.validate_python(raw)
-            except FileRefused as exc:
-                raise DllmError(f"{exc}: it is not a result record") from None
-            except ValidationError as exc:
-                raise DllmError(f"{self.path} line {number} is not a result record: "
-                                f"{schema_message(exc, raw, subject='the record')}") from None
-            key = (record["point"], record["problem"])
-            if key[0] < len(self.job.points) and key[1] < self.job.n:
-                self.records.setdefault(key, record)
+        # Every record is checked before any is kept: nothing is resumed from a file with a foreign line.
+        records = [self._record(line, number) for number, line in enumerate(lines[1:], 2)]
+        for record in records:
+            self.records.setdefault((record["point"], record["problem"]), record)
         if len(whole) < len(data):
             with self.path.open("rb+") as f:
                 f.truncate(len(whole))
+
+    def _record(self, line: str, number: int) -> Record:
+        """Line ``number`` of the file as a record of this job: read through its schema, its seal
+        checked (no field edited), and its stamp against the unit of this job it claims to be."""
+        where = f"{self.path} line {number}"
+        try:
+            raw = parse_json(line, where)
+            row = LINE.validate_python(raw)
+        except FileRefused as exc:
+            raise DllmError(f"{exc}: it is not a result record") from None
+        except ValidationError as exc:
+            raise DllmError(f"{where} is not a result record: "
+                            f"{schema_message(exc, raw, subject='the record')}") from None
+        refuse = ("; nothing was resumed from the file: resume the file this command wrote as it wrote it, "
+                  "or name a new results file")
+        if digest({k: v for k, v in raw.items() if k != "seal"}) != raw["seal"]:
+            raise DllmError(f"{where} was edited after it was written: its fields no longer match its seal{refuse}")
+        point, problem = row["point"], row["problem"]
+        if point >= len(self.job.points) or problem >= self.job.n:
+            raise DllmError(f"{where} holds point {point}, problem {problem}: this run has {len(self.job.points)} "
+                            f"points of {self.job.n} problems{refuse}")
+        want, have = self._stamp(point, problem), row["unit"]
+        differ = [what for key, what in (("decoder", "the model or dllm-local's code that decoded it"),
+                                         ("settings", f"point {point}'s settings"),
+                                         ("problem", f"problem {problem} (its task, data seed, prompt or answer)"))
+                  if have[key] != want[key]]
+        if differ:
+            raise DllmError(f"{where} holds a record of another run: {' and '.join(differ)} "
+                            f"{'differ' if len(differ) > 1 else 'differs'} from this run's{refuse}")
+        return {k: v for k, v in row.items() if k not in ("unit", "seal")}
+
+    @cached_property
+    def _units(self) -> tuple[str, list[str], list[str]]:
+        """The digests of this job's units: what decodes them, each point's settings, each problem."""
+        job = self.job.identity()
+        examples = make_problems(job["task"], job["n"], job["seed_data"])
+        return (digest({k: job[k] for k in _DECODER}), [digest(s) for s in job["settings"]],
+                [digest([job["task"], job["seed_data"], i, ex.prompt, ex.answer]) for i, ex in enumerate(examples)])
+
+    def _stamp(self, point: int, problem: int) -> Stamp:
+        decoder, settings, problems = self._units
+        return {"decoder": decoder, "settings": settings[point], "problem": problems[problem]}
+
+    def _line(self, record: dict) -> dict:
+        """``record`` as the file holds it: stamped with its unit of this job, then sealed."""
+        line = {**record, "unit": self._stamp(record["point"], record["problem"])}
+        return {**line, "seal": digest(line)}
 
     def _write(self, rows: list[dict], mode: str = "a") -> None:
         with self.path.open(mode, encoding="utf-8") as f:
@@ -147,7 +223,8 @@ class Results:
         if new and self.path is not None:
             # The file starts with the first record: a run that fails before any leaves no file.
             try:
-                self._write(([self._header] if self._header else []) + new, "w" if self._header else "a")
+                lines = [self._line(r) for r in new]
+                self._write(([self._header] if self._header else []) + lines, "w" if self._header else "a")
             except OSError as exc:
                 raise DllmError(f"cannot append to the results file {self.path} ({exc.strerror or exc}); the "
                                 f"{len(self.records)} problems before these are in it") from None

@@ -11,6 +11,12 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import SettingsError
+
+# The Settings fields a run of every kind reads: its length, seed and trace, and how its forwards
+# run. Each kind's ``knobs`` are the others it reads; a test holds every Settings field to one of them.
+COMMON_KNOBS = ("gen_length", "block_size", "seed", "trace", "forward_mode", "attention_backend", "absolute_blocks")
+
 
 @dataclass(frozen=True)
 class ModelKind:
@@ -37,11 +43,24 @@ class ModelKind:
     policies: str = ""
     # A cache policy not made for this kind refused: formatted with cache, name, family.
     cache_refusal: str = ""
+    # The Settings fields its runs read besides COMMON_KNOBS: any other set away from its default is a
+    # knob this kind does not have, refused by ``check_knobs`` (never silently ignored).
+    knobs: tuple[str, ...] = ()
 
     @property
     def policy_kind(self) -> str:
         """The kind name the policies' ``model_kinds`` are read against for this kind."""
         return self.policies or self.name
+
+    def check_knobs(self, given: dict[str, Any], name: str) -> None:
+        """Refuse the knobs of ``given`` (Settings fields set away from their defaults) that this kind
+        does not have, each named (a parameter mapping by its keys), with the kind and its own knobs."""
+        foreign = [f"{key} {value!r} ({field})" if isinstance(values, dict) else f"{field} {values!r}"
+                   for field, values in given.items() if field not in (*COMMON_KNOBS, *self.knobs)
+                   for key, value in (values.items() if isinstance(values, dict) else [(field, values)])]
+        if foreign:
+            raise SettingsError(f"{', '.join(foreign)}: {name} is a {self.label} model, which has no such knob; "
+                                f"besides {', '.join(COMMON_KNOBS)}, its knobs are {', '.join(self.knobs)}")
 
     def run_class(self) -> type:
         """The class that runs a generation of a model of this kind (imported on first use)."""

@@ -12,14 +12,13 @@ leaves anyone else's alone.
 from __future__ import annotations
 
 import itertools
-import multiprocessing
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from ..errors import EngineError, SettingsError
+from .engine_process import EngineProcess, Request
 from ..hub import HUB_MODELS, TINY_FAMILIES
 from ..limits import BATCH_MODE, BATCH_MODES, SLOTS
 from ..policies import registry
@@ -28,18 +27,6 @@ from ..trace import fold
 
 MODEL_CHOICES = ["tiny", "tiny-diffusiongemma", *TINY_FAMILIES, *HUB_MODELS]
 _ENDS = {"end", "result", "error", "dead"}
-
-
-@dataclass
-class Request:
-    """A request the engine is answering, as the session sees it: whose, what, where it stands."""
-    owner: str | None
-    method: str
-    what: str  # a line for the lecturer's list: the prompt's start, or the sweep's task
-    inbox: queue.Queue = field(default_factory=queue.Queue)
-    place: int | None = None  # its place in line while it waits (None: not told yet); 0 once it runs
-    steps: int = 0
-    started: float = field(default_factory=time.time)
 
 
 class Session:
@@ -51,7 +38,11 @@ class Session:
     engine's batch; ``max_length``: the positions each slot holds (None: the model's maximum);
     ``batch_mode``: how the batch runs its requests' forwards (``decoding.batch.BatchRun``);
     ``lecture_slots``: slots more, a lecturer's runs' only (``first``), so they never wait in line.
-    ``lazy``: return at once and wait for the model (and raise its error) on first use."""
+    ``lazy``: return at once and wait for the model (and raise its error) on first use.
+
+    An engine that ended (killed for memory, a lost GPU context, a failed start) is started again
+    by the next request; every request waiting for it then, however many, is answered once it is
+    up, or told why it could not start."""
 
     def __init__(self, model: str = "tiny", device: str = "auto", quantization: str | None = None,
                  guider: str | None = "tiny-guider", threads: int = 0, lazy: bool = False,
@@ -63,89 +54,48 @@ class Session:
                       "ray": ray, "threads": threads, "memory_fraction": memory_fraction,
                       "policies": registry.load_plugins(), "slots": slots, "max_length": max_length,
                       "batch_mode": batch_mode, "lecture_slots": lecture_slots}
-        self._lock = threading.Lock()  # the open requests, the pipe's sending end, a restart
+        self._lock = threading.Lock()  # the open requests and the pipe's sending end
+        self._starting = threading.Lock()  # one restart at a time: the others wait for it, not start their own
         self._open: dict[str, Request] = {}
         self._ids = itertools.count(1)
-        self._start()
+        self._engine = EngineProcess(self._spec, self._open, self._lock)
         if not lazy:
             self._described  # noqa: B018 - raises the engine's load error (an unknown model) here
 
     # ---------------------------------------------------------------- the engine process
-    def _start(self) -> None:
-        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked torch or OpenMP state
-        self._conn, child_conn = ctx.Pipe()
-        self._stop = ctx.Event()  # set by the engine's reader on a stop of the request that has it alone
-        self._process = ctx.Process(target=_serve, args=(child_conn, self._stop, dict(self._spec)),
-                                    name="dllm-engine", daemon=True)
-        self._process.start()
-        child_conn.close()
-        # A reader thread drains the pipe at once, so the engine never waits on a page that is drawing.
-        self._inbox: queue.Queue = queue.Queue()  # the engine's own messages: ready, or its load error
-        threading.Thread(target=self._read, args=(self._conn, self._process, self._inbox), daemon=True).start()
-        self._ready: dict | None = None
-        self._failure: BaseException | None = None
+    @property
+    def _process(self):
+        """The engine's process now (tests and the CUDA smoke script tell a restart by it)."""
+        return self._engine.process
 
-    def _read(self, conn, process, inbox: queue.Queue) -> None:
-        """Hand each of the engine's messages to its request as it comes; when the engine is gone,
-        tell every request still open, and whoever waits for it to start."""
-        while True:
-            try:
-                request_id, kind, payload = conn.recv()
-            except (EOFError, OSError):
-                process.join(1)
-                dead = ("dead", f"exit code {process.exitcode}")
-                inbox.put(dead)
-                with self._lock:
-                    for request in self._open.values():
-                        request.inbox.put(dead)
-                return
-            if request_id is None:
-                inbox.put((kind, payload))
-                continue
-            request = self._open.get(request_id)
-            if request is None:  # its reader left and stopped waiting for it
-                continue
-            queued = kind == "event" and "queued" in payload
-            request.place = payload["queued"] if queued else 0
-            if kind == "event" and "step" in payload:
-                request.steps += 1
-            if not queued or request.method == "run":  # a run's page shows its place; the others just wait
-                request.inbox.put((kind, payload))
+    def _engine_up(self) -> EngineProcess:
+        """The engine, started again if it has ended; waits until it has loaded its model."""
+        with self._starting:
+            if not self._engine.alive() and self._engine.settled.is_set():
+                self._engine = EngineProcess(self._spec, self._open, self._lock)
+            engine = self._engine
+        engine.wait_ready()
+        return engine
 
     @property
     def _described(self) -> dict:
         """The engine's ``ready`` message, waited for on first use: the page process imports its
-        UI while the engine loads the model. A failed start raises its error (every time, until a
-        request starts the engine again)."""
-        if self._ready is None and self._failure is None:
-            kind, payload = self._inbox.get()
-            if kind == "ready":
-                self._ready = payload
-            else:
-                self._process.join(5)
-                self._failure = payload if kind == "error" else EngineError(
-                    f"the engine process could not start ({payload})")
-        if self._failure is not None:
-            raise self._failure
-        return self._ready
-
-    def _send(self, message: tuple) -> None:
-        with self._lock:
-            self._conn.send(message)
+        UI while the engine loads the model. A failed start raises its error; the next request
+        starts the engine again."""
+        return self._engine_up().ready
 
     def _request(self, method: str, on_wait: Callable[[float], None] | None = None, run_id: str | None = None,
                  options: dict | None = None, what: str = "", **kwargs) -> Iterator:
         """Send one request; yield its streamed items (or its one result). ``run_id`` names who
         started it (``stop`` takes the same id). A consumer that leaves early stops the request and
         waits for the engine to end it."""
-        with self._lock:
-            if not self._process.is_alive() and not self._open:
-                self._start()
-        self._described  # noqa: B018 - the engine has loaded its model
+        engine = self._engine_up()
         request_id = str(next(self._ids))
-        request = Request(run_id, method, what)
+        request = Request(run_id, method, what, engine=engine)
         with self._lock:
             self._open[request_id] = request
+        if engine.settled.is_set() and engine.failure is not None:  # it died between ready and now
+            request.inbox.put(("dead", str(engine.failure)))
         answer = self._exchange(request_id, request, method, on_wait, kwargs, options or {})
         # Started at once: errors are raised here, and a dropped iterator still runs its clean-up.
         first = next(answer)
@@ -153,9 +103,12 @@ class Session:
 
     def _exchange(self, request_id: str, request: Request, method: str, on_wait, kwargs: dict,
                   options: dict) -> Iterator:
-        kind = "end"
+        kind, engine = "end", request.engine
         try:
-            self._send((request_id, method, kwargs, options))
+            try:
+                engine.send((request_id, method, kwargs, options))
+            except OSError:  # the pipe closed under it: the reader tells the request so
+                pass
             kind = "sent"
             started = time.perf_counter()
             while True:
@@ -175,7 +128,10 @@ class Session:
                     return
         finally:
             if kind not in _ENDS:  # left early: stop the request and drain its answer
-                self._send((request_id, "stop", {}, {}))
+                try:
+                    engine.send((request_id, "stop", {}, {}))
+                except OSError:
+                    pass
                 while kind not in _ENDS:
                     kind, _ = request.inbox.get()
             with self._lock:
@@ -183,14 +139,15 @@ class Session:
 
     def close(self) -> None:
         """End the engine process (it also ends with this one), stopping every request first."""
-        self._stop.set()
+        engine = self._engine
+        engine.stop.set()
         try:
-            self._send((None, "close", {}, {}))
+            engine.send((None, "close", {}, {}))
         except OSError:
             pass
-        self._process.join(10)
-        if self._process.is_alive():
-            self._process.kill()
+        engine.process.join(10)
+        if engine.process.is_alive():
+            engine.process.kill()
 
     # ---------------------------------------------------------------- models
     def model_options(self) -> list[tuple[str, bool, str]]:
@@ -216,8 +173,9 @@ class Session:
                      on_wait: Callable[[float], None] | None = None, run_id: str | None = None) -> dict:
         """Load another model in place of the current one, once the runs going have ended;
         ``on_wait(seconds)`` is called about twice a second until it has loaded."""
-        self._ready = next(self._request("switch_model", on_wait, run_id, what=f"load {name}", name=name,
-                                         quantization=quantization))
+        request = self._request("switch_model", on_wait, run_id, what=f"load {name}", name=name,
+                                quantization=quantization)
+        self._engine.ready = next(request)
         self._spec.update(model=name, quantization=quantization)
         return self.info()
 
@@ -248,7 +206,10 @@ class Session:
         with self._lock:
             ids = [i for i, request in self._open.items() if run_id is None or request.owner == run_id]
         for request_id in ids:
-            self._send((request_id, "stop", {}, {}))
+            try:
+                self._open[request_id].engine.send((request_id, "stop", {}, {}))
+            except (KeyError, OSError):  # it ended meanwhile, or its engine did (the request is told)
+                pass
         return bool(ids)
 
     def sweep(self, task: str, n: int, base: dict, axes: dict[str, list], seed: int = 1000,
@@ -274,10 +235,3 @@ class Session:
         """Whether a request started with ``run_id`` is open."""
         with self._lock:
             return any(r.owner == run_id for r in self._open.values())
-
-
-def _serve(*args) -> None:
-    """The engine process's entry point (the engine module and the model code load there)."""
-    from .engine import serve
-
-    serve(*args)

@@ -11,6 +11,7 @@ import gradio as gr
 
 from dllm_local.errors import SettingsError, shown
 from dllm_local.files import FileRefused, parse_json
+from dllm_local.serving.cost import answer_positions
 from dllm_local.values import Text, integer
 from dllm_local.settings import Settings
 
@@ -21,7 +22,7 @@ from ..run.controls import Specs, settings_from_controls, settings_line, spec_na
 from ..engine.handler import engine_handler
 from ..engine.queue import ENGINE, EngineQueue, client_of, error_text, place_text, throttled
 from ..parts.replay import numbers
-from ..parts.inputs import Choice, checked
+from ..parts.inputs import Choice, checked, number_slider
 from ..parts.presets import CURRENT_RUN
 from ..run.tab import RunTab
 from ..parts.timing import ALPHA, MAX_REPEATS, MIN_REPEATS, REPEATS, repeats_needed, smallest_p
@@ -119,10 +120,10 @@ class CompareTab:
                                        "for Current Run settings (filled in when they change; yours to edit)")
         with gr.Row():
             fewest = repeats_needed()
-            self.repeats = gr.Slider(MIN_REPEATS, MAX_REPEATS, value=REPEATS, step=1, elem_id="cmp-repeats",
-                                     label="Timed repeats of each side",
-                                     info=f"below {fewest} the rank test cannot find a difference (with {fewest - 1} "
-                                          f"a side its smallest p is {smallest_p(fewest - 1, fewest - 1):.2f})")
+            self.repeats = number_slider(MIN_REPEATS, MAX_REPEATS, value=REPEATS, step=1, elem_id="cmp-repeats",
+                                        label="Timed repeats of each side",
+                                        info=f"below {fewest} the rank test cannot find a difference (with {fewest - 1} "
+                                             f"a side its smallest p is {smallest_p(fewest - 1, fewest - 1):.2f})")
             self.button = gr.Button("Run both", variant="primary", elem_id="cmp-btn")
             self.stop_btn = gr.Button("Stop", variant="stop", elem_id="cmp-stop-btn")
         self.stop_note = gr.Markdown("", elem_id="cmp-stop-note")
@@ -198,7 +199,8 @@ class CompareTab:
 
         try:
             who = self.engine.lab.who(request)
-            with self.engine.several_runs(client) as stop_asked, self.engine.lab.admitted(who, sides["a"].gen_length):
+            cost = max(answer_positions(settings, self.session.info()) for settings in sides.values())
+            with self.engine.several_runs(client) as stop_asked, self.engine.lab.admitted(who, cost):
                 for key, settings in sides.items():  # the warm-ups, drawn live: their time is not counted
                     if stop_asked():
                         yield shown(f"Stopped before the warm-up of {key.upper()}: nothing was timed.")

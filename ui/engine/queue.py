@@ -64,8 +64,11 @@ class EngineQueue:
             return False
 
     def stop(self, request: gr.Request) -> str:
-        """Stop this client's own run or sweep; never another's."""
+        """Stop this client's own run or sweep; never another's (a tab id used by another signed-in
+        user than the one whose requests ran under it stops nothing)."""
         client = client_of(request)
+        if not self.lab.owns(self.lab.who(request)):
+            return "⚠ This tab's requests are another user's: only they, or the lecturer, can stop them."
         if client in self.multi_run:
             self.stop_asked.add(client)
         mine = [r for r in self.session.requests() if r["owner"] == client]

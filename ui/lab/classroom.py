@@ -11,6 +11,7 @@ Torch-free: the page process reads it.
 """
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections import defaultdict, deque
@@ -71,6 +72,10 @@ class Lab:
         self._open: dict[str, int] = defaultdict(int)  # user -> requests open
         self._started: dict[str, deque[float]] = defaultdict(deque)  # user -> when its recent requests began
         self.users_of: dict[str, str] = {}  # client -> user, for the lecturer's list
+        # The lecturer's list names a tab by an id of its own: a tab's session id, on a projected
+        # screen, would be a key to that tab for anyone who read it.
+        self._shown_ids: dict[str, str] = {}  # client -> its id in the list
+        self._clients: dict[str, str] = {}  # the reverse
         self.stoppers: dict[str, str] = {}  # client -> who stopped its requests from the Lab tab, told as they end
 
     @property
@@ -92,14 +97,16 @@ class Lab:
             raise LabRefusal(f"{what} is for the lecturer in a lab: {why}")
 
     @contextmanager
-    def admitted(self, who: Who, gen_length: int) -> Iterator[None]:
-        """Hold one of ``who``'s requests for as long as it runs, or refuse it with why."""
+    def admitted(self, who: Who, positions: int) -> Iterator[None]:
+        """Hold one of ``who``'s requests for as long as it runs, or refuse it with why. ``positions``:
+        the answer region it will decode, from its settings as they will run (``serving.cost``)."""
         limits, user = self.limits, who.user
         with self._lock:
             if not who.lecturer:
-                if limits.max_gen_length is not None and gen_length > limits.max_gen_length:
-                    raise LabRefusal(f"gen_length {gen_length} is beyond this lab's limit of {limits.max_gen_length}; "
-                                     f"choose {limits.max_gen_length} or less")
+                longest = limits.max_gen_length
+                if longest is not None and positions > longest:
+                    raise LabRefusal(f"this request decodes {positions} answer positions, beyond this lab's limit of "
+                                     f"{longest}; ask for {longest} or fewer (a canvas model decodes whole canvases)")
                 if limits.runs_per_user is not None and self._open[user] >= limits.runs_per_user:
                     n = self._open[user]
                     raise LabRefusal(f"you have {n} request{'s' if n != 1 else ''} going, this lab's limit per "
@@ -118,6 +125,9 @@ class Lab:
                 started.append(now)
             self._open[user] += 1
             self.users_of[who.client] = user
+            if who.client not in self._shown_ids:
+                shown = self._shown_ids[who.client] = f"tab-{secrets.token_hex(4)}"
+                self._clients[shown] = who.client
         try:
             yield
         finally:
@@ -125,12 +135,20 @@ class Lab:
                 self._open[user] -= 1
                 self.stoppers.pop(who.client, None)  # its run has said so; a later run of the tab is not the one stopped
 
+    def owns(self, who: Who) -> bool:
+        """Whether ``who``'s tab id is theirs: no other signed-in user's requests ran under it."""
+        return self.users_of.get(who.client, who.user) == who.user
+
+    def client_of_tab(self, shown: str) -> str | None:
+        """The tab behind an id of the lecturer's list."""
+        return self._clients.get(shown)
+
     def listing(self, requests: list[dict]) -> list[list]:
         """The session's open requests (``Session.requests``) as the lecturer's table rows."""
         now = time.time()
-        return [[self.users_of.get(r["owner"] or "", r["owner"] or "(the page)"), r["method"], r["what"],
+        return [[self.users_of.get(r["owner"] or "", "(a tab)" if r["owner"] else "(the page)"), r["method"], r["what"],
                  f"waiting, {ordinal(r['place'])} in line" if r["place"] else f"step {r['steps']}",
-                 round(now - r["started"], 1), r["owner"] or ""] for r in requests]
+                 round(now - r["started"], 1), self._shown_ids.get(r["owner"] or "", "")] for r in requests]
 
 
 def ordinal(n: int) -> str:
@@ -186,15 +204,16 @@ class LabTab:
         tab = (tab or "").strip()
         if not tab:
             return gr.update(), "Give the id of a tab from the table."
-        self.lab.stoppers[tab] = f"the lecturer ({who.user})" if who.lecturer else "the Lab tab"
-        if not self.session.stop(tab):
-            self.lab.stoppers.pop(tab, None)
+        client = self.lab.client_of_tab(tab) or ""
+        self.lab.stoppers[client] = f"the lecturer ({who.user})" if who.lecturer else "the Lab tab"
+        if not client or not self.session.stop(client):
+            self.lab.stoppers.pop(client, None)
             return self.lab.listing(self.session.requests()), f"Nothing of tab {tab!r} is going."
         end = time.monotonic() + STOP_WAIT_S
-        while self.session.owns(tab) and time.monotonic() < end:
+        while self.session.owns(client) and time.monotonic() < end:
             time.sleep(0.05)
-        user = self.lab.users_of.get(tab, tab)
+        user = self.lab.users_of.get(client, tab)
         note = (f"Stopped the requests of tab {tab} (user {user}); its page says who stopped them."
-                if not self.session.owns(tab) else
+                if not self.session.owns(client) else
                 f"The requests of tab {tab} (user {user}) were asked to stop and are still ending: Refresh shows them.")
         return self.lab.listing(self.session.requests()), note

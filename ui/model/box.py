@@ -65,7 +65,7 @@ class ModelBox:
                                   info=quant_reason and f"8-bit and 4-bit: {quant_reason}",
                                   interactive=quant_ok.get("4bit", False))
             self.load_btn = gr.Button("Load model", elem_id="load-model-btn")
-            self.downloads = DownloadBox(self.models, self.status)
+            self.downloads = DownloadBox(self.models, self.status, self.engine.lab)
         self.built_for = self.session.info()  # the model the controls were laid out for
         # The user's masked-model cache and block size while a block model's own stand in the
         # controls: a masked model loaded again gets them back (``controls.kept_aside``).

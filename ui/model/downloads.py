@@ -14,6 +14,7 @@ from dllm_local import hub
 from dllm_local.errors import ModelLoadError
 
 from ..engine.queue import ENGINE, client_of, error_text
+from ..lab.classroom import Lab
 from ..parts.inputs import Choice, checked
 from .access import DownloadNeeded, ModelAccess
 
@@ -40,8 +41,8 @@ def progress_text(repo_id: str, done: int, total: int, seconds: float) -> str:
 class DownloadBox:
     """The confirm-and-download box under the model box: hidden until a Load needs a download."""
 
-    def __init__(self, models: ModelAccess, status: gr.Markdown) -> None:
-        self.models, self.status = models, status  # the tab's status line: where progress shows
+    def __init__(self, models: ModelAccess, status: gr.Markdown, lab: Lab) -> None:
+        self.models, self.status, self.lab = models, status, lab  # status: the tab's line, where progress shows
         self.going: dict[str, hub.Download] = {}  # by client: the download each tab started
         with gr.Group(visible=False, elem_id="download-box") as self.box:
             self.note = gr.Markdown(elem_id="download-note")
@@ -76,7 +77,8 @@ class DownloadBox:
     @checked
     def download(self, request: gr.Request, name: Choice) -> Iterator[dict]:
         client, status = client_of(request), self.status
-        try:
+        try:  # checked here, where it runs: the button is the lecturer's, but its API is anyone's
+            self.lab.require_lecturer(self.lab.who(request), "Downloading a model", "it fills this machine's disk")
             self.models.check(name)
             yield {status: f"{name} is on this machine already.", self.box: gr.update(visible=False)}
             return

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
+import math
 import types
 from typing import Annotated, Any, Callable, Literal
 
@@ -95,3 +97,33 @@ class _Renamed:
 
     def errors(self, include_url: bool = False) -> list[dict]:
         return self._errors
+
+
+def raw_number(component: gr.components.Component, payload: Any) -> Any:
+    """``payload`` as the API sent it, if it is a finite number or null; else a refusal naming the
+    input. Gradio's own preprocessing rounds a Number's or a Slider's payload (true becomes 1, text
+    and NaN fail inside it), so this check runs before it, on what was sent."""
+    if payload is None or (isinstance(payload, (int, float)) and not isinstance(payload, bool) and math.isfinite(payload)):
+        return payload
+    shown = json.dumps(payload, default=str)
+    raise gr.Error(f"{component.label or component.elem_id or 'a number input'}: must be a finite number, not "
+                   f"{shown[:40]}{'…' if len(shown) > 40 else ''}", print_exception=False)
+
+
+def _checked(component: gr.Number | gr.Slider) -> Any:
+    """``component`` with its payload checked by ``raw_number`` before Gradio's own preprocessing.
+    The instance's method is wrapped, not the class subclassed: Gradio writes a .pyi stub beside
+    the module of any Component subclass when the subclass is defined."""
+    rounded = component.preprocess
+    component.preprocess = lambda payload: rounded(raw_number(component, payload))
+    return component
+
+
+def number_box(*args: Any, **kwargs: Any) -> gr.Number:
+    """The page's number box: Gradio's Number (same arguments), its payload checked first."""
+    return _checked(gr.Number(*args, **kwargs))
+
+
+def number_slider(*args: Any, **kwargs: Any) -> gr.Slider:
+    """The page's slider: Gradio's Slider (same arguments), its payload checked first."""
+    return _checked(gr.Slider(*args, **kwargs))

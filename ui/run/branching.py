@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import gradio as gr
 
 from dllm_local.limits import MAX_GEN_LENGTH
+from dllm_local.serving.cost import answer_positions
 from dllm_local.values import integer
 
 from ..lessons import acceptance, verdicts as lessons
@@ -16,7 +17,7 @@ from ..canvas.parts import is_canvas
 from ..engine.handler import engine_handler
 from ..engine.queue import RUNS, error_text, place_text
 from ..grid.tokens import token_label
-from ..parts.inputs import Choice, PageState, StepIndex, checked
+from ..parts.inputs import Choice, PageState, StepIndex, checked, number_box
 from ..lab.classroom import Who
 from .position_panel import candidates_at, position_panel_html
 from ..parts.replay import answer_length, prompt_len, prompt_of, state_at
@@ -82,8 +83,8 @@ class Branching:
     ``scrub``, ``color_by``, ``status`` and ``exports`` it reads."""
 
     def _token_panel(self) -> None:
-        self.position = gr.Number(None, label="Position (click a token in the grid)", precision=0, minimum=0,
-                                  elem_id="position")
+        self.position = number_box(None, label="Position (click a token in the grid)", precision=0, minimum=0,
+                                   elem_id="position")
         # Force and Re-mask above the position's history (which grows with the run): on the first
         # screen in presenter view at every font scale.
         with gr.Row(equal_height=True, elem_id="branch-controls"):
@@ -147,7 +148,8 @@ class Branching:
                   "token": None if remask else int(token)}
         who = self.engine.lab.who(request)
         try:
-            with self.engine.lab.admitted(who, trace["settings"].get("gen_length", 0)):
+            # The settings as the engine will run them: a trace's missing length is the default's.
+            with self.engine.lab.admitted(who, answer_positions(trace["settings"], self.session.info())):
                 yield from self._branched(trace, prompt, change, who, step, color_by)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message; the page stays up
             yield {self.branch_status: f"⚠ {error_text(exc)}"}

@@ -10,6 +10,7 @@ from typing import Any
 
 import gradio as gr
 
+from dllm_local.serving.cost import answer_positions
 from dllm_local.settings import Settings
 from dllm_local.values import FLAG, Text
 
@@ -103,7 +104,7 @@ class LiveRun:
                                             what_if=what_if)
         who = self.engine.lab.who(request)
         try:
-            with self.engine.lab.admitted(who, settings.gen_length):
+            with self.engine.lab.admitted(who, answer_positions(settings, self.session.info())):
                 yield from self._follow(prompt, settings, who, view, clicked, run_no, notice,
                                         layer, which, kv_view, font_scale, theme)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message; the page stays up

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import gradio as gr
 
+from ..parts.inputs import number_box
+
 SPEEDS = {"1 step/s": 1.0, "2 steps/s": 2.0, "5 steps/s": 5.0, "10 steps/s": 10.0}
 # Offered before Play has measured anything: the slowest speed alone (a 2-core machine draws 1.6
 # steps/s in presenter view, bench/play_rate.py); Play's first steps measure what this one draws.
@@ -95,7 +97,7 @@ class Play:
         # Clicked by the browser's Play loop (in the page, never seen): one step, with and without a restart.
         self.play_ticks = {restart: gr.Button(visible="hidden", elem_id="play-restart" if restart else "play-tick")
                            for restart in (True, False)}
-        self.play_fastest = gr.Number(UNMEASURED, visible="hidden", elem_id="play-fastest")
+        self.play_fastest = number_box(UNMEASURED, visible="hidden", elem_id="play-fastest")
 
     def play_restart(self, request: gr.Request, *inputs) -> dict:
         """Play pressed: the first step of the play (the first of the run, when the last is shown)."""

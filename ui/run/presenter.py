@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ..parts.inputs import ColorBy, PageState, StepIndex, checked
+from ..parts.inputs import ColorBy, PageState, StepIndex, checked, number_slider
 from .play import Play
-from .slides import SLIDES_JS, grid_svg, slides_zip
+from .slides import SLIDES_JS, grid_svg
+from .slides_zip import slides_zip
 
 FONT_SCALES = {"1×": 1.0, "1.5×": 1.5, "2×": 2.0}
 THEMES = ("light", "dark")
@@ -172,7 +173,7 @@ class Presenter(Play):
                 self.moves[move] = gr.Button(label, size="sm", scale=0, min_width=40, elem_id=f"step-{move}")
             self._speed_menu()
             self.follow = gr.Checkbox(True, label="Follow live", scale=0, min_width=90, elem_id="follow")
-            self.scrub = gr.Slider(0, 1, 0, step=1, label="Step", scale=1, min_width=200, elem_id="scrubber")
+            self.scrub = number_slider(0, 1, 0, step=1, label="Step", scale=1, min_width=200, elem_id="scrubber")
         self._play_requests()
 
     @checked

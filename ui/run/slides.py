@@ -1,18 +1,10 @@
-"""Export for slides: the token grid at a step with its verdict lines as a standalone SVG, the page
-script that turns that SVG and the Run tab's plots into PNG and SVG images in one click, and the
-zip those images are handed out in. The SVG is a pure function of the trace dict."""
+"""Export for slides: the token grid at a step with its verdict lines as a standalone SVG, and the
+page script that turns that SVG and the Run tab's plots into PNG and SVG images in one click (the
+zip they are handed out in: ``slides_zip``). The SVG is a pure function of the trace dict."""
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
 import json
-import re
 import textwrap
-import zipfile
-from pathlib import Path
-from urllib.parse import unquote
-from xml.etree import ElementTree
 from xml.sax.saxutils import escape
 
 from ..lessons.acceptance import acceptance_verdict
@@ -32,10 +24,6 @@ _MONO_EM, _SANS_EM = 0.62, 0.57  # a glyph's width per pixel of font size (DejaV
 CHIP_H, PAST_H, GAP, PAD, MAX_WIDTH = 52, 20, 6, 16, 1200
 STATUS_COLOUR = {"holds": "#1a7f37", "does not hold": "#b00020"}  # anything else: grey
 PLOT_IDS = ("conf-plot", "kv-plot", "cache-plot")  # the gr.Plot components SLIDES_JS draws
-MAX_SLIDES_BYTES = 40 * 2**20  # every decoded image together
-_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\.(png|svg)")
-_SVG_NS = "{http://www.w3.org/2000/svg}svg"
 
 
 def _chips(trace: Trace, step: int, color_by: str) -> tuple[list[dict], int, int]:
@@ -233,64 +221,3 @@ async (grid_svg) => {
   return JSON.stringify(out);
 }
 """ % json.dumps(list(PLOT_IDS))
-
-
-# ----------------------------------------------------------------------------- the zip
-
-def _svg_bytes(data: bytes, name: str) -> bytes:
-    """``data`` if it is an SVG document (no DOCTYPE or entities: nothing for a parser to expand)."""
-    if b"<!DOCTYPE" in data.upper() or b"<!ENTITY" in data.upper():
-        raise ValueError(f"{name}: an SVG with a DOCTYPE or entities is refused")
-    try:
-        root = ElementTree.fromstring(data)
-    except ElementTree.ParseError as error:
-        raise ValueError(f"{name}: not a well-formed SVG ({error})") from None
-    if root.tag != _SVG_NS:
-        raise ValueError(f"{name}: not an SVG document (its root is {root.tag})")
-    return data
-
-
-def _decode(name: str, url: object) -> bytes:
-    """The bytes of a PNG or SVG data URL named ``name`` (…png or …svg, as its media type says)."""
-    if not isinstance(url, str) or not _NAME.fullmatch(name):
-        raise ValueError(f"{name!r}: an image needs a plain file name ending .png or .svg and a data URL")
-    head, _, payload = url.partition(",")
-    kind = name.rsplit(".", 1)[1]
-    media = {"png": "data:image/png", "svg": "data:image/svg+xml"}[kind]
-    if not head.startswith(media):
-        raise ValueError(f"{name}: not a {kind.upper()} data URL")
-    try:
-        data = base64.b64decode(payload, validate=True) if head.endswith(";base64") else unquote(payload).encode()
-    except (binascii.Error, ValueError):
-        raise ValueError(f"{name}: its data URL does not decode") from None
-    if kind == "png" and not data.startswith(_PNG_MAGIC):
-        raise ValueError(f"{name}: not a PNG image")
-    return _svg_bytes(data, name) if kind == "svg" else data
-
-
-def slides_zip(images_json: str, grid_svg: str, folder: Path) -> Path:
-    """Write ``grid.svg`` (the server's own ``grid_svg``) and every image of ``images_json``
-    ({file name: PNG or SVG data URL}, as ``SLIDES_JS`` returns it) into one zip in ``folder``;
-    its path. Anything else (another kind of data, a bad name, more than ``MAX_SLIDES_BYTES``
-    in all) is refused with a ValueError before anything is written."""
-    if len(images_json or "") > 2 * MAX_SLIDES_BYTES:
-        raise ValueError(f"the images are over {MAX_SLIDES_BYTES // 2**20} MiB")
-    try:
-        images = json.loads(images_json or "{}")
-    except json.JSONDecodeError:
-        raise ValueError("the images are not a JSON object") from None
-    if not isinstance(images, dict):
-        raise ValueError("the images are not a JSON object of file name: data URL")
-    files = {"grid.svg": _svg_bytes(grid_svg.encode(), "grid.svg")}
-    for name, url in images.items():
-        if name != "grid.svg":  # the page's copy of the grid's SVG: the server's own is written
-            files[name] = _decode(name, url)
-        if sum(map(len, files.values())) > MAX_SLIDES_BYTES:
-            raise ValueError(f"the images are over {MAX_SLIDES_BYTES // 2**20} MiB")
-    digest = hashlib.sha256(b"".join(files[name] for name in sorted(files))).hexdigest()[:12]
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"slides-{digest}.zip"
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name, data in files.items():
-            archive.writestr(name, data)
-    return path

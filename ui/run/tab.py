@@ -28,6 +28,7 @@ from .presenter import Presenter
 from .settings import RunSettings
 from .views import KV_VIEW_DEFAULTS, RunReplay, draw, layer_choices, show_cost
 from .trace_files import TraceFiles
+from ..parts.inputs import number_slider
 
 __all__ = ["RunTab", "draw", "show_cost"]  # draw: the views' one maker, as callers outside the tab know it
 
@@ -109,9 +110,9 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, B
                 self.grid_caption = gr.Markdown(grid.CAPTION, elem_classes="caption")  # a masked model's grid
                 self.color_by = gr.Radio(["step", "confidence"], value="step", label="Colour tokens by",
                                          elem_classes="dl-knobs")
-                self.what_if = gr.Slider(0, 1, 0, step=0.05, elem_id="what-if",
-                                         label="What-if threshold τ′ (0 = off): the positions τ′ would commit at this "
-                                               "step, replayed from the stored confidences without running the model")
+                self.what_if = number_slider(0, 1, 0, step=0.05, elem_id="what-if",
+                                            label="What-if threshold τ′ (0 = off): the positions τ′ would commit at this "
+                                                  "step, replayed from the stored confidences without running the model")
                 self.nums = gr.HTML(elem_id="numbers")
             with gr.Column(elem_id="stage-panels"):
                 self._panels()

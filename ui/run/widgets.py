@@ -15,6 +15,7 @@ from ..canvas.parts import is_canvas_model
 from ..block.parts import is_block_model
 from .controls import (KINDS, Specs, cache_choices, fit_to_model, knobs, masked_only, model_start, policy_choices,
                        spec_named, visible_knobs)
+from ..parts.inputs import number_box, number_slider
 
 
 def in_words(choices: list) -> list[tuple[str, object]]:
@@ -38,8 +39,8 @@ def knob_widget(param: dict, value: Any, visible: bool, elem_id: str) -> gr.Comp
                           **common)
     if param["slider"]:
         low, high, step = param["slider"]
-        return gr.Slider(low, high, value, step=step, **common)
-    return gr.Number(value, precision=0 if param["type"] == "int" else None, **common)
+        return number_slider(low, high, value, step=step, **common)
+    return number_box(value, precision=0 if param["type"] == "int" else None, **common)
 
 
 def policy_knobs(specs: Specs, kind: str, values: dict, shown: dict[str, bool]) -> dict[str, gr.Component]:
@@ -63,8 +64,8 @@ def setting_widget(name: str, value: Any, step: float | None = None, **options: 
     if spec.choices:
         return gr.Dropdown(list(spec.choices), value=value, **common)
     if step is None:
-        return gr.Number(value, precision=0, minimum=spec.low, maximum=spec.high, **common)
-    return gr.Slider(spec.low, spec.high if spec.top is None else spec.top, value, step=step, **common)
+        return number_box(value, precision=0, minimum=spec.low, maximum=spec.high, **common)
+    return number_slider(spec.low, spec.high if spec.top is None else spec.top, value, step=step, **common)
 
 
 def canvas_knob_widgets(values: dict, canvas: bool, model: dict) -> dict[str, gr.Component]:

@@ -25,7 +25,7 @@ from ..run.widgets import setting_widget
 from ..run.controls import KINDS, Specs, policies_of, sweep_knobs
 from ..engine.handler import engine_handler
 from ..engine.queue import ENGINE, EngineQueue, client_of, error_text
-from ..parts.inputs import Choice, ConcurrencyModel, DeviceName, PageState, checked
+from ..parts.inputs import Choice, ConcurrencyModel, DeviceName, PageState, checked, number_box
 from ..run.tab import RunTab
 
 RESULTS_MAX_BYTES = 4 * 2**20  # an added results report (lm-eval, sweep JSON) is a few kB
@@ -142,8 +142,8 @@ class ConcurrencyView:
                 self.device = gr.Dropdown(list(DEVICES), value=example.device, label="GPU", elem_id="tune-conc-device")
                 self.model = gr.Dropdown(list(CONCURRENCY_MODELS), value=example.model.name, label="Model",
                                          elem_id="tune-conc-model")
-                self.g = gr.Number(example.g, label="G (positions recomputed per forward)", elem_id="tune-conc-g")
-                self.tau = gr.Number(example.tau, label="τ (tokens committed per forward)", elem_id="tune-conc-tau")
+                self.g = number_box(example.g, label="G (positions recomputed per forward)", elem_id="tune-conc-g")
+                self.tau = number_box(example.tau, label="τ (tokens committed per forward)", elem_id="tune-conc-tau")
             figure, line = show_concurrency(example.device, example.model.name, example.g, example.tau)
             self.plot = gr.Plot(figure, label="Throughput against concurrent requests", elem_id="tune-concurrency")
             self.line = gr.Markdown(line, elem_id="tune-concurrency-line")
@@ -177,7 +177,7 @@ class TuneTab:
         with gr.Row():
             self.preset = gr.Dropdown(list(presets), value=default_preset, label="Base settings", elem_id="tune-preset")
             self.task = gr.Dropdown(list(TASKS), value=TASKS[0], label="Task")
-            self.n = gr.Number(20, label="Problems", precision=0, elem_id="tune-n")
+            self.n = number_box(20, label="Problems", precision=0, elem_id="tune-n")
         with gr.Row():
             # Its choices follow the base settings; a value typed by an API client is checked by the sweep.
             self.knob = gr.Dropdown(**knob_choices(self.specs, base), label="Knob", allow_custom_value=True,
