@@ -1,5 +1,5 @@
 """Every file a user names (a trace to import, a results file to resume, an evaluation set, a
-preset, a report to add) read one way: a regular file only (a device or a FIFO would never end,
+preset, a report to add; a model folder's files, ``regular`` and ``read_json``) read one way: a regular file only (a device or a FIFO would never end,
 or block), at most a stated number of bytes, UTF-8 text, and JSON no deeper than ``MAX_DEPTH``
 with only valid Unicode in it (keys included). A refusal is a ``FileRefused`` naming the file
 (or the caller's own error class: an imported trace's is a TraceError)."""
