@@ -410,7 +410,7 @@ def test_endpoints_called_directly_with_odd_values_answer_with_a_message(served)
     assert line.startswith("⚠ G (positions recomputed per forward) must be from 1 to 1,000,000")
     with pytest.raises(AppError, match="Value 1e\\+308 is greater than maximum value"):
         client.predict(1e308, api_name="/length_notice")
-    with pytest.raises(AppError, match="Could not preprocess input component at index 0 \\(a `slider` component\\)"):
+    with pytest.raises(AppError, match='Generation length: must be a finite number, not "many"'):
         client.predict("many", api_name="/length_notice")
     assert "/load_point" not in client.view_api(return_format="dict", print_info=False)["named_endpoints"]
     # What the components let through (NaN in a slider, null in a menu) meets each endpoint's schema.
@@ -433,12 +433,15 @@ def _refusal(url: str, api_name: str, args: tuple) -> str:
 
 NAN = float("nan")
 ENDPOINT_INPUTS = [  # (endpoint, arguments, the message), from a probe of every endpoint
-    ("/length_notice", (NAN,), "gen_length must be a finite number (not nan)"),
-    ("/redraw", (NAN, "step", "mean", "v", "drift", 0.0, "1×", "light"), "step must be a finite number (not nan)"),
+    # a number box's or slider's payload is checked as sent, before Gradio rounds it (true would be 1)
+    ("/length_notice", (NAN,), "Generation length: must be a finite number, not NaN"),
+    ("/redraw", (NAN, "step", "mean", "v", "drift", 0.0, "1×", "light"), "Step: must be a finite number, not NaN"),
     ("/redraw_grid", (1, None, 0.0), "color_by must be 'step' or 'confidence' (not null)"),
     ("/set_follow", (True, "step", "mean", None, "drift", 0.0, "1×", "light"), "which must be 'k' or 'v' (not null)"),
-    ("/set_follow", (True, "step", "mean", "v", None, NAN, "1×", "light"),
-     "kv_view must be 'drift', 'true_drift' or 'cache_error' (not null); what_if must be a finite number (not nan)"),
+    ("/set_follow", (True, "step", "mean", "v", None, 0.0, "1×", "light"),
+     "kv_view must be 'drift', 'true_drift' or 'cache_error' (not null)"),
+    ("/set_follow", (True, "step", "mean", "v", "drift", NAN, "1×", "light"),
+     "without running the model: must be a finite number, not NaN"),
     ("/redraw", (1, "step", "mean", "v", "drift", 0.0, "3×", "light"), "3× is not in the list of choices"),
     ("/show_cost_2", (None, "H100"), "model must be 'LLaDA-8B-Instruct'"),
     ("/show_knobs", (None, None), "preset_name must be a valid string (not null)"),

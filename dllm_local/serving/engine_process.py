@@ -56,6 +56,7 @@ class EngineProcess:
         self.settled = threading.Event()
         self.ready: dict | None = None
         self.failure: BaseException | None = None
+        self.how: str | None = None  # how the process ended, once its reader has seen it end
         self._requests, self._lock = requests, lock
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -104,10 +105,11 @@ class EngineProcess:
             self.settled.set()
         elif self.failure is None:
             self.failure = EngineError(f"the engine process ended ({how})")
+        self.how = how
         with self._lock:
             for request in self._requests.values():
                 if request.engine is self:
-                    request.inbox.put(("dead", how))
+                    request.inbox.put(("dead", (self, how)))
 
 
 def _serve(*args) -> None:

@@ -94,21 +94,30 @@ class Session:
         request = Request(run_id, method, what, engine=engine)
         with self._lock:
             self._open[request_id] = request
-        if engine.settled.is_set() and engine.failure is not None:  # it died between ready and now
-            request.inbox.put(("dead", str(engine.failure)))
         answer = self._exchange(request_id, request, method, on_wait, kwargs, options or {})
         # Started at once: errors are raised here, and a dropped iterator still runs its clean-up.
         first = next(answer)
         return itertools.chain([first], answer)
 
+    def _send_to_engine(self, request_id: str, request: Request, message: tuple) -> None:
+        """Send ``message`` to the request's engine; one found dead (its reader may not have seen it
+        end yet) tells the request so, as its reader tells the requests it had."""
+        engine = request.engine
+        try:
+            engine.send(message)
+        except OSError:
+            pass
+        if engine.how is not None:
+            request.inbox.put(("dead", (engine, engine.how)))
+
     def _exchange(self, request_id: str, request: Request, method: str, on_wait, kwargs: dict,
                   options: dict) -> Iterator:
-        kind, engine = "end", request.engine
+        """The request's answers as they come. An engine that dies before it has answered the
+        request at all (it arrived as the engine died, before anyone saw it end) gets it again from
+        the engine started in its place, once: its caller waits for that one, as everyone does."""
+        kind, heard, resent = "end", False, False
         try:
-            try:
-                engine.send((request_id, method, kwargs, options))
-            except OSError:  # the pipe closed under it: the reader tells the request so
-                pass
+            self._send_to_engine(request_id, request, (request_id, method, kwargs, options))
             kind = "sent"
             started = time.perf_counter()
             while True:
@@ -117,21 +126,27 @@ class Session:
                 except queue.Empty:
                     on_wait(time.perf_counter() - started)
                     continue
+                if kind == "dead":
+                    engine, how = payload
+                    if engine is not request.engine:  # the word of an engine it has left behind
+                        continue
+                    if not heard and not resent:
+                        resent, request.engine = True, self._engine_up()
+                        self._send_to_engine(request_id, request, (request_id, method, kwargs, options))
+                        kind = "sent"
+                        continue
+                    raise EngineError(f"the engine process ended unexpectedly ({how}); "
+                                      "it starts again with the next request")
+                heard = True
                 if kind in ("event", "result"):
                     yield payload
                 elif kind == "error":
                     raise payload
-                elif kind == "dead":
-                    raise EngineError(f"the engine process ended unexpectedly ({payload}); "
-                                      "it starts again with the next request")
                 if kind in _ENDS:
                     return
         finally:
             if kind not in _ENDS:  # left early: stop the request and drain its answer
-                try:
-                    engine.send((request_id, "stop", {}, {}))
-                except OSError:
-                    pass
+                self._send_to_engine(request_id, request, (request_id, "stop", {}, {}))
                 while kind not in _ENDS:
                     kind, _ = request.inbox.get()
             with self._lock:
