@@ -66,5 +66,8 @@ def test_model_switches_keep_the_users_settings_and_the_preset_box_says_when_the
     # The preset picked again: its settings, and nothing to say.
     _choose(page, "#preset", "LLaDA baseline")
     _choose(page, "#preset", DEFAULT)
+    # Each pick's reply sets the controls; the second waits for the first (always_last), so on a
+    # loaded machine the note can be read empty a moment before the second reply lands.
+    page.wait_for_function("(d) => document.querySelector('#cache input').value === d", arg=dual, timeout=20_000)
     _no_change_said(page)
     assert _shown(page) == (dual, "32", "128")

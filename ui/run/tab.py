@@ -216,6 +216,10 @@ class RunTab(LiveRun, RunReplay, TraceFiles, ModelBox, RunSettings, Presenter, B
         run_event = self.run_btn.click(self.run, inputs, outputs, api_name="run", **options)
         submit_event = self.prompt.submit(self.run, inputs, outputs, api_visibility="private", **options)
         self.run_events = [run_event, submit_event]
+        # Export offers nothing while a run goes: the last run's file, clicked for this run's once
+        # it has ended, would be the wrong trace (its own is written after its final state is drawn).
+        gr.on([self.run_btn.click, self.prompt.submit], lambda: gr.update(value=None), None, [self.export_btn],
+              queue=False, api_visibility="private", show_progress="hidden")
         for event in self.run_events:
             event.then(self.export_ready, [self.trace], [self.export_btn], api_visibility="private").then(
                 show_cost, [self.trace, self.cost_target, self.cost_device], [self.cost_html],
